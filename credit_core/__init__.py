@@ -1,0 +1,62 @@
+"""credit_core: framework-agnostic token-level credit assignment for GRPO-style RL.
+
+Public API::
+
+    from credit_core import (
+        CreditBatch, PolicyStats, policy_stats, policy_stats_from_logits,
+        get_strategy, list_strategies, register_plugin, hookimpl,
+        CreditConfig, group_advantages, CreditError,
+    )
+"""
+
+from credit_core.advantages import ESTIMATORS, group_advantages
+from credit_core.allocation import CreditDiagnostics, allocate_weights
+from credit_core.batch import SIGNALS, CreditBatch, PolicyStats
+from credit_core.config import CreditConfig
+from credit_core.errors import CreditError
+from credit_core.factory import get_strategy
+from credit_core.hookspecs import ENTRY_POINT_GROUP, hookimpl
+from credit_core.policy_stats import policy_stats, policy_stats_from_logits
+from credit_core.registry import (
+    list_strategies,
+    plugin_of,
+    register_plugin,
+    strategy_class,
+    unregister_plugin,
+)
+from credit_core.strategy import (
+    CreditResult,
+    CreditStrategy,
+    NoParams,
+    ScoreParams,
+    ScoreStrategy,
+)
+from credit_core.work import token_work
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ESTIMATORS",
+    "SIGNALS",
+    "CreditBatch",
+    "CreditConfig",
+    "CreditDiagnostics",
+    "CreditError",
+    "CreditResult",
+    "CreditStrategy",
+    "NoParams",
+    "PolicyStats",
+    "ScoreParams",
+    "ScoreStrategy",
+    "allocate_weights",
+    "get_strategy",
+    "group_advantages",
+    "hookimpl",
+    "list_strategies",
+    "plugin_of",
+    "policy_stats",
+    "policy_stats_from_logits",
+    "register_plugin",
+    "strategy_class",
+    "token_work",
+    "unregister_plugin",
+]

@@ -1,0 +1,156 @@
+"""Typed containers for what a credit strategy consumes: ``PolicyStats`` and ``CreditBatch``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from credit_core.errors import CreditError
+from credit_core.tensor_checks import check_tensor
+
+Signal = Literal["reward_grad", "policy_stats"]
+SIGNALS: frozenset[str] = frozenset({"reward_grad", "policy_stats"})
+
+
+@dataclass(frozen=True)
+class PolicyStats:
+    """Per-token reductions of the (old) policy's distribution p_t over the vocabulary.
+
+    With p_t = softmax(z_t / temperature) and E the reward model's embedding table (V, d)
+    (float32 fields; float64 when computed from float64 inputs):
+
+    - ``p_sampled`` (B, T) float32: p_t[y_t], probability of the sampled token.
+    - ``p_sq`` (B, T) float32: q_t = sum_v p_t[v]^2.
+    - ``m1`` (B, T, d) float32: p_t^T E.
+    - ``m2`` (B, T, d) float32: (p_t^2)^T E.
+    - ``sampled_emb`` (B, T, d) float32: E[y_t].
+
+    All five share device and leading shape; construction checks this.
+    """
+
+    p_sampled: torch.Tensor
+    p_sq: torch.Tensor
+    m1: torch.Tensor
+    m2: torch.Tensor
+    sampled_emb: torch.Tensor
+
+    def __post_init__(self) -> None:
+        p = check_tensor("PolicyStats.p_sampled", self.p_sampled, (None, None), floating=True)
+        B, T = p.shape
+        dev = p.device
+        check_tensor("PolicyStats.p_sq", self.p_sq, (B, T), floating=True, device=dev)
+        m1 = check_tensor("PolicyStats.m1", self.m1, (B, T, None), floating=True, device=dev)
+        d = m1.shape[2]
+        check_tensor("PolicyStats.m2", self.m2, (B, T, d), floating=True, device=dev)
+        check_tensor(
+            "PolicyStats.sampled_emb", self.sampled_emb, (B, T, d), floating=True, device=dev
+        )
+
+    @property
+    def embed_dim(self) -> int:
+        """d, the reward model's embedding width."""
+        return int(self.m1.shape[2])
+
+    def select(self, rows: torch.Tensor | slice) -> PolicyStats:
+        """The stats of a subset of responses (rows of the batch dimension)."""
+        return PolicyStats(
+            p_sampled=self.p_sampled[rows],
+            p_sq=self.p_sq[rows],
+            m1=self.m1[rows],
+            m2=self.m2[rows],
+            sampled_emb=self.sampled_emb[rows],
+        )
+
+    @staticmethod
+    def cat(parts: list[PolicyStats]) -> PolicyStats:
+        """Concatenate stats of several batches along the batch dimension."""
+        if not parts:
+            raise CreditError("PolicyStats.cat: expected at least one PolicyStats, got none")
+        return PolicyStats(
+            p_sampled=torch.cat([s.p_sampled for s in parts]),
+            p_sq=torch.cat([s.p_sq for s in parts]),
+            m1=torch.cat([s.m1 for s in parts]),
+            m2=torch.cat([s.m2 for s in parts]),
+            sampled_emb=torch.cat([s.sampled_emb for s in parts]),
+        )
+
+
+@dataclass(frozen=True)
+class CreditBatch:
+    """One batch of B responses of (padded) length T, as a strategy sees it.
+
+    - ``advantages`` (B,) floating, finite: the response-level advantage A_i.
+    - ``mask`` (B, T) bool: True at the valid response tokens; every row has at least one.
+    - ``token_ids`` (B, T) int64: the sampled tokens y_t (policy vocabulary).
+    - ``reward_grad`` (B, T, d) floating, optional: dR_i / d(RM input embedding at t),
+      already moved to policy positions. May hold non-finite values; strategies decide.
+    - ``policy_stats`` optional ``PolicyStats`` of shape (B, T[, d]).
+
+    Everything lives on one device. Construction validates all of it and raises
+    ``CreditError`` naming the field with expected and actual shapes.
+    """
+
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    token_ids: torch.Tensor
+    reward_grad: torch.Tensor | None = None
+    policy_stats: PolicyStats | None = None
+
+    def __post_init__(self) -> None:
+        adv = check_tensor("CreditBatch.advantages", self.advantages, (None,), floating=True)
+        B = adv.shape[0]
+        dev = adv.device
+        mask = check_tensor(
+            "CreditBatch.mask", self.mask, (B, None), dtype=torch.bool, device=dev
+        )
+        T = mask.shape[1]
+        check_tensor(
+            "CreditBatch.token_ids", self.token_ids, (B, T), dtype=torch.long, device=dev
+        )
+        if not bool(torch.isfinite(adv).all()):
+            bad = torch.nonzero(~torch.isfinite(adv)).flatten().tolist()
+            raise CreditError(f"CreditBatch.advantages: expected finite values, rows {bad} are not")
+        empty = torch.nonzero(~mask.any(dim=1)).flatten()
+        if empty.numel() > 0:
+            raise CreditError(
+                "CreditBatch.mask: every response needs at least one valid token; "
+                f"rows {empty.tolist()} are empty"
+            )
+        d: int | None = None
+        if self.reward_grad is not None:
+            g = check_tensor(
+                "CreditBatch.reward_grad", self.reward_grad, (B, T, None), floating=True, device=dev
+            )
+            d = g.shape[2]
+        if self.policy_stats is not None:
+            ps = self.policy_stats
+            if not isinstance(ps, PolicyStats):
+                raise CreditError(
+                    f"CreditBatch.policy_stats: expected PolicyStats, got {type(ps).__name__}"
+                )
+            check_tensor("CreditBatch.policy_stats.p_sampled", ps.p_sampled, (B, T), device=dev)
+            if d is not None and ps.embed_dim != d:
+                raise CreditError(
+                    f"CreditBatch.policy_stats.m1: expected embedding width d={d} "
+                    f"(from reward_grad), got {ps.embed_dim}"
+                )
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.mask.shape[0])
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """(B,) int64 number of valid tokens per response."""
+        return self.mask.sum(dim=1)
+
+    def require(self, signals: frozenset[str], strategy: str) -> None:
+        """Raise CreditError if a signal in ``signals`` is missing from this batch."""
+        for signal in sorted(signals):
+            if getattr(self, signal) is None:
+                raise CreditError(
+                    f"strategy '{strategy}' requires signal '{signal}', "
+                    f"but CreditBatch.{signal} is None"
+                )

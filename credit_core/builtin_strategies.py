@@ -1,0 +1,136 @@
+"""The built-in strategies of DESIGN.md section 3, registered through the public hook."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import ClassVar
+
+import torch
+from pydantic import BaseModel, Field
+
+from credit_core.allocation import CreditDiagnostics
+from credit_core.batch import CreditBatch, PolicyStats
+from credit_core.hookspecs import hookimpl
+from credit_core.strategy import CreditStrategy, ScoreParams, ScoreStrategy, UniformStrategy
+from credit_core.work import token_work
+
+DATC_SIGNALS = frozenset({"reward_grad", "policy_stats"})
+
+
+def _work(batch: CreditBatch, signed: bool) -> torch.Tensor:
+    stats: PolicyStats | None = batch.policy_stats
+    grad = batch.reward_grad
+    assert stats is not None and grad is not None  # guaranteed by batch.require
+    return token_work(stats, grad, batch.advantages if signed else None)
+
+
+class DATCStrategy(ScoreStrategy):
+    """DATC: s_t = W_t, the work of the GRPO update direction against the reward gradient."""
+
+    name = "datc"
+    requires = DATC_SIGNALS
+
+    def scores(self, batch: CreditBatch) -> torch.Tensor:
+        return _work(batch, signed=True)
+
+
+class DATCUnsignedStrategy(ScoreStrategy):
+    """Ablation: s_t = |W_t|, magnitude without direction."""
+
+    name = "datc_unsigned"
+    requires = DATC_SIGNALS
+
+    def scores(self, batch: CreditBatch) -> torch.Tensor:
+        return _work(batch, signed=True).abs()
+
+
+class DATCNoSignStrategy(ScoreStrategy):
+    """Ablation: s_t = W_t without the sign(A) factor."""
+
+    name = "datc_nosign"
+    requires = DATC_SIGNALS
+
+    def scores(self, batch: CreditBatch) -> torch.Tensor:
+        return _work(batch, signed=False)
+
+
+class DATCInverseStrategy(ScoreStrategy):
+    """Negative control: s_t = -W_t."""
+
+    name = "datc_inverse"
+    requires = DATC_SIGNALS
+
+    def scores(self, batch: CreditBatch) -> torch.Tensor:
+        return -_work(batch, signed=True)
+
+
+class SaliencyStrategy(ScoreStrategy):
+    """RM-gradient saliency: s_t = ||g_t||, no policy direction."""
+
+    name = "saliency"
+    requires = frozenset({"reward_grad"})
+
+    def scores(self, batch: CreditBatch) -> torch.Tensor:
+        grad = batch.reward_grad
+        assert grad is not None  # guaranteed by batch.require
+        return torch.linalg.vector_norm(grad.to(torch.promote_types(grad.dtype, torch.float32)), dim=-1)
+
+
+class ShuffledParams(ScoreParams):
+    """``ScoreParams`` plus the seed of the permutation stream."""
+
+    seed: int = Field(0, ge=0, description="seed of the permutation generator")
+
+
+def permute_within_rows(
+    values: torch.Tensor, mask: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """Randomly permute ``values`` (B, T) among the True positions of each row of ``mask``.
+
+    Padded positions keep their value. One random key per position, drawn on the CPU from
+    ``generator`` so the permutation does not depend on the device.
+    """
+    B, T = mask.shape
+    keys = torch.rand(B, T, generator=generator, dtype=torch.float64).to(mask.device)
+    positions = torch.arange(T, device=mask.device, dtype=torch.float64).expand(B, T)
+    # Valid positions first (in random order / in position order), padding after.
+    source = torch.argsort(torch.where(mask, keys, 2.0 + positions), dim=1)
+    target = torch.argsort(torch.where(mask, positions, T + positions), dim=1)
+    return torch.empty_like(values).scatter_(1, target, values.gather(1, source))
+
+
+class DATCShuffledStrategy(DATCStrategy):
+    """Control: DATC's weights permuted among each response's valid tokens (seeded).
+
+    Same weight distribution per response, no alignment with the tokens. The generator is
+    seeded once at construction and advances with every call.
+    """
+
+    name = "datc_shuffled"
+    Params: ClassVar[type[BaseModel]] = ShuffledParams
+    params: ShuffledParams
+
+    def __init__(self, params: BaseModel | None = None) -> None:
+        super().__init__(params)
+        self.generator = torch.Generator().manual_seed(self.params.seed)
+
+    def weights(self, batch: CreditBatch) -> tuple[torch.Tensor, CreditDiagnostics]:
+        w, diag = super().weights(batch)
+        return permute_within_rows(w, batch.mask, self.generator), diag
+
+
+BUILTIN_STRATEGIES: tuple[type[CreditStrategy], ...] = (
+    UniformStrategy,
+    DATCStrategy,
+    DATCUnsignedStrategy,
+    DATCNoSignStrategy,
+    DATCShuffledStrategy,
+    DATCInverseStrategy,
+    SaliencyStrategy,
+)
+
+
+@hookimpl
+def credit_core_strategies() -> Iterable[type[CreditStrategy]]:
+    """The built-in strategies."""
+    return BUILTIN_STRATEGIES

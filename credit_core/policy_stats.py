@@ -1,0 +1,188 @@
+"""Streamed reductions of the policy's softmax over the vocabulary (``PolicyStats``).
+
+The logits are produced one (rows x vocabulary-chunk) tile at a time and folded into an
+online (running-max) softmax, so no (B, T, V) tensor is ever materialized. Per tile:
+
+    e  = exp(z - m)          running sum l += sum e,   acc1 += e @ E_chunk
+    e2 = e * e               running q   += sum e2,    acc2 += e2 @ E_chunk
+
+and when the running max m grows to m', every accumulator is rescaled by exp(m - m')
+(or its square for the squared terms). At the end p = e / l, so m1 = acc1 / l,
+m2 = acc2 / l^2, q = q / l^2. Accumulation is float32 for float32/bf16/fp16 inputs and
+float64 when the reward embedding is float64 (as used by the exactness tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from credit_core.batch import PolicyStats
+from credit_core.errors import CreditError
+from credit_core.tensor_checks import check_tensor
+
+#: Upper bound on elements of one logits tile (rows x vocabulary chunk): 4 Mi float32 = 16 MiB.
+DEFAULT_TILE_ELEMENTS = 1 << 22
+
+LogitsTile = Callable[[slice, int, int], torch.Tensor]
+
+
+def _check_common(
+    token_ids: torch.Tensor,
+    reward_embedding: torch.Tensor,
+    vocab: int,
+    leading: tuple[int, int],
+    device: torch.device,
+    temperature: float,
+    chunk_size: int,
+) -> None:
+    check_tensor("token_ids", token_ids, leading, device=device)
+    if token_ids.is_floating_point() or token_ids.dtype == torch.bool:
+        raise CreditError(f"token_ids: expected an integer dtype, got {token_ids.dtype}")
+    check_tensor("reward_embedding", reward_embedding, (vocab, None), floating=True, device=device)
+    if not (temperature > 0 and temperature != float("inf")):
+        raise CreditError(f"temperature: expected a finite value > 0, got {temperature!r}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise CreditError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
+    if token_ids.numel() > 0:
+        lo, hi = int(token_ids.min()), int(token_ids.max())
+        if lo < 0 or hi >= vocab:
+            raise CreditError(
+                f"token_ids: expected values in [0, {vocab}) (the vocabulary), got [{lo}, {hi}]"
+            )
+
+
+def _stream(
+    tile: LogitsTile,
+    token_ids: torch.Tensor,
+    reward_embedding: torch.Tensor,
+    vocab: int,
+    chunk_size: int,
+    tile_elements: int,
+) -> PolicyStats:
+    """Fold logits tiles ``tile(rows, v0, v1) -> (n_rows, v1 - v0) float32`` into PolicyStats."""
+    B, T = token_ids.shape
+    N = B * T
+    d = reward_embedding.shape[1]
+    device = token_ids.device
+    ids = token_ids.reshape(N).long()
+    chunk = min(chunk_size, vocab)
+    row_block = max(1, tile_elements // chunk)
+    acc_dtype = torch.promote_types(reward_embedding.dtype, torch.float32)
+
+    p_sampled = torch.empty(N, dtype=acc_dtype, device=device)
+    p_sq = torch.empty(N, dtype=acc_dtype, device=device)
+    m1 = torch.empty(N, d, dtype=acc_dtype, device=device)
+    m2 = torch.empty(N, d, dtype=acc_dtype, device=device)
+    for r0 in range(0, N, row_block):
+        rows = slice(r0, min(N, r0 + row_block))
+        y = ids[rows]
+        n = y.shape[0]
+        run_max = torch.full((n,), float("-inf"), dtype=acc_dtype, device=device)
+        l_sum = torch.zeros(n, dtype=acc_dtype, device=device)
+        q_sum = torch.zeros(n, dtype=acc_dtype, device=device)
+        acc1 = torch.zeros(n, d, dtype=acc_dtype, device=device)
+        acc2 = torch.zeros(n, d, dtype=acc_dtype, device=device)
+        z_y = torch.zeros(n, dtype=acc_dtype, device=device)
+        for v0 in range(0, vocab, chunk):
+            v1 = min(vocab, v0 + chunk)
+            z = tile(rows, v0, v1)
+            in_chunk = (y >= v0) & (y < v1)
+            local = (y - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)
+            z_y = torch.where(in_chunk, z.gather(1, local).squeeze(1), z_y)
+            new_max = torch.maximum(run_max, z.amax(dim=1))
+            scale = torch.exp(run_max - new_max)
+            scale2 = scale * scale
+            run_max = new_max
+            e = z.sub_(new_max.unsqueeze(1)).exp_()
+            E = reward_embedding[v0:v1].to(acc_dtype)
+            l_sum.mul_(scale).add_(e.sum(dim=1))
+            acc1.mul_(scale.unsqueeze(1)).addmm_(e, E)
+            e2 = e.mul_(e)
+            q_sum.mul_(scale2).add_(e2.sum(dim=1))
+            acc2.mul_(scale2.unsqueeze(1)).addmm_(e2, E)
+        inv_l = 1.0 / l_sum
+        inv_l2 = inv_l * inv_l
+        p_sampled[rows] = torch.exp(z_y - run_max) * inv_l
+        p_sq[rows] = q_sum * inv_l2
+        m1[rows] = acc1 * inv_l.unsqueeze(1)
+        m2[rows] = acc2 * inv_l2.unsqueeze(1)
+    emb = reward_embedding[ids].to(acc_dtype)
+    return PolicyStats(
+        p_sampled=p_sampled.reshape(B, T),
+        p_sq=p_sq.reshape(B, T),
+        m1=m1.reshape(B, T, d),
+        m2=m2.reshape(B, T, d),
+        sampled_emb=emb.reshape(B, T, d),
+    )
+
+
+def policy_stats(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    token_ids: torch.Tensor,
+    reward_embedding: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 8192,
+    lm_head_bias: torch.Tensor | None = None,
+    tile_elements: int = DEFAULT_TILE_ELEMENTS,
+) -> PolicyStats:
+    """``PolicyStats`` from final hidden states, streaming the LM head over the vocabulary.
+
+    - hidden (B, T, H): hidden states at the positions that predict ``token_ids``.
+    - lm_head_weight (V, H), lm_head_bias (V,) or None: logits = hidden @ W.T + bias.
+    - token_ids (B, T) integer in [0, V): the sampled tokens.
+    - reward_embedding (V, d): E, the reward model's input embeddings in policy vocabulary.
+    - temperature: the sampling temperature; p = softmax(logits / temperature).
+    - chunk_size: vocabulary entries per tile; ``tile_elements`` caps rows x chunk, so the
+      largest live logits tile is min(chunk_size, V) x max(1, tile_elements // chunk) floats.
+
+    The matmul runs in the inputs' dtype (bf16 allowed), everything after it in float32
+    (float64 if ``reward_embedding`` is float64). Output fields have that accumulation dtype.
+    """
+    h = check_tensor("hidden", hidden, (None, None, None), floating=True)
+    B, T, H = h.shape
+    W = check_tensor("lm_head_weight", lm_head_weight, (None, H), floating=True, device=h.device)
+    V = W.shape[0]
+    if lm_head_bias is not None:
+        check_tensor("lm_head_bias", lm_head_bias, (V,), floating=True, device=h.device)
+    _check_common(token_ids, reward_embedding, V, (B, T), h.device, temperature, chunk_size)
+    flat = h.reshape(B * T, H)
+    W = W.to(h.dtype)
+    inv_temp = 1.0 / temperature
+
+    acc = torch.promote_types(reward_embedding.dtype, torch.float32)
+
+    def tile(rows: slice, v0: int, v1: int) -> torch.Tensor:
+        z = (flat[rows] @ W[v0:v1].T).to(acc)
+        if lm_head_bias is not None:
+            z.add_(lm_head_bias[v0:v1].to(acc))
+        return z.mul_(inv_temp) if inv_temp != 1.0 else z
+
+    return _stream(tile, token_ids, reward_embedding, V, chunk_size, tile_elements)
+
+
+def policy_stats_from_logits(
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    reward_embedding: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 8192,
+    tile_elements: int = DEFAULT_TILE_ELEMENTS,
+) -> PolicyStats:
+    """``PolicyStats`` from materialized logits (B, T, V); same contract as ``policy_stats``."""
+    z_all = check_tensor("logits", logits, (None, None, None), floating=True)
+    B, T, V = z_all.shape
+    _check_common(token_ids, reward_embedding, V, (B, T), z_all.device, temperature, chunk_size)
+    flat = z_all.reshape(B * T, V)
+    inv_temp = 1.0 / temperature
+
+    acc = torch.promote_types(reward_embedding.dtype, torch.float32)
+
+    def tile(rows: slice, v0: int, v1: int) -> torch.Tensor:
+        return flat[rows, v0:v1].to(acc).mul(inv_temp)
+
+    return _stream(tile, token_ids, reward_embedding, V, chunk_size, tile_elements)

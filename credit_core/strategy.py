@@ -1,0 +1,125 @@
+"""The strategy contract: what every credit strategy, built-in or plugin, provides."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from credit_core.allocation import (
+    UNIFORM_DIAGNOSTICS,
+    CreditDiagnostics,
+    NonFinitePolicy,
+    allocate_weights,
+)
+from credit_core.batch import CreditBatch
+
+
+class NoParams(BaseModel):
+    """Parameters of a strategy that takes none; any key is rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ScoreParams(BaseModel):
+    """Parameters shared by every score-based strategy (DESIGN.md section 2, allocation)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    beta: float = Field(1.0, gt=0.0, allow_inf_nan=False, description="softmax temperature")
+    lam: float = Field(0.5, ge=0.0, le=1.0, description="mixing weight with uniform")
+    on_nonfinite: Literal["error", "uniform"] = Field(
+        "error", description="non-finite score in a response: raise, or uniform weights"
+    )
+
+
+@dataclass(frozen=True)
+class CreditResult:
+    """What ``assign_with_diagnostics`` returns.
+
+    ``token_advantages`` (B, T) float32, exactly 0 where the mask is False;
+    ``diagnostics`` summarizes the weights (see ``CreditDiagnostics``).
+    """
+
+    token_advantages: torch.Tensor
+    diagnostics: CreditDiagnostics
+
+
+class CreditStrategy(ABC):
+    """Base class of every strategy.
+
+    Class attributes a subclass sets:
+
+    - ``name``: the registry key (unique across all plugins).
+    - ``requires``: the signals ``assign`` reads, a subset of {"reward_grad", "policy_stats"};
+      backends compute only these.
+    - ``Params``: a pydantic model of the parameters (unknown keys rejected).
+
+    Subclasses implement ``assign_with_diagnostics``; ``assign`` returns its tensor.
+    """
+
+    name: ClassVar[str]
+    requires: ClassVar[frozenset[str]] = frozenset()
+    Params: ClassVar[type[BaseModel]] = NoParams
+
+    def __init__(self, params: BaseModel | None = None) -> None:
+        self.params = params if params is not None else self.Params()
+
+    def assign(self, batch: CreditBatch) -> torch.Tensor:
+        """Token advantages (B, T) float32 for ``batch``; 0 where ``batch.mask`` is False."""
+        return self.assign_with_diagnostics(batch).token_advantages
+
+    @abstractmethod
+    def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
+        """Token advantages and diagnostics for ``batch``."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, params={self.params!r})"
+
+
+class UniformStrategy(CreditStrategy):
+    """Plain GRPO: every valid token gets the response advantage (w = 1)."""
+
+    name = "uniform"
+
+    def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
+        adv = batch.advantages.float().unsqueeze(1).expand_as(batch.mask)
+        token_adv = torch.where(batch.mask, adv, 0.0)
+        return CreditResult(token_adv, UNIFORM_DIAGNOSTICS)
+
+
+class ScoreStrategy(CreditStrategy):
+    """A strategy defined by per-token scores s_t, allocated by the shared rule.
+
+    Subclasses implement ``scores(batch) -> (B, T)``; ``A_t = A * w_t`` with the weights of
+    ``allocate_weights``. Override ``weights`` to post-process the weights (e.g. shuffling).
+    """
+
+    Params: ClassVar[type[BaseModel]] = ScoreParams
+    params: ScoreParams
+
+    @abstractmethod
+    def scores(self, batch: CreditBatch) -> torch.Tensor:
+        """Per-token scores (B, T); values at padded positions are ignored."""
+
+    def weights(self, batch: CreditBatch) -> tuple[torch.Tensor, CreditDiagnostics]:
+        """Token weights (B, T) and diagnostics from ``scores``."""
+        p = self.params
+        on_nonfinite: NonFinitePolicy = p.on_nonfinite
+        return allocate_weights(
+            self.scores(batch),
+            batch.mask,
+            beta=p.beta,
+            lam=p.lam,
+            on_nonfinite=on_nonfinite,
+            score_name=f"{self.name} scores",
+        )
+
+    def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
+        batch.require(self.requires, self.name)
+        w, diag = self.weights(batch)
+        adv = batch.advantages.to(w.dtype).unsqueeze(1) * w
+        return CreditResult(adv.to(torch.float32), diag)
