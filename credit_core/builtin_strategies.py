@@ -73,7 +73,10 @@ class SaliencyStrategy(ScoreStrategy):
     def scores(self, batch: CreditBatch) -> torch.Tensor:
         grad = batch.reward_grad
         assert grad is not None  # guaranteed by batch.require
-        return torch.linalg.vector_norm(grad.to(torch.promote_types(grad.dtype, torch.float32)), dim=-1)
+        norm: torch.Tensor = torch.linalg.vector_norm(
+            grad.to(torch.promote_types(grad.dtype, torch.float32)), dim=-1
+        )
+        return norm
 
 
 class ShuffledParams(ScoreParams):

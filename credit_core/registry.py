@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterable
 from importlib import metadata
 from typing import Any
 
@@ -48,14 +49,20 @@ class _Registry:
             )
         for impl in impls:
             try:
-                classes = list(impl.function())
+                result = impl.function()
+                classes = list(result) if isinstance(result, Iterable) else None
             except Exception as exc:
                 raise CreditError(
                     f"plugin {plugin_name!r}: credit_core_strategies() raised "
                     f"{type(exc).__name__}: {exc}"
                 ) from exc
-            for cls in classes:
-                _check_contract(cls, plugin_name)
+            if classes is None:
+                raise CreditError(
+                    f"plugin {plugin_name!r}: credit_core_strategies() must return an iterable "
+                    f"of strategy classes, got {type(result).__name__}"
+                )
+            for obj in classes:
+                cls = _checked_strategy(obj, plugin_name)
                 if cls.name in found:
                     raise CreditError(
                         f"plugin {plugin_name!r}: strategy name {cls.name!r} returned twice"
@@ -91,9 +98,7 @@ class _Registry:
             if plugin_name == _BUILTIN_PLUGIN or not self.pm.has_plugin(plugin_name):
                 raise CreditError(f"plugin {plugin_name!r}: not a registered third-party plugin")
             self.pm.unregister(name=plugin_name)
-            self.strategies = {
-                k: v for k, v in self.strategies.items() if v[1] != plugin_name
-            }
+            self.strategies = {k: v for k, v in self.strategies.items() if v[1] != plugin_name}
 
     def load_entry_points(self) -> None:
         with self.lock:
@@ -120,12 +125,14 @@ class _Registry:
         entry = self.strategies.get(name)
         if entry is None:
             raise CreditError(
-                f"unknown credit strategy {name!r}; registered strategies: {sorted(self.strategies)}"
+                f"unknown credit strategy {name!r}; "
+                f"registered strategies: {sorted(self.strategies)}"
             )
         return entry[0]
 
 
-def _check_contract(cls: object, plugin_name: str) -> None:
+def _checked_strategy(cls: object, plugin_name: str) -> type[CreditStrategy]:
+    """Return ``cls`` if it satisfies the strategy contract, else raise ``CreditError``."""
     where = f"plugin {plugin_name!r}: strategy {cls!r}"
     if not (isinstance(cls, type) and issubclass(cls, CreditStrategy)):
         raise CreditError(f"{where} is not a subclass of credit_core.CreditStrategy")
@@ -147,6 +154,7 @@ def _check_contract(cls: object, plugin_name: str) -> None:
     if getattr(cls, "__abstractmethods__", None):
         missing = sorted(cls.__abstractmethods__)
         raise CreditError(f"{where}: abstract methods not implemented: {missing}")
+    return cls
 
 
 _REGISTRY: _Registry | None = None
