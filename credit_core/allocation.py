@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
 from credit_core.errors import CreditError
+from credit_core.tensor_checks import check_tensor
 
 NonFinitePolicy = Literal["error", "uniform"]
 
@@ -58,6 +60,30 @@ def _diagnostics(weights: torch.Tensor, mask: torch.Tensor, fallbacks: int) -> C
     )
 
 
+def _check_allocation_args(
+    scores: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    lam: float,
+    on_nonfinite: str,
+    score_name: str,
+) -> None:
+    check_tensor(score_name, scores, (None, None))
+    check_tensor("mask", mask, tuple(scores.shape), dtype=torch.bool, device=scores.device)
+    if not bool(mask.any()):
+        raise CreditError(
+            f"mask: expected at least one valid token, got none (shape {tuple(mask.shape)})"
+        )
+    if not (0.0 < beta < math.inf):
+        raise CreditError(f"beta: expected a finite value > 0, got {beta!r}")
+    if not (0.0 <= lam <= 1.0):
+        raise CreditError(f"lam: expected a value in [0, 1], got {lam!r}")
+    if on_nonfinite not in get_args(NonFinitePolicy):
+        raise CreditError(
+            f"on_nonfinite: expected one of {list(get_args(NonFinitePolicy))}, got {on_nonfinite!r}"
+        )
+
+
 def allocate_weights(
     scores: torch.Tensor,
     mask: torch.Tensor,
@@ -73,7 +99,11 @@ def allocate_weights(
     Invariants: mean of w over valid tokens is 1, w >= 0 (> 0 when lam < 1), w = 0 at padding,
     n = 1 or constant scores give w = 1. A response with a non-finite valid score raises
     ``CreditError`` (``on_nonfinite="error"``) or gets w = 1 (``"uniform"``, counted).
+    Requires ``scores`` (B, T), ``mask`` bool (B, T) on the same device with at least one
+    valid token, beta > 0 finite and lam in [0, 1]; anything else is a ``CreditError``
+    naming the argument.
     """
+    _check_allocation_args(scores, mask, beta, lam, on_nonfinite, score_name)
     s = scores.to(torch.float64)
     finite_rows = torch.where(mask, torch.isfinite(s), True).all(dim=1)
     fallbacks = int((~finite_rows).sum())

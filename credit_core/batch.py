@@ -81,7 +81,7 @@ class PolicyStats:
 class CreditBatch:
     """One batch of B responses of (padded) length T, as a strategy sees it.
 
-    - ``advantages`` (B,) floating, finite: the response-level advantage A_i.
+    - ``advantages`` (B,) floating, finite, B >= 1: the response-level advantage A_i.
     - ``mask`` (B, T) bool: True at the valid response tokens; every row has at least one.
     - ``token_ids`` (B, T) int64: the sampled tokens y_t (policy vocabulary).
     - ``reward_grad`` (B, T, d) floating, optional: dR_i / d(RM input embedding at t),
@@ -101,6 +101,8 @@ class CreditBatch:
     def __post_init__(self) -> None:
         adv = check_tensor("CreditBatch.advantages", self.advantages, (None,), floating=True)
         B = adv.shape[0]
+        if B == 0:
+            raise CreditError("CreditBatch.advantages: expected at least one response, got B=0")
         dev = adv.device
         mask = check_tensor("CreditBatch.mask", self.mask, (B, None), dtype=torch.bool, device=dev)
         T = mask.shape[1]

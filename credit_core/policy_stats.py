@@ -62,6 +62,8 @@ def _stream(
     tile_elements: int,
 ) -> PolicyStats:
     """Fold logits tiles ``tile(rows, v0, v1) -> (n_rows, v1 - v0) float32`` into PolicyStats."""
+    if not isinstance(tile_elements, int) or tile_elements < 1:
+        raise CreditError(f"tile_elements: expected an integer >= 1, got {tile_elements!r}")
     B, T = token_ids.shape
     N = B * T
     d = reward_embedding.shape[1]
@@ -92,16 +94,20 @@ def _stream(
             local = (y - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)
             z_y = torch.where(in_chunk, z.gather(1, local).squeeze(1), z_y)
             new_max = torch.maximum(run_max, z.amax(dim=1))
-            scale = torch.exp(run_max - new_max)
+            # A row that has seen only -inf logits (masked entries) shifts by 0, not by -inf:
+            # exp(-inf - (-inf)) would be nan. Its accumulators are still 0, so any scale works.
+            shift = torch.where(new_max == float("-inf"), 0.0, new_max)
+            scale = torch.exp(run_max - shift)
             scale2 = scale * scale
             run_max = new_max
-            e = z.sub_(new_max.unsqueeze(1)).exp_()
+            e = z.sub_(shift.unsqueeze(1)).exp_()
             E = reward_embedding[v0:v1].to(acc_dtype)
             l_sum.mul_(scale).add_(e.sum(dim=1))
             acc1.mul_(scale.unsqueeze(1)).addmm_(e, E)
             e2 = e.mul_(e)
             q_sum.mul_(scale2).add_(e2.sum(dim=1))
             acc2.mul_(scale2.unsqueeze(1)).addmm_(e2, E)
+            del z, e, e2  # release this tile before the next one is allocated
         inv_l = 1.0 / l_sum
         inv_l2 = inv_l * inv_l
         p_sampled[rows] = torch.exp(z_y - run_max) * inv_l

@@ -33,6 +33,7 @@ class _Registry:
         self.pm.add_hookspecs(hookspecs)
         self.strategies: dict[str, tuple[type[CreditStrategy], str]] = {}
         self.entry_points_loaded = False
+        self.entry_point_error: CreditError | None = None
         self._add(builtin_strategies, _BUILTIN_PLUGIN)
 
     def _collect(self, plugin: object, plugin_name: str) -> dict[str, type[CreditStrategy]]:
@@ -101,24 +102,36 @@ class _Registry:
             self.strategies = {k: v for k, v in self.strategies.items() if v[1] != plugin_name}
 
     def load_entry_points(self) -> None:
+        """Load the entry points once; if that failed, raise the same error on every call.
+
+        A broken plugin must not be reported once and then silently missing (with the entry
+        points after it never loaded) on the next lookup.
+        """
         with self.lock:
-            if self.entry_points_loaded:
-                return
-            self.entry_points_loaded = True
-            for ep in metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP):
-                dist = ep.dist.name if ep.dist is not None else "unknown distribution"
-                label = f"entry point {ep.name!r} = {ep.value!r} (group "
-                label += f"{hookspecs.ENTRY_POINT_GROUP!r}, distribution {dist!r})"
+            if not self.entry_points_loaded:
+                self.entry_points_loaded = True
                 try:
-                    plugin = ep.load()
-                except Exception as exc:
-                    raise CreditError(
-                        f"plugin {label} failed to import: {type(exc).__name__}: {exc}"
-                    ) from exc
-                try:
-                    self._add(plugin, f"entrypoint:{ep.name}")
+                    self._load_entry_points()
                 except CreditError as exc:
-                    raise CreditError(f"plugin {label}: {exc}") from exc
+                    self.entry_point_error = exc
+            if self.entry_point_error is not None:
+                raise CreditError(str(self.entry_point_error)) from self.entry_point_error
+
+    def _load_entry_points(self) -> None:
+        for ep in metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP):
+            dist = ep.dist.name if ep.dist is not None else "unknown distribution"
+            label = f"entry point {ep.name!r} = {ep.value!r} (group "
+            label += f"{hookspecs.ENTRY_POINT_GROUP!r}, distribution {dist!r})"
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                raise CreditError(
+                    f"plugin {label} failed to import: {type(exc).__name__}: {exc}"
+                ) from exc
+            try:
+                self._add(plugin, f"entrypoint:{ep.name}")
+            except CreditError as exc:
+                raise CreditError(f"plugin {label}: {exc}") from exc
 
     def lookup(self, name: str) -> type[CreditStrategy]:
         self.load_entry_points()

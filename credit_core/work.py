@@ -19,7 +19,9 @@ def token_work(
     Computed in float32 (float64 if any input is float64); padded positions are not masked
     here.
     """
-    dtype = torch.promote_types(reward_grad.dtype, torch.float32)
+    dtype = torch.promote_types(
+        torch.promote_types(reward_grad.dtype, stats.m1.dtype), torch.float32
+    )
     g = reward_grad.to(dtype)
     u_y = (stats.sampled_emb.to(dtype) * g).sum(-1)
     ubar = (stats.m1.to(dtype) * g).sum(-1)

@@ -1,0 +1,1 @@
+"""Example credit_core plugin: the ``position_decay`` strategy (see ``strategies``)."""
