@@ -1,0 +1,149 @@
+"""Which OpenRLHF settings a credit strategy works with, and where its signals come from.
+
+``resolve_credit(args, cfg)`` reads OpenRLHF's parsed arguments (the hierarchical namespace
+of ``train_ppo_ray``: ``args.algo.advantage.estimator`` ...) and returns a
+``ResolvedCredit``, or raises ``CreditError`` listing every setting that does not fit.
+
+``uniform`` (stock OpenRLHF) fits every setting. Other strategies split a *response-level*
+advantage over tokens, so they need one: every estimator but ``gae``, ``reinforce`` only
+with gamma 1, and no KL penalty inside the reward (use ``--algo.kl.use_loss`` or
+``--algo.kl.init_coef 0``). Policy statistics are reduced on unpacked micro-batches, so
+packed samples (``--ds.packing_samples``, ``--train.dynamic_batch_enable``), ring attention
+and DeepSpeed tensor parallelism are rejected for strategies that need them; so are
+vision-language inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from backends.openrlhf.settings import OpenRLHFCreditConfig
+from credit_core import CreditError
+
+#: OpenRLHF estimators whose token advantages are one value per response.
+RESPONSE_LEVEL_ESTIMATORS = (
+    "group_norm",
+    "dr_grpo",
+    "rloo",
+    "reinforce_baseline",
+    "reinforce",
+    "flash_reinforce",
+)
+
+
+@dataclass(frozen=True)
+class ResolvedCredit:
+    """Credit settings bound to one OpenRLHF run.
+
+    - ``config``: the validated settings.
+    - ``requires``: signals the strategy needs.
+    - ``placement``: "reward" or "policy" (the actors hosting the direction model), None when
+      the strategy needs no signal.
+    - ``direction``: the direction model's ``RewardModelConfig`` fields, None when unused.
+    - ``duplicate_factor``: ring-attention size x tensor-parallel size (actors per micro-batch).
+    - ``colocate``: OpenRLHF empties the CUDA cache after each forward (``--train.colocate_all``).
+    """
+
+    config: OpenRLHFCreditConfig
+    requires: frozenset[str]
+    placement: Literal["reward", "policy"] | None
+    direction: dict[str, Any] | None
+    duplicate_factor: int
+    colocate: bool
+
+
+def _get(args: Any, dotted: str, default: Any = None) -> Any:
+    node = args
+    for part in dotted.split("."):
+        node = getattr(node, part, None)
+        if node is None:
+            return default
+    return node
+
+
+def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
+    """Check ``cfg`` against OpenRLHF's arguments ``args`` and bind it to this run.
+
+    Raises ``CreditError`` with one line per incompatible setting, naming the OpenRLHF flag.
+    """
+    strategy = cfg.strategy()
+    requires = strategy.requires
+    name = strategy.name
+    duplicate_factor = int(_get(args, "ds.ring_attn_size", 1)) * int(
+        _get(args, "ds.tensor_parallel_size", 1)
+    )
+    colocate = bool(_get(args, "train.colocate_all", False))
+    if name == "uniform":
+        return ResolvedCredit(cfg, requires, None, None, duplicate_factor, colocate)
+
+    problems: list[str] = []
+    estimator = _get(args, "algo.advantage.estimator")
+    if estimator not in RESPONSE_LEVEL_ESTIMATORS:
+        problems.append(
+            f"--algo.advantage.estimator {estimator}: strategy {name!r} splits a response-level "
+            f"advantage over tokens; use one of {list(RESPONSE_LEVEL_ESTIMATORS)}"
+        )
+    if estimator == "reinforce" and float(_get(args, "algo.advantage.gamma", 1.0)) != 1.0:
+        problems.append(
+            "--algo.advantage.gamma: 'reinforce' with gamma != 1 gives per-token advantages; "
+            f"strategy {name!r} needs gamma 1"
+        )
+    kl_in_reward = not _get(args, "algo.kl.use_loss", False) and (
+        float(_get(args, "algo.kl.init_coef", 0.0)) > 0.0
+    )
+    if kl_in_reward:
+        problems.append(
+            "--algo.kl.init_coef > 0 without --algo.kl.use_loss puts a per-token KL penalty "
+            f"into the reward, so advantages differ within a response; strategy {name!r} needs "
+            "--algo.kl.use_loss (GRPO style) or --algo.kl.init_coef 0"
+        )
+    if int(_get(args, "data.max_images_per_prompt", 0) or 0) > 0:
+        problems.append(
+            "--data.max_images_per_prompt > 0: vision-language inputs are not supported"
+        )
+    if "policy_stats" in requires:
+        if _get(args, "ds.packing_samples", False) or _get(args, "train.dynamic_batch_enable"):
+            problems.append(
+                "--ds.packing_samples / --train.dynamic_batch_enable: policy statistics are "
+                "reduced on unpacked micro-batches; packed samples are not supported"
+            )
+        if int(_get(args, "ds.ring_attn_size", 1)) > 1:
+            problems.append("--ds.ring_attn_size > 1: ring attention is not supported")
+        if int(_get(args, "ds.tensor_parallel_size", 1)) > 1:
+            problems.append("--ds.tensor_parallel_size > 1: tensor parallelism is not supported")
+
+    placement: Literal["reward", "policy"] | None = None
+    direction = cfg.direction
+    if requires & {"reward_grad", "policy_stats"}:
+        # policy statistics need the direction model's embedding table as well
+        remote = bool(_get(args, "reward.remote_url") or _get(args, "train.agent_func_path"))
+        rm_path = _get(args, "reward.model_name_or_path")
+        has_rm_actors = not remote and bool(rm_path)
+        if cfg.placement == "auto":
+            placement = "reward" if has_rm_actors else "policy"
+        elif cfg.placement == "reward" and not has_rm_actors:
+            problems.append(
+                "--credit.placement reward: OpenRLHF creates reward-model actors only with "
+                "--reward.model_name_or_path and without --reward.remote_url or "
+                "--train.agent_func_path; use placement 'policy' or 'auto'"
+            )
+        else:
+            placement = cfg.placement
+        if direction is None:
+            if rm_path and not remote:
+                direction = {"kind": "seq_classification", "path": str(rm_path).split(",")[0]}
+            else:
+                problems.append(
+                    f"strategy {name!r} needs a differentiable reward model for its direction: "
+                    "give --credit.direction.kind/--credit.direction.path (or a 'direction' "
+                    "section in --credit.config), or a local --reward.model_name_or_path"
+                )
+    if problems:
+        raise CreditError(
+            f"credit strategy {name!r} does not fit these OpenRLHF settings:\n  - "
+            + "\n  - ".join(problems)
+        )
+    if direction is not None and cfg.direction is None:
+        direction = OpenRLHFCreditConfig.model_validate({"direction": direction}).direction
+    return ResolvedCredit(cfg, requires, placement, direction, duplicate_factor, colocate)

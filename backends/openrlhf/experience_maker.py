@@ -1,0 +1,261 @@
+"""The token-credit experience maker: OpenRLHF's ``RemoteExperienceMaker`` plus credit.
+
+``TokenCreditExperienceMaker.compute_advantages_and_returns`` first runs OpenRLHF's own
+(shaped rewards, estimator, returns, advantages), then, per micro-batch ``Experience``:
+
+1. reads the response-level advantage A_i (the advantage of any action token: the
+   estimators the strategy accepts give one value per response; checked);
+2. gathers the signals the strategy requires from the actors that hold them (policy
+   statistics from the policy actors, the reward gradient from the actors hosting the
+   direction model), dispatched with OpenRLHF's ``RayActorGroup.async_run_method_batch``
+   over the same micro-batches as the log-prob forward;
+3. calls ``strategy.assign_with_diagnostics`` and writes the token advantages into
+   ``experience.advantages`` (0 off the action tokens); ``returns`` are left alone;
+4. logs the diagnostics through ``experience.info`` as (B,) tensors, which OpenRLHF's
+   policy actors average into the step status it sends to wandb / TensorBoard.
+
+Everything happens inside this one call on whole micro-batches, before OpenRLHF splits or
+rebalances them, so nothing relies on extra ``Experience`` attributes (those are dropped on
+a split); the credit lives in the standard ``advantages`` and ``info`` fields.
+
+With the ``uniform`` strategy nothing is gathered and the advantages are OpenRLHF's own,
+untouched: training is stock OpenRLHF bit for bit (only ``credit/*`` constants are logged).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+import torch
+from openrlhf.trainer.ppo_utils.experience import Experience
+from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+
+from backends.openrlhf.actor_side import (
+    ActorCreditState,
+    CreditSignals,
+    Role,
+    bind_credit_methods,
+    export_reward_embedding,
+    import_reward_embedding,
+    signals_method,
+)
+from backends.openrlhf.compat import ResolvedCredit
+from backends.openrlhf.layout import action_token_ids
+from credit_core import CreditBatch, CreditDiagnostics, CreditError, CreditStrategy
+from credit_core.allocation import UNIFORM_DIAGNOSTICS
+
+#: Gathers the signals of a list of micro-batches (one ``CreditSignals`` per Experience).
+SignalGatherer = Callable[[Sequence[Experience]], list[CreditSignals]]
+
+#: Relative tolerance of the check that a response's action tokens share one advantage.
+CONSTANT_ADVANTAGE_RTOL = 1e-6
+
+
+def response_advantages(advantages: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) the advantage of each response: its value on the action tokens (0 if it has none).
+
+    Raises ``CreditError`` naming the responses whose action tokens carry different values
+    (a per-token KL penalty in the reward, ``gae``, ``reinforce`` with gamma < 1).
+    """
+    acts = action_mask.bool()
+    first = acts.long().argmax(dim=1, keepdim=True)
+    value = advantages.gather(1, first)
+    deviation = torch.where(acts, (advantages - value).abs(), 0.0).amax(dim=1)
+    bad = deviation > CONSTANT_ADVANTAGE_RTOL * (1.0 + value.squeeze(1).abs())
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten().tolist()
+        raise CreditError(
+            "experience.advantages: token credit splits one advantage per response, but "
+            f"responses {rows} have different advantages on their action tokens (max deviation "
+            f"{float(deviation.max()):.3g}); a KL penalty inside the reward, 'gae' or gamma < 1 "
+            "cause this"
+        )
+    return torch.where(acts.any(dim=1), value.squeeze(1), 0.0)
+
+
+def log_diagnostics(experience: Experience, values: dict[str, float]) -> None:
+    """Put batch-level ``values`` into ``experience.info`` as (B,) float32 tensors.
+
+    OpenRLHF's ``info`` entries are per sample (its batch splitting requires length B); the
+    policy actors average them, weighted by samples, into the logged step status.
+    """
+    B = experience.action_mask.shape[0]
+    for key, value in values.items():
+        experience.info[key] = torch.full((B,), float(value), dtype=torch.float32)
+
+
+def apply_token_credit(
+    experience: Experience, strategy: CreditStrategy, signals: CreditSignals
+) -> CreditDiagnostics:
+    """Replace ``experience.advantages`` by ``strategy``'s token advantages; return diagnostics.
+
+    The strategy sees the responses that have at least one action token, with
+    ``mask = action_mask``, ``token_ids`` the action tokens and the gathered ``signals``; its
+    (B, A) float32 output (0 where the mask is False) is cast to the advantages' dtype.
+    Responses without action tokens keep all-zero advantages. ``returns`` is not touched.
+    """
+    advantages = experience.advantages
+    acts = experience.action_mask.bool()
+    A = response_advantages(advantages, acts)
+    rows = torch.nonzero(acts.any(dim=1)).flatten()
+    token_advantages = torch.zeros_like(advantages)
+    if rows.numel() == 0:
+        experience.advantages = token_advantages
+        return UNIFORM_DIAGNOSTICS
+    batch = CreditBatch(
+        advantages=A[rows],
+        mask=acts[rows],
+        token_ids=action_token_ids(experience.sequences, experience.action_mask)[rows],
+        reward_grad=None if signals.reward_grad is None else signals.reward_grad[rows],
+        policy_stats=None if signals.policy_stats is None else signals.policy_stats.select(rows),
+    )
+    result = strategy.assign_with_diagnostics(batch)
+    token_advantages[rows] = result.token_advantages.to(advantages.dtype)
+    experience.advantages = token_advantages
+    return result.diagnostics
+
+
+class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
+    """``RemoteExperienceMaker`` whose advantages are split over tokens by a credit strategy.
+
+    Constructed like OpenRLHF's (same positional arguments) plus ``credit``; or from a live
+    one with ``replacing``. ``gather_signals`` replaces the Ray dispatch (tests run the
+    actor-side functions in-process with it); by default the policy (and reward-model)
+    actors get ``credit_<role>_signals`` bound at construction, when the strategy needs
+    signals.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        credit: ResolvedCredit,
+        gather_signals: SignalGatherer | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.credit = credit
+        self.credit_strategy = credit.config.strategy()
+        self._embedding_shared = False
+        self._gather_signals: SignalGatherer = gather_signals or self._gather_from_actors
+        if credit.requires and gather_signals is None:
+            self._bind_actor_methods()
+
+    @classmethod
+    def replacing(
+        cls, stock: RemoteExperienceMaker, credit: ResolvedCredit
+    ) -> TokenCreditExperienceMaker:
+        """A token-credit maker sharing every part (actor groups, KL controller...) of ``stock``."""
+        return cls(
+            stock.actor_model_group,
+            stock.critic_model_group,
+            stock.reward_model_group,
+            stock.initial_model_group,
+            stock.kl_ctl,
+            stock.strategy,
+            stock.tokenizer,
+            credit=credit,
+        )
+
+    @torch.no_grad()
+    def compute_advantages_and_returns(self, experiences: list[Experience]) -> list[Experience]:
+        """OpenRLHF's advantages and returns, then token credit (see the module docstring)."""
+        experiences = super().compute_advantages_and_returns(experiences)
+        return self.assign_token_credit(experiences)
+
+    def assign_token_credit(self, experiences: list[Experience]) -> list[Experience]:
+        """Apply the strategy to every micro-batch of ``experiences`` (in place) and log."""
+        if self.credit_strategy.name == "uniform":
+            for experience in experiences:
+                log_diagnostics(experience, UNIFORM_DIAGNOSTICS.to_dict())
+            return experiences
+        start = time.perf_counter()
+        if self.credit.requires:
+            signals = self._gather_signals(experiences)
+        else:
+            signals = [CreditSignals() for _ in experiences]
+        if len(signals) != len(experiences):
+            raise CreditError(
+                f"credit signals: expected one per micro-batch ({len(experiences)}), "
+                f"got {len(signals)}"
+            )
+        elapsed = time.perf_counter() - start
+        for experience, signal in zip(experiences, signals, strict=True):
+            diagnostics = apply_token_credit(experience, self.credit_strategy, signal)
+            values = {**diagnostics.to_dict(), "credit/signal_time_s": elapsed}
+            log_diagnostics(experience, values)
+            if signal.direction_reward is not None:
+                experience.info["credit/direction_reward"] = signal.direction_reward.float()
+        return experiences
+
+    def _bind_actor_methods(self) -> None:
+        credit = self.credit
+        chunk = credit.config.stats_chunk_size
+        on_policy = credit.placement == "policy"
+        policy_state = ActorCreditState(
+            computes=(credit.requires & {"policy_stats"})
+            | (credit.requires & {"reward_grad"} if on_policy else frozenset()),
+            direction=credit.direction if on_policy else None,
+            tokenizer=self.tokenizer if on_policy else None,
+            stats_chunk_size=chunk,
+        )
+        ray.get(
+            self.actor_model_group.async_run_method(
+                "__ray_call__", bind_credit_methods, "policy", policy_state
+            )
+        )
+        if credit.placement == "reward":
+            reward_state = ActorCreditState(
+                computes=credit.requires & {"reward_grad"},
+                direction=credit.direction,
+                tokenizer=self.tokenizer,
+                stats_chunk_size=chunk,
+            )
+            ray.get(
+                self.reward_model_group.async_run_method(
+                    "__ray_call__", bind_credit_methods, "reward", reward_state
+                )
+            )
+
+    def _gather_from_actors(self, experiences: Sequence[Experience]) -> list[CreditSignals]:
+        credit = self.credit
+        if credit.placement == "reward" and "policy_stats" in credit.requires:
+            self._share_reward_embedding()
+        roles: list[tuple[Any, Role]] = []
+        if "policy_stats" in credit.requires or credit.placement == "policy":
+            roles.append((self.actor_model_group, "policy"))
+        if credit.placement == "reward" and "reward_grad" in credit.requires:
+            roles.append((self.reward_model_group, "reward"))
+        batch = {
+            "sequences": [e.sequences for e in experiences],
+            "action_mask": [e.action_mask for e in experiences],
+            "attention_mask": [e.attention_mask for e in experiences],
+        }
+        pending = []
+        for group, role in roles:
+            refs = group.async_run_method_batch(method_name=signals_method(role), **batch)
+            if credit.colocate:  # models share GPUs: one at a time, like OpenRLHF's forwards
+                ray.get(refs)
+                ray.get(group.async_run_method(method_name="empty_cache"))
+            pending.append(refs)
+        per_group: list[list[CreditSignals]] = [
+            self._flatten_results(refs, credit.duplicate_factor) for refs in pending
+        ]
+        signals = per_group[0]
+        for other in per_group[1:]:
+            signals = [a.merged(b) for a, b in zip(signals, other, strict=True)]
+        return signals
+
+    def _share_reward_embedding(self) -> None:
+        if self._embedding_shared:
+            return
+        # One copy of the (V, d) table, from the first reward-model actor (RayActorGroup has
+        # no public per-actor call in OpenRLHF 0.11).
+        first = self.reward_model_group._actor_handlers[0]
+        ref = first.__ray_call__.remote(export_reward_embedding)
+        ray.get(
+            self.actor_model_group.async_run_method("__ray_call__", import_reward_embedding, ref)
+        )
+        self._embedding_shared = True

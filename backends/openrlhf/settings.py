@@ -1,0 +1,155 @@
+"""The token-credit settings of an OpenRLHF run: strategy, direction model, placement.
+
+One pydantic model, ``OpenRLHFCreditConfig``, filled from an optional YAML file and the
+launcher's ``--credit*`` flags (flags win). File layout (every key but ``credit`` optional)::
+
+    credit: datc                  # or {name: datc, beta: 1.0, lam: 0.5}: credit_core.CreditConfig
+    direction:                    # the differentiable RM: adapters.config.RewardModelConfig
+      kind: seq_classification
+      path: /models/rm
+    placement: auto               # where the direction model runs: auto | reward | policy
+    stats_chunk_size: 8192        # vocabulary chunk of the streamed policy statistics
+
+Unknown keys are rejected with their name; so are bad strategy parameters (by credit_core).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from credit_core import CreditConfig, CreditError, CreditStrategy, get_strategy
+from credit_core.registry import validate_params
+
+Placement = Literal["auto", "reward", "policy"]
+
+
+class OpenRLHFCreditConfig(BaseModel):
+    """Token-credit settings of an OpenRLHF run (see the module docstring for the YAML form).
+
+    - ``credit``: the strategy and its parameters (``uniform`` = stock OpenRLHF).
+    - ``direction``: the differentiable reward model that gives DATC its direction, as the
+      fields of ``adapters.config.RewardModelConfig``; None means: OpenRLHF's own reward model
+      (``--reward.model_name_or_path``) loaded as a sequence classifier.
+    - ``placement``: the Ray actors that host the direction model. ``reward``: OpenRLHF's
+      reward-model actors; ``policy``: the policy actors (needed with ``--reward.remote_url``,
+      which has no reward-model actors); ``auto``: ``reward`` if those actors exist, else
+      ``policy``.
+    - ``stats_chunk_size``: vocabulary entries per tile of the streamed policy statistics.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    credit: CreditConfig = Field(default_factory=CreditConfig)
+    direction: dict[str, Any] | None = None
+    placement: Placement = "auto"
+    stats_chunk_size: int = Field(8192, ge=1)
+
+    @field_validator("direction")
+    @classmethod
+    def _direction_is_a_reward_model(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        from adapters.config import RewardModelConfig
+
+        validated: dict[str, Any] = RewardModelConfig.model_validate(value).model_dump(
+            exclude_unset=True
+        )
+        return validated
+
+    def strategy(self) -> CreditStrategy:
+        """A fresh strategy instance for ``credit``."""
+        return get_strategy(self.credit)
+
+    @property
+    def requires(self) -> frozenset[str]:
+        """The signals the strategy needs (subset of {"reward_grad", "policy_stats"})."""
+        return self.strategy().requires
+
+
+def _normalized_credit(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        return {"name": value}
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise CreditError(
+        f"credit: expected a strategy name or a mapping with 'name', got {type(value).__name__}"
+    )
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping in YAML file ``path``; it must contain a ``credit`` key."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise CreditError(f"--credit.config: no file at {str(file)!r}")
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as exc:
+        raise CreditError(f"--credit.config {file}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict) or "credit" not in data:
+        raise CreditError(
+            f"--credit.config {file}: expected a YAML mapping with a 'credit' key "
+            "(e.g. 'credit: datc'), got "
+            + (f"keys {sorted(data)}" if isinstance(data, dict) else type(data).__name__)
+        )
+    return data
+
+
+def build_config(
+    file_data: Mapping[str, Any] | None,
+    name: str | None,
+    params: Mapping[str, str],
+    direction: Mapping[str, str],
+    backend: Mapping[str, str],
+) -> OpenRLHFCreditConfig:
+    """Merge a config file's mapping with command-line values and validate the result.
+
+    ``name`` is ``--credit NAME``; ``params`` the ``--credit.<param>`` values; ``direction``
+    the ``--credit.direction.<field>`` values; ``backend`` ``placement``/``stats_chunk_size``.
+    A flag overrides the file. When ``--credit NAME`` selects another strategy than the file,
+    the file's strategy parameters are not carried over (a note says so on stderr).
+    Raises ``CreditError`` naming every bad key.
+    """
+    data: dict[str, Any] = dict(file_data or {})
+    credit = _normalized_credit(data.get("credit", "uniform"))
+    if name is not None and name != credit.get("name"):
+        dropped = {k: v for k, v in credit.items() if k != "name"}
+        if dropped:
+            print(
+                f"credit: --credit {name} replaces the file's strategy {credit.get('name')!r}; "
+                f"its parameters {dropped} are not used",
+                file=sys.stderr,
+            )
+        credit = {"name": name}
+    credit.update(params)
+    data["credit"] = credit
+    if direction:
+        data["direction"] = {**(data.get("direction") or {}), **direction}
+    data.update(backend)
+    try:
+        cfg = OpenRLHFCreditConfig.model_validate(data)
+    except ValidationError as exc:
+        raise CreditError(_format_errors(exc)) from exc
+    typed = validate_params(cfg.credit.name, cfg.credit.params).model_dump()
+    return cfg.model_copy(update={"credit": CreditConfig.parse({"name": cfg.credit.name, **typed})})
+
+
+def _format_errors(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "<config>"
+        inner = err.get("ctx", {}).get("error")
+        if isinstance(inner, CreditError):
+            lines.append(f"{field}: {inner}")
+        elif err["type"] == "extra_forbidden":
+            lines.append(
+                f"unknown key {field!r}; allowed keys: {sorted(OpenRLHFCreditConfig.model_fields)}"
+            )
+        else:
+            lines.append(f"{field}: {err['msg']} (got {err.get('input')!r})")
+    return "invalid token-credit settings:\n  " + "\n  ".join(lines)
