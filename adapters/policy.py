@@ -1,0 +1,220 @@
+"""Policy side: response log-probs and ``PolicyStats`` from a Hugging Face causal LM.
+
+Layout (binding, see notes): ``input_ids``/``attention_mask`` are (B, P + R) =
+[prompt | response]; the response is right-padded, the prompt is left-padded (right-padded
+prompts also work: the first response token is predicted from the last *real* prompt token
+and positions come from the attention mask). Response token j is ``input_ids[:, P + j]``.
+
+The model runs once up to its final hidden states (``final_hidden_states``); the LM head is
+then applied by streamed reductions over the vocabulary: ``adapters.logprobs.token_logprobs``
+for the (differentiable) log-probs and ``credit_core.policy_stats`` for the stats. The
+(B, R, V) logits are never materialized. The cost is two LM-head passes when stats are
+asked for (the stats pass also does the two (N x V) x (V x d) products), plus one
+recomputation pass in backward.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from adapters.logprobs import token_logprobs
+from credit_core import CreditError, PolicyStats, policy_stats
+from credit_core.policy_stats import DEFAULT_TILE_ELEMENTS
+from credit_core.tensor_checks import check_tensor
+
+#: Config attributes of model families whose logits are not ``hidden @ W.T + b``.
+_UNSUPPORTED_HEAD_ATTRS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The Hugging Face model inside wrappers that hold it as ``.module`` (DDP, DeepSpeed)."""
+    inner: Any = model
+    while not hasattr(inner, "get_output_embeddings") and hasattr(inner, "module"):
+        inner = inner.module
+    if not hasattr(inner, "get_output_embeddings"):
+        raise CreditError(
+            f"model: expected a transformers causal LM (with get_output_embeddings), "
+            f"got {type(model).__name__}"
+        )
+    found: torch.nn.Module = inner
+    return found
+
+
+def lm_head_of(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The LM head's weight (V, H) and bias (V,) or None, as the model's own parameters.
+
+    With tied embeddings the weight is the input-embedding parameter itself, so gradients
+    flow into it. Raises CreditError for heads that are not ``hidden @ W.T + b`` (logit
+    soft-capping, logit scaling).
+    """
+    inner = unwrap_model(model)
+    config = getattr(inner, "config", None)
+    for attr in _UNSUPPORTED_HEAD_ATTRS:
+        value = getattr(config, attr, None)
+        if value not in (None, 1.0) and not isinstance(value, bool):
+            raise CreditError(
+                f"model: config.{attr}={value!r} transforms the logits after the LM head; "
+                "streamed log-probs and policy stats assume logits = hidden @ W.T + bias"
+            )
+    head = inner.get_output_embeddings()  # type: ignore[operator]
+    weight = getattr(head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise CreditError(
+            f"model: expected an LM head with a (V, H) weight, got {type(head).__name__}"
+        )
+    bias = getattr(head, "bias", None)
+    return weight, bias if isinstance(bias, torch.Tensor) else None
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions 0, 1, ... over the attended tokens (padding gets 1), as HF ``generate``."""
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.masked_fill(attention_mask == 0, 1)
+
+
+def _accepts(module: torch.nn.Module, name: str) -> bool:
+    params = inspect.signature(module.forward).parameters
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def final_hidden_states(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """Final (post-norm) hidden states (B, L, H): the inputs of the LM head.
+
+    Position ids are computed from ``attention_mask``. A plain ``transformers`` model runs
+    its decoder only (no LM head). A wrapper with ``.module`` (DDP, DeepSpeed engine) is
+    called through its own ``forward`` so that its hooks run, with
+    ``output_hidden_states=True`` and ``logits_to_keep=1`` (LM head on one position only).
+    """
+    position_ids = position_ids_from_mask(attention_mask)
+    inputs: dict[str, Any] = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "use_cache": False,
+    }
+    inner = unwrap_model(model)
+    get_decoder = getattr(inner, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else inner
+    if inner is model and decoder is not inner:
+        out = decoder(**inputs)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    else:
+        if _accepts(inner, "logits_to_keep"):
+            inputs["logits_to_keep"] = 1
+        hidden = model(**inputs, output_hidden_states=True).hidden_states[-1]
+    if not isinstance(hidden, torch.Tensor) or hidden.shape[:2] != input_ids.shape:
+        got = tuple(hidden.shape) if isinstance(hidden, torch.Tensor) else type(hidden).__name__
+        raise CreditError(
+            f"final hidden states: expected shape {tuple(input_ids.shape)} + (H,), got {got}"
+        )
+    return hidden
+
+
+def predictor_positions(attention_mask: torch.Tensor, response_len: int) -> torch.Tensor:
+    """(B, R) long: the position whose output predicts response token j.
+
+    j >= 1: position P + j - 1; j = 0: the last attended prompt position (P - 1 for a
+    left-padded prompt). Raises CreditError for rows whose prompt has no attended token.
+    """
+    B, L = attention_mask.shape
+    P = L - response_len
+    prompt = attention_mask[:, :P] != 0
+    empty = torch.nonzero(~prompt.any(dim=1)).flatten()
+    if empty.numel() > 0:
+        raise CreditError(
+            f"attention_mask: prompt rows {empty.tolist()} have no attended token; "
+            "the first response token needs a prompt token to be predicted from"
+        )
+    steps = torch.arange(1, P + 1, device=attention_mask.device)
+    last_prompt = (prompt * steps).argmax(dim=1)
+    pos = torch.arange(P - 1, L - 1, device=attention_mask.device).expand(B, response_len)
+    return torch.cat([last_prompt.unsqueeze(1), pos[:, 1:]], dim=1)
+
+
+def response_logprobs_and_stats(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_len: int,
+    *,
+    temperature: float = 1.0,
+    reward_embedding: torch.Tensor | None = None,
+    chunk_size: int = 8192,
+    tile_elements: int = DEFAULT_TILE_ELEMENTS,
+) -> tuple[torch.Tensor, PolicyStats | None]:
+    """log p(response token) (B, R) and, if ``reward_embedding`` is given, ``PolicyStats``.
+
+    - input_ids, attention_mask (B, P + R): [prompt | right-padded response]; R =
+      ``response_len`` (1 <= R < P + R).
+    - p = softmax((hidden @ W.T + b) / temperature), W, b = ``lm_head_of(model)``.
+    - Log-probs: float32 (float64 for a float64 model), differentiable under the caller's
+      grad mode (the trainer calls with grad for the loss, under no_grad for the old
+      policy); exactly 0 where the response is padding (``attention_mask[:, P:] == 0``).
+    - Stats: ``credit_core.PolicyStats`` (B, R[, d]) with d = reward_embedding.shape[1],
+      never differentiable (computed from detached tensors); values at padded positions
+      are finite but meaningless. ``reward_embedding`` (V, d) must have one row per LM-head
+      output (V = lm_head weight rows); it is moved to the model's device.
+    - Streamed over the vocabulary in ``chunk_size`` chunks; no (B, R, V) tensor.
+    """
+    ids = check_tensor("input_ids", input_ids, (None, None))
+    B, L = ids.shape
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise CreditError(f"input_ids: expected an integer dtype, got {ids.dtype}")
+    mask = check_tensor("attention_mask", attention_mask, (B, L), device=ids.device)
+    if not isinstance(response_len, int) or not 1 <= response_len < L:
+        raise CreditError(
+            f"response_len: expected an integer in [1, {L - 1}] (input length {L} "
+            f"minus at least one prompt position), got {response_len!r}"
+        )
+    weight, bias = lm_head_of(model)
+    V = weight.shape[0]
+    if reward_embedding is not None:
+        check_tensor("reward_embedding", reward_embedding, (None, None), floating=True)
+        if reward_embedding.shape[0] != V:
+            raise CreditError(
+                f"reward_embedding: expected {V} rows (one per LM-head output of the policy), "
+                f"got shape {tuple(reward_embedding.shape)}"
+            )
+    P = L - response_len
+    real = mask[:, P:] != 0
+    resp = torch.where(real, ids[:, P:], 0).long()
+    bad = real & ((resp < 0) | (resp >= V))
+    if bool(bad.any()):
+        rows = torch.nonzero(bad.any(dim=1)).flatten().tolist()
+        raise CreditError(
+            f"input_ids: response tokens must be in [0, {V}) (the LM head's vocabulary); "
+            f"rows {rows} are not"
+        )
+    where = predictor_positions(mask, response_len)
+    hidden = final_hidden_states(model, ids, mask)
+    H = hidden.shape[2]
+    h = hidden.gather(1, where.unsqueeze(2).expand(B, response_len, H))
+    logp = token_logprobs(
+        h,
+        weight,
+        resp,
+        bias=bias,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        tile_elements=tile_elements,
+    )
+    logp = torch.where(real, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
+    stats = None
+    if reward_embedding is not None:
+        with torch.no_grad():
+            stats = policy_stats(
+                h.detach(),
+                weight.detach(),
+                resp,
+                reward_embedding.detach().to(h.device),
+                temperature=temperature,
+                chunk_size=chunk_size,
+                lm_head_bias=None if bias is None else bias.detach(),
+                tile_elements=tile_elements,
+            )
+    return logp, stats

@@ -1,0 +1,178 @@
+"""The reward that sets the advantage, kept apart from the model that supplies the direction.
+
+- ``TextScorer``: a plain Python callable ``(prompts, responses) -> rewards`` on decoded text
+  (a rule, a verifier); not differentiable.
+- ``Scorer``: what a backend calls to get (B,) rewards for a rollout batch.
+  ``CallableScorer`` wraps a ``TextScorer`` (decoding with the policy tokenizer, special
+  tokens skipped); ``ModelScorer`` uses a ``DirectionModel``'s own reward.
+- ``RewardSignals``: a scorer plus an optional direction model; ``compute`` returns the
+  rewards and, when asked, the direction model's gradient, running the RM once when the
+  scorer *is* the direction model.
+- ``import_object("pkg.module:name")``: how configs name callables.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from adapters.reward import DirectionModel, RewardOutput, check_rollout
+from credit_core import CreditError
+
+TextScorer = Callable[[list[str], list[str]], "Sequence[float] | torch.Tensor"]
+
+
+def import_object(path: str) -> Any:
+    """The object named ``"pkg.module:attr"`` (``attr`` may be dotted)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise CreditError(f"import path: expected 'pkg.module:name', got {path!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CreditError(f"import path {path!r}: cannot import {module_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise CreditError(f"import path {path!r}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def decode_rows(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    """Decoded text of each row's masked-in tokens, special tokens skipped."""
+    rows = [row[m != 0].tolist() for row, m in zip(ids, mask, strict=True)]
+    return list(tokenizer.batch_decode(rows, skip_special_tokens=True))
+
+
+class Scorer(ABC):
+    """Rewards (B,) float32 for a rollout batch (policy ids, layout as ``DirectionModel``).
+
+    ``prompt_texts``/``response_texts`` may be passed when the caller has them already.
+    """
+
+    @abstractmethod
+    def __call__(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        *,
+        prompt_texts: list[str] | None = None,
+        response_texts: list[str] | None = None,
+    ) -> torch.Tensor: ...
+
+
+class CallableScorer(Scorer):
+    """A ``TextScorer`` on the decoded prompt and response texts."""
+
+    def __init__(self, fn: TextScorer, policy_tokenizer: Any, *, name: str = "scorer") -> None:
+        if not callable(fn):
+            raise CreditError(f"{name}: expected a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.policy_tokenizer = policy_tokenizer
+        self.name = name
+
+    def __call__(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        *,
+        prompt_texts: list[str] | None = None,
+        response_texts: list[str] | None = None,
+    ) -> torch.Tensor:
+        check_rollout(prompt_ids, prompt_mask, response_ids, response_mask)
+        B = response_ids.shape[0]
+        if prompt_texts is None:
+            prompt_texts = decode_rows(self.policy_tokenizer, prompt_ids, prompt_mask)
+        if response_texts is None:
+            response_texts = decode_rows(self.policy_tokenizer, response_ids, response_mask)
+        raw = self.fn(prompt_texts, response_texts)
+        try:
+            rewards = torch.as_tensor(raw, dtype=torch.float32).detach().cpu()
+        except (TypeError, ValueError) as exc:
+            raise CreditError(
+                f"{self.name}: expected a sequence of {B} numbers, got {type(raw).__name__}"
+            ) from exc
+        if tuple(rewards.shape) != (B,):
+            raise CreditError(
+                f"{self.name}: expected {B} rewards (one per response), got shape "
+                f"{tuple(rewards.shape)}"
+            )
+        bad = ~torch.isfinite(rewards)
+        if bool(bad.any()):
+            raise CreditError(
+                f"{self.name}: non-finite rewards in rows {torch.nonzero(bad).flatten().tolist()}"
+            )
+        return rewards.to(response_ids.device)
+
+
+class ModelScorer(Scorer):
+    """The reward of a ``DirectionModel`` (no gradient), float32."""
+
+    def __init__(self, model: DirectionModel) -> None:
+        self.model = model
+
+    def __call__(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        *,
+        prompt_texts: list[str] | None = None,
+        response_texts: list[str] | None = None,
+    ) -> torch.Tensor:
+        out = self.model.score(
+            prompt_ids, prompt_mask, response_ids, response_mask, with_grad=False
+        )
+        return out.rewards.float()
+
+
+@dataclass(frozen=True)
+class RewardSignals:
+    """The reward (``scorer``) and, optionally, the direction (``direction_model``)."""
+
+    scorer: Scorer
+    direction_model: DirectionModel | None = None
+
+    def compute(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        *,
+        need_grad: bool,
+    ) -> RewardOutput:
+        """Rewards (B,) float32 from the scorer; ``reward_grad`` from the direction model
+        when ``need_grad`` (one RM forward+backward; the scorer's RM pass is shared when
+        the scorer is the direction model itself)."""
+        dm = self.direction_model
+        if need_grad and dm is None:
+            raise CreditError(
+                "reward_grad was asked for, but no direction model is configured "
+                "(set a differentiable reward model as the direction model)"
+            )
+        same = isinstance(self.scorer, ModelScorer) and self.scorer.model is dm
+        if same and dm is not None:
+            out = dm.score(
+                prompt_ids, prompt_mask, response_ids, response_mask, with_grad=need_grad
+            )
+            return RewardOutput(out.rewards.float(), out.reward_grad, out.diagnostics)
+        rewards = self.scorer(prompt_ids, prompt_mask, response_ids, response_mask)
+        if not need_grad or dm is None:
+            return RewardOutput(rewards, None, {})
+        out = dm.score(prompt_ids, prompt_mask, response_ids, response_mask, with_grad=True)
+        diagnostics = {
+            **out.diagnostics,
+            "rm/direction_model_reward_mean": float(out.rewards.mean()),
+        }
+        return RewardOutput(rewards, out.reward_grad, diagnostics)
