@@ -1,0 +1,34 @@
+"""Native PyTorch GRPO trainer that takes any ``credit_core`` strategy.
+
+Modules (torchtune style, one job each): ``config`` (pydantic + YAML + ``--set``), ``data``
+(prompts, resumable sampler), ``tasks`` (built-in offline tasks), ``models`` (policy),
+``rollout`` / ``rollout_vllm`` (sampling), ``reward``, ``loss``, ``kl``, ``schedule``,
+``checkpoint``, ``metrics``, ``distributed`` and the recipe in ``trainer``.
+
+Public entry points (imported lazily, so ``backends.torch.config`` stays light)::
+
+    from backends.torch import train, RunResult, TrainConfig, load_config, config_from_dict
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "train": "backends.torch.trainer",
+    "RunResult": "backends.torch.trainer",
+    "GRPORecipe": "backends.torch.trainer",
+    "TrainConfig": "backends.torch.config",
+    "ConfigError": "backends.torch.config",
+    "load_config": "backends.torch.config",
+    "config_from_dict": "backends.torch.config",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'backends.torch' has no attribute {name!r}")

@@ -1,0 +1,421 @@
+"""The trainer's configuration: pydantic models, YAML loading, ``--set`` overrides.
+
+A config is one YAML mapping validated by ``TrainConfig``; every section forbids unknown keys.
+``load_config`` turns every validation failure into one ``ConfigError`` whose lines name the
+dotted key, where it came from (``file.yaml:LINE`` or the ``--set`` argument) and what was
+expected. ``credit`` is exactly ``credit_core.CreditConfig``: ``credit: datc`` and
+``credit: {name: datc, beta: 2.0}`` both work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from adapters.config import RewardSignalsConfig
+from credit_core import CreditConfig, strategy_class
+
+LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+KLEstimator = Literal["k1", "k2", "k3"]
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names every offending key and its source."""
+
+
+class FieldError(ValueError):
+    """Raised by a validator to blame ``field`` (dotted, relative to the model validated)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PresetConfig(_Section):
+    """A built-in tiny policy (random init, built from a config, no download)."""
+
+    family: Literal["llama", "qwen2", "gpt2"] = "llama"
+    size: Literal["tiny", "small"] = Field(
+        default="tiny", description="a shape of adapters.tiny.SIZES"
+    )
+    vocab_size: int = Field(
+        default=512, ge=300, description="size of the in-process byte-level BPE"
+    )
+    seed: int | None = Field(default=None, description="weight-init seed; default: the run's seed")
+
+
+class PolicyConfig(_Section):
+    """The policy: a local Hugging Face model folder, or a built-in tiny preset."""
+
+    path: str | None = Field(default=None, description="local folder with config.json and weights")
+    preset: PresetConfig | None = None
+    tokenizer: str | None = Field(
+        default=None, description="tokenizer folder; default: the model's"
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    gradient_checkpointing: bool = False
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PolicyConfig:
+        if (self.path is None) == (self.preset is None):
+            raise ValueError("set exactly one of 'path' (a local model folder) or 'preset'")
+        if self.path is not None:
+            folder = Path(self.path).expanduser()
+            if not (folder / "config.json").is_file():
+                raise FieldError(
+                    "path",
+                    f"no Hugging Face model folder at {str(folder)!r} "
+                    "(expected a directory containing config.json)",
+                )
+        if self.tokenizer is not None and not Path(self.tokenizer).expanduser().is_dir():
+            raise FieldError("tokenizer", f"no tokenizer folder at {self.tokenizer!r}")
+        return self
+
+
+class DataConfig(_Section):
+    """Prompts: a built-in task, or JSONL files with a ``prompt`` field and optional ``label``."""
+
+    task: str | None = Field(default=None, description="a built-in task (backends.torch.tasks)")
+    task_params: dict[str, Any] = Field(default_factory=dict)
+    train_file: str | None = None
+    eval_file: str | None = None
+    num_eval_prompts: int | None = Field(default=None, ge=1, description="cap on held-out prompts")
+    shuffle: bool = True
+    chat_template: bool = Field(
+        default=False, description="wrap each prompt as a user turn of the tokenizer's template"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataConfig:
+        if (self.task is None) == (self.train_file is None):
+            raise ValueError("set exactly one of 'task' (built-in) or 'train_file' (JSONL)")
+        for key in ("train_file", "eval_file"):
+            value = getattr(self, key)
+            if value is not None and not Path(value).expanduser().is_file():
+                raise FieldError(key, f"no file at {value!r}")
+        if self.task is not None and self.eval_file is not None:
+            raise FieldError("eval_file", "a built-in task brings its own held-out prompts")
+        if self.task_params and self.task is None:
+            raise FieldError("task_params", "only valid together with 'task'")
+        if self.task is not None:
+            from backends.torch.tasks import TASKS, parse_task_params
+
+            if self.task not in TASKS:
+                raise FieldError("task", f"unknown task; built-in tasks: {sorted(TASKS)}")
+            try:
+                parse_task_params(self.task, self.task_params)
+            except ConfigError as exc:
+                raise FieldError("task_params", str(exc)) from None
+        return self
+
+
+class VLLMConfig(_Section):
+    """Settings of the optional vLLM rollout engine (GPU only)."""
+
+    gpu_memory_utilization: float = Field(default=0.4, gt=0.0, le=1.0)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    enforce_eager: bool = True
+
+
+class RolloutConfig(_Section):
+    """Sampling G responses per prompt.
+
+    ``top_k = 0`` and ``top_p = 1.0`` mean off and are passed to the engine explicitly, so a
+    model's own generation defaults (often ``top_k=50``) never apply.
+    """
+
+    engine: Literal["hf", "vllm"] = "hf"
+    group_size: int = Field(default=4, description="G, responses per prompt (>= 2)")
+    prompts_per_step: int = Field(default=4, ge=1, description="prompts per step, over all ranks")
+    prompts_per_generate: int | None = Field(
+        default=None, ge=1, description="prompts per generate call; default: a rank's whole shard"
+    )
+    max_new_tokens: int = Field(default=16, ge=1)
+    temperature: float = Field(default=1.0, gt=0.0, allow_inf_nan=False)
+    top_k: int = Field(default=0, ge=0, description="0 = off")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="1.0 = off")
+    vllm: VLLMConfig = VLLMConfig()
+
+    @field_validator("group_size")
+    @classmethod
+    def _group_size(cls, value: int) -> int:
+        if value < 2:
+            raise ValueError(
+                f"must be >= 2: group advantages compare a response with the other samples "
+                f"of its prompt, got {value}"
+            )
+        return value
+
+
+class AlgorithmConfig(_Section):
+    """Advantages, PPO epochs and the clipped loss with KL against a frozen reference."""
+
+    estimator: Literal["group_norm", "dr_grpo", "rloo"] = "group_norm"
+    adv_eps: float = Field(default=1e-6, ge=0.0)
+    ppo_epochs: int = Field(default=1, ge=1)
+    updates_per_epoch: int = Field(
+        default=1, ge=1, description="optimizer steps per pass over a batch"
+    )
+    micro_batch_size: int = Field(default=8, ge=1, description="responses per forward/backward")
+    clip_eps_low: float = Field(default=0.2, ge=0.0, lt=1.0)
+    clip_eps_high: float = Field(default=0.2, ge=0.0)
+    kl_coef: float = Field(default=0.0, ge=0.0)
+    kl_estimator: KLEstimator = "k3"
+    loss_agg: LossAgg = "token_mean"
+
+
+class OptimConfig(_Section):
+    """AdamW with a warmup + constant/linear/cosine learning-rate schedule."""
+
+    lr: float = Field(default=1e-5, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(default=1e-8, gt=0.0)
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(default=0, ge=0)
+    min_lr_ratio: float = Field(default=0.0, ge=0.0, le=1.0)
+    grad_clip: float | None = Field(default=1.0, gt=0.0, description="max grad norm; null = off")
+
+
+class EvalConfig(_Section):
+    """Held-out reward: sampled (G samples at the training temperature) and greedy."""
+
+    interval: int = Field(
+        default=0, ge=0, description="every N steps (and at steps 0 and last); 0 = off"
+    )
+    group_size: int | None = Field(default=None, ge=1, description="samples per prompt; default: G")
+    greedy: bool = True
+
+
+class CheckpointConfig(_Section):
+    interval: int = Field(default=0, ge=0, description="every N steps (and the last); 0 = off")
+    keep_last: int = Field(default=2, ge=1)
+
+
+class DistributedConfig(_Section):
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+
+
+class LoggingConfig(_Section):
+    progress: bool = True
+    tensorboard: bool = True
+
+
+class TrainConfig(_Section):
+    """The whole run. See configs/torch/*.yaml for annotated examples."""
+
+    seed: int = 0
+    steps: int = Field(default=1, ge=1)
+    output_dir: str = "runs/credit"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    credit: CreditConfig = Field(default_factory=lambda: CreditConfig(name="uniform"))
+    policy: PolicyConfig
+    reward: RewardSignalsConfig | None = Field(
+        default=None, description="direction_model + reward (adapters); default: the task's own"
+    )
+    data: DataConfig
+    rollout: RolloutConfig = RolloutConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    optim: OptimConfig = OptimConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    distributed: DistributedConfig = DistributedConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+    @field_validator("credit", mode="before")
+    @classmethod
+    def _credit(cls, value: Any) -> Any:
+        return CreditConfig.parse(value)
+
+    @model_validator(mode="after")
+    def _sampling_matches_stats(self) -> TrainConfig:
+        requires = strategy_class(self.credit.name).requires
+        if "policy_stats" in requires:
+            on = [
+                f"{key}={getattr(self.rollout, key)}"
+                for key, off in (("top_k", 0), ("top_p", 1.0))
+                if getattr(self.rollout, key) != off
+            ]
+            if on:
+                key = "top_p" if self.rollout.top_p != 1.0 else "top_k"
+                raise FieldError(
+                    f"rollout.{key}",
+                    f"{', '.join(on)} truncates the sampling distribution, but credit strategy "
+                    f"{self.credit.name!r} needs the distribution actually sampled from "
+                    "(policy_stats); set rollout.top_k=0 and rollout.top_p=1.0",
+                )
+        return self
+
+
+# ---------------------------------------------------------------------------------- loading
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"a.b=value"`` -> (["a", "b"], value parsed as YAML: numbers, booleans, lists...)."""
+    key, sep, raw = text.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not all(parts):
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE with a dotted KEY, e.g. a.b=1")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--set {text!r}: value is not valid YAML: {exc}") from exc
+    return parts, value
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """A copy of ``raw`` with every ``--set key=value`` applied, in order.
+
+    A string standing where a mapping is needed (``credit: datc`` and ``--set credit.beta=2``)
+    becomes ``{name: <string>}`` first, the short form of ``CreditConfig``.
+    """
+    out: dict[str, Any] = _deepcopy(raw)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = out
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif isinstance(child, str):
+                child = node[part] = {"name": child}
+            elif not isinstance(child, dict):
+                where = ".".join(parts[: i + 1])
+                raise ConfigError(
+                    f"--set {text!r}: {where} is a {type(child).__name__}, not a mapping"
+                )
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def _deepcopy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _deepcopy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deepcopy(v) for v in value]
+    return value
+
+
+def _yaml_lines(text: str) -> dict[tuple[str, ...], int]:
+    """1-based line of every key in a YAML mapping tree, by its path of keys."""
+    lines: dict[tuple[str, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                sub = (*path, str(key.value))
+                lines[sub] = key.start_mark.line + 1
+                walk(value, sub)
+
+    root = yaml.compose(text)
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def _allowed_keys(loc: Sequence[str | int]) -> list[str] | None:
+    model: Any = TrainConfig
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        annotation = field.annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        model = next(
+            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
+        )
+        if model is None or model is CreditConfig:
+            return None
+    return sorted(model.model_fields)
+
+
+def _format_errors(
+    exc: ValidationError,
+    source: str,
+    lines: Mapping[tuple[str, ...], int],
+    overridden: Mapping[tuple[str, ...], str],
+) -> str:
+    out = []
+    for err in exc.errors():
+        loc = tuple(str(p) for p in err["loc"])
+        inner = err.get("ctx", {}).get("error")
+        if isinstance(inner, FieldError):
+            loc = (*loc, *inner.field.split("."))
+            err = {**err, "msg": inner.message}
+        dotted = ".".join(loc) or "<root>"
+        where = next(
+            (
+                f"--set {overridden[loc[:i]]}"
+                for i in range(len(loc), 0, -1)
+                if loc[:i] in overridden
+            ),
+            None,
+        )
+        if where is None:
+            known = next((loc[:i] for i in range(len(loc), 0, -1) if loc[:i] in lines), None)
+            where = f"{source}:{lines[known]}" if known else source
+            below = [f"--set {t}" for k, t in overridden.items() if k[: len(loc)] == loc]
+            where = ", ".join([where, *below])
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(err["loc"][:-1])
+            hint = f" (allowed keys: {', '.join(allowed)})" if allowed else ""
+            message = f"unknown key{hint}"
+        elif err["type"] == "missing":
+            message = "required key is missing"
+        else:
+            message = err["msg"].removeprefix("Value error, ")
+            if "input" in err and err["type"] not in ("value_error", "assertion_error"):
+                message += f" (got {err['input']!r})"
+        out.append(f"  {dotted}: {message}  [{where}]")
+    return f"invalid config {source}:\n" + "\n".join(out)
+
+
+def config_from_dict(
+    raw: Mapping[str, Any],
+    overrides: Sequence[str] = (),
+    *,
+    source: str = "<dict>",
+    yaml_text: str | None = None,
+) -> TrainConfig:
+    """Validate ``raw`` (+ ``--set`` overrides); raise ``ConfigError`` naming every bad key."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"{source}: expected a mapping at the top level, got {type(raw).__name__}"
+        )
+    merged = apply_overrides(raw, overrides)
+    overridden = {tuple(parse_override(t)[0]): t for t in overrides}
+    lines = _yaml_lines(yaml_text) if yaml_text else {}
+    try:
+        return TrainConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source, lines, overridden)) from None
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a YAML config file, apply ``--set`` overrides and validate it."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file not found: {str(file)!r}")
+    text = file.read_text()
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
+    return config_from_dict(raw, overrides, source=str(file), yaml_text=text)
+
+
+def dump_config(config: TrainConfig, path: str | Path) -> None:
+    """Write the resolved config (every default filled in) as YAML."""
+    data = config.model_dump(mode="json")
+    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))

@@ -1,0 +1,219 @@
+"""Process group, model wrapping (DDP / FSDP2) and the few collectives the recipe uses.
+
+Launched by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) the trainer joins a process
+group: ``nccl`` on GPUs, ``gloo`` on CPU (``backend: auto``). A single process needs no group;
+every helper here then degrades to the identity.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from backends.torch.config import DistributedConfig
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits: rank, world size and its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str | None  # None: single process, no process group
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.backend is not None
+
+    def barrier(self) -> None:
+        if self.active:
+            dist.barrier()
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks (a new tensor; ``tensor`` is left unchanged)."""
+        out = tensor.detach().clone()
+        if self.active:
+            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out
+
+    def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The element-wise maximum over ranks (a new tensor)."""
+        out = tensor.detach().clone()
+        if self.active:
+            dist.all_reduce(out, op=dist.ReduceOp.MAX)
+        return out
+
+    def all_gather_cat(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenation over ranks along dim 0, in rank order; equal shapes on every rank."""
+        if not self.active:
+            return tensor.detach().clone()
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.detach().contiguous())
+        return torch.cat(parts)
+
+
+def init_distributed(cfg: DistributedConfig, device: str = "auto") -> DistContext:
+    """Join the torchrun process group if there is one, and pick this process's device."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    if use_cuda and not torch.cuda.is_available():
+        raise RuntimeError("device: 'cuda' was requested but CUDA is not available")
+    dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world_size == 1:
+        return DistContext(0, 1, 0, dev, None)
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    if backend == "nccl" and not use_cuda:
+        raise RuntimeError("distributed.backend: 'nccl' needs CUDA devices; use 'gloo' on CPU")
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend)
+    return DistContext(rank, world_size, local_rank, dev, backend)
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.active and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of a Hugging Face causal LM (the units FSDP shards)."""
+    inner = unwrap(model)
+    inner = getattr(inner, "module", inner)  # the HF model inside a PolicyModule
+    no_split = set(getattr(inner, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in no_split]
+    if not layers:
+        raise ValueError(
+            f"{type(inner).__name__}: cannot find its decoder layers for FSDP "
+            "(model._no_split_modules is empty); use distributed.strategy: ddp"
+        )
+    return layers
+
+
+def wrap_model(model: torch.nn.Module, ctx: DistContext, strategy: str) -> torch.nn.Module:
+    """DDP- or FSDP2-wrap ``model`` for training across ranks; unchanged in one process.
+
+    FSDP shards every decoder layer, then the root (``fully_shard``), in place; the root's
+    own parameters are kept gathered between forward and backward. ``model`` must accept
+    ``input_ids`` and ``attention_mask`` (a ``PolicyModule``).
+    """
+    if not ctx.active:
+        return model
+    if strategy == "ddp":
+        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in _decoder_layers(model):
+            fully_shard(layer)
+        # The root group (embeddings, final norm, LM head) stays gathered after forward:
+        # the streamed log-probs read the LM head weight outside the module's forward.
+        fully_shard(model, reshard_after_forward=False)
+        # FSDP initializes lazily at the first forward, which must go through the root;
+        # generate() calls the inner model directly, so run one tiny root forward now.
+        token = torch.zeros(1, 1, dtype=torch.long, device=ctx.device)
+        with torch.no_grad():
+            model(input_ids=token, attention_mask=torch.ones_like(token))
+        model.reshard()  # type: ignore[operator]  # parameters() = the shards, for the optimizer
+        return model
+    raise ValueError(f"distributed.strategy: expected 'ddp' or 'fsdp', got {strategy!r}")
+
+
+def unwrap(model: torch.nn.Module) -> Any:
+    """The Hugging Face model inside a DDP wrapper (FSDP2 wraps in place)."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+@contextlib.contextmanager
+def grad_sync(model: torch.nn.Module, enabled: bool) -> Iterator[None]:
+    """Within it, backward all-reduces gradients only if ``enabled`` (micro-batch accumulation)."""
+    if isinstance(model, DistributedDataParallel) and not enabled:
+        with model.no_sync():
+            yield
+        return
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(enabled)  # type: ignore[operator]
+    yield
+
+
+def _is_fsdp(model: torch.nn.Module) -> bool:
+    return hasattr(model, "set_requires_gradient_sync")
+
+
+@contextlib.contextmanager
+def root_gathered(model: torch.nn.Module, *, reshard: bool) -> Iterator[None]:
+    """FSDP2: gather the root's own parameters (embeddings, final norm, LM head) for code
+    that reads them outside the root's forward: ``generate`` (which calls the inner model)
+    and the streamed log-probs (which fetch the LM head weight before the forward).
+    ``reshard`` shards them again on exit; otherwise FSDP does after the next backward.
+    A no-op for DDP and single-process models."""
+    fsdp = _is_fsdp(model)
+    if fsdp:
+        model.unshard()  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        if fsdp and reshard:
+            model.reshard()  # type: ignore[operator]
+
+
+def full_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext
+) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any] | None]:
+    """Full (unsharded) model and optimizer state dicts on rank 0, None elsewhere; collective."""
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        model.reshard()  # type: ignore[operator]  # registered params = the optimizer's shards
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        msd = get_model_state_dict(model, options=opts)
+        osd = get_optimizer_state_dict(model, optimizer, options=opts)
+        if not ctx.is_main:
+            return None, None
+        return cast(dict[str, torch.Tensor], msd), cast(dict[str, Any], osd)
+    if not ctx.is_main:
+        return None, None
+    return unwrap(model).state_dict(), optimizer.state_dict()
+
+
+def load_full_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_state: dict[str, torch.Tensor],
+    optimizer_state: dict[str, Any],
+) -> None:
+    """Inverse of ``full_state``; every rank passes the full states it loaded."""
+    if _is_fsdp(model):
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        model.reshard()  # type: ignore[operator]
+        opts = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, cast(Any, model_state), options=opts)
+        set_optimizer_state_dict(model, optimizer, optimizer_state, options=opts)
+        return
+    unwrap(model).load_state_dict(model_state)
+    optimizer.load_state_dict(optimizer_state)

@@ -1,0 +1,695 @@
+"""The GRPO recipe: one readable loop, components imported (torchtune style).
+
+One step, identical on every rank for its shard of the step's prompts:
+
+1. rollout: G responses per prompt (``rollout``), each generate call under a derived seed;
+2. signals: rewards, ``group_advantages`` (groups never straddle ranks), old-policy log-probs
+   at the rollout temperature, reference log-probs (if ``kl_coef > 0``), and only the signals
+   the credit strategy requires (RM gradient, policy stats); then ``strategy.assign``;
+3. update: ``ppo_epochs`` x ``updates_per_epoch`` optimizer steps of the clipped loss with
+   token advantages (+ KL), micro-batched, normalized by the step's global totals so the
+   gradient equals the single-process gradient of the same global batch.
+
+``train(config)`` runs it in-process and returns a ``RunResult`` (metric history); the CLI
+(``python -m backends.torch``) is a thin wrapper around it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from adapters.policy import response_logprobs_and_stats
+from backends.torch import checkpoint as ckpt
+from backends.torch.config import (
+    ConfigError,
+    TrainConfig,
+    config_from_dict,
+    dump_config,
+    load_config,
+)
+from backends.torch.data import Prompt, PromptSampler, shard
+from backends.torch.distributed import (
+    DistContext,
+    full_state,
+    grad_sync,
+    init_distributed,
+    load_full_state,
+    root_gathered,
+    shutdown,
+    unwrap,
+    wrap_model,
+)
+from backends.torch.kl import kl_estimate
+from backends.torch.loss import LossNormalizer, aggregate, ppo_clip_loss
+from backends.torch.metrics import METRICS_FILE, MetricsLogger
+from backends.torch.models import Policy, PolicyModule, build_policy
+from backends.torch.reward import build_prompts_and_reward
+from backends.torch.rollout import (
+    HFRolloutEngine,
+    RolloutBatch,
+    RolloutEngine,
+    derive_seed,
+    encode_prompts,
+)
+from backends.torch.schedule import build_optimizer
+from credit_core import (
+    CreditBatch,
+    CreditDiagnostics,
+    CreditStrategy,
+    PolicyStats,
+    get_strategy,
+    group_advantages,
+)
+
+CONFIG_FILE = "config.yaml"
+CHECKPOINT_DIR = "checkpoints"
+_INNER = "module."  # PolicyModule holds the HF model as .module
+
+
+@dataclass
+class RunResult:
+    """What ``train`` returns: the run folder and every logged record ``{"step": k, ...}``."""
+
+    run_dir: Path
+    history: list[dict[str, float]] = field(default_factory=list)
+    last_step: int = 0
+
+    def series(self, name: str) -> list[tuple[int, float]]:
+        """(step, value) of metric ``name`` wherever it was logged."""
+        return [(int(r["step"]), r[name]) for r in self.history if name in r]
+
+
+@dataclass
+class StepData:
+    """Everything the update needs for this rank's share of one step (response coordinates)."""
+
+    batch: RolloutBatch
+    token_advantages: torch.Tensor  # (B, R) float32, 0 at padding
+    old_logp: torch.Tensor  # (B, R)
+    ref_logp: torch.Tensor | None  # (B, R)
+
+
+def _chunks(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(n, start + size))
+
+
+class GRPORecipe:
+    """Owns the run's components; ``run()`` trains from the current step to ``cfg.steps``."""
+
+    def __init__(self, cfg: TrainConfig, *, resume: bool = False) -> None:
+        self.cfg = cfg
+        self.ctx: DistContext = init_distributed(cfg.distributed, cfg.device)
+        self.run_dir = Path(cfg.output_dir)
+        self._check_run_dir(resume)
+        self._check_batch_split()
+        torch.manual_seed(cfg.seed)
+        dev = self.ctx.device
+
+        self.policy: Policy = build_policy(cfg.policy, seed=cfg.seed, device=dev)
+        self.ref_model = (
+            copy.deepcopy(self.policy.model).requires_grad_(False)
+            if cfg.algorithm.kl_coef > 0
+            else None
+        )
+        self.strategy: CreditStrategy = get_strategy(cfg.credit)
+        self.need_grad = "reward_grad" in self.strategy.requires
+        self.need_stats = "policy_stats" in self.strategy.requires
+        self.train_prompts, self.eval_prompts, self.reward = build_prompts_and_reward(
+            cfg, self.policy.model, self.policy.tokenizer, device=dev
+        )
+        if (self.need_grad or self.need_stats) and self.reward.direction is None:
+            raise ConfigError(
+                f"credit: strategy {cfg.credit.name!r} needs a differentiable reward model "
+                "(reward.direction_model), but the config has none"
+            )
+        self.model = wrap_model(PolicyModule(self.policy.model), self.ctx, cfg.distributed.strategy)
+        self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, cfg.steps)
+        self.sampler = PromptSampler(
+            len(self.train_prompts),
+            cfg.rollout.prompts_per_step,
+            seed=cfg.seed,
+            shuffle=cfg.data.shuffle,
+        )
+        self.engine = self._build_engine()
+        self.step = 0
+        if resume:
+            self._resume()
+        if self.ctx.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            dump_config(cfg, self.run_dir / CONFIG_FILE)
+        self.logger = MetricsLogger(
+            self.run_dir,
+            total_steps=cfg.steps,
+            start_step=self.step,
+            enabled=self.ctx.is_main,
+            tensorboard=cfg.logging.tensorboard,
+            progress=cfg.logging.progress,
+        )
+
+    # ------------------------------------------------------------------------------ setup
+
+    def _check_batch_split(self) -> None:
+        """Whole prompt groups per rank; whole optimizer updates per rank's responses."""
+        cfg, world = self.cfg, self.ctx.world_size
+        if cfg.rollout.prompts_per_step % world:
+            raise ConfigError(
+                f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple of "
+                f"the number of processes ({world}): a prompt's group never straddles ranks"
+            )
+        per_rank = cfg.rollout.prompts_per_step // world * cfg.rollout.group_size
+        if per_rank % cfg.algorithm.updates_per_epoch:
+            raise ConfigError(
+                f"algorithm.updates_per_epoch={cfg.algorithm.updates_per_epoch} must divide the "
+                f"responses per rank ({per_rank} = prompts_per_step / processes x group_size)"
+            )
+
+    def _check_run_dir(self, resume: bool) -> None:
+        holds_run = (self.run_dir / METRICS_FILE).exists() or (
+            self.run_dir / CHECKPOINT_DIR
+        ).exists()
+        if holds_run and not resume:
+            raise ConfigError(
+                f"output_dir: {str(self.run_dir)!r} already holds a run; pass --resume to "
+                "continue it, or choose another output_dir"
+            )
+
+    def _build_engine(self) -> RolloutEngine:
+        p = self.policy
+        if self.cfg.rollout.engine == "hf":
+            return HFRolloutEngine(
+                unwrap(self.model).module,
+                self.cfg.rollout,
+                pad_id=p.pad_id,
+                eos_ids=p.eos_ids,
+                synced=self.ctx.active and self.cfg.distributed.strategy == "fsdp",
+            )
+        from backends.torch.rollout_vllm import VLLMRolloutEngine
+
+        path = p.model_path
+        if path is None:
+            path = str(self.run_dir / "policy_init")
+            if self.ctx.is_main:
+                p.model.save_pretrained(path)
+                p.tokenizer.save_pretrained(path)
+            self.ctx.barrier()
+        return VLLMRolloutEngine(
+            path,
+            self.cfg.rollout,
+            dtype=self.cfg.policy.dtype,
+            pad_id=p.pad_id,
+            eos_ids=p.eos_ids,
+            seed=self.cfg.seed,
+        )
+
+    def _strategy_state(self) -> dict[str, Any]:
+        return {
+            k: v.get_state()
+            for k, v in vars(self.strategy).items()
+            if isinstance(v, torch.Generator)
+        }
+
+    def _check_same_run(self) -> None:
+        """A resumed run must be the same run: only steps, eval, checkpoint, logging may change."""
+        saved_file = self.run_dir / CONFIG_FILE
+        if not saved_file.exists():
+            return
+        saved = load_config(saved_file).model_dump(mode="json")
+        now = self.cfg.model_dump(mode="json")
+        free = {"steps", "eval", "checkpoint", "logging"}
+        changed = sorted(k for k in now if k not in free and now[k] != saved.get(k))
+        if changed:
+            raise ConfigError(
+                f"--resume: the config differs from the run's {saved_file} in {changed}; "
+                f"only {sorted(free)} may change when resuming"
+            )
+
+    def _resume(self) -> None:
+        self._check_same_run()
+        latest = ckpt.find_latest(self.run_dir / CHECKPOINT_DIR)
+        if latest is None:
+            raise ConfigError(
+                f"--resume: no complete checkpoint under {str(self.run_dir / CHECKPOINT_DIR)!r}"
+            )
+        state = ckpt.load_checkpoint(latest, rank=self.ctx.rank, world_size=self.ctx.world_size)
+        model_state = {_INNER + k: v for k, v in state.model_state.items()}
+        load_full_state(self.model, self.optimizer, model_state, state.optimizer_state)
+        self.scheduler.load_state_dict(state.scheduler_state)
+        self.sampler.load_state_dict(state.trainer_state["sampler"])
+        for name, gen_state in state.rank_state["strategy"].items():
+            getattr(self.strategy, name).set_state(gen_state)
+        ckpt.restore_rng(state.rank_state["rng"])
+        self.step = state.step
+
+    def save(self) -> Path:
+        """Write a checkpoint of the current step (collective)."""
+        model_state, optim_state = full_state(self.model, self.optimizer, self.ctx)
+        main = self.ctx.is_main
+        hf_state = None
+        if model_state is not None:  # PolicyModule keys -> the HF model's own names
+            hf_state = {k.removeprefix(_INNER): v for k, v in model_state.items()}
+        return ckpt.save_checkpoint(
+            self.run_dir / CHECKPOINT_DIR,
+            self.step,
+            model_state=hf_state,
+            optimizer_state=optim_state,
+            scheduler_state=self.scheduler.state_dict() if main else None,
+            trainer_state={"sampler": self.sampler.state_dict(), "step": self.step}
+            if main
+            else None,
+            rank_state={"rng": ckpt.capture_rng(), "strategy": self._strategy_state()},
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+            barrier=self.ctx.barrier,
+            keep_last=self.cfg.checkpoint.keep_last,
+            extra_files={"config.json": self.policy.model.config.to_json_string()},
+        )
+
+    # ---------------------------------------------------------------------------- rollout
+
+    def _rollout(
+        self,
+        prompts: Sequence[Prompt],
+        positions: Sequence[int],
+        groups: Sequence[int],
+        *,
+        group_size: int,
+        greedy: bool,
+        tag: str,
+    ) -> RolloutBatch:
+        """Responses for this rank's prompts, one generate call per chunk of prompts.
+
+        ``positions`` are the prompts' places in the step's global batch: the seed of a chunk
+        depends on the position of its first prompt, not on the rank that samples it.
+        """
+        per_call = self.cfg.rollout.prompts_per_generate or max(1, len(prompts))
+        self.engine.sync_weights(self.model)
+        parts = []
+        with root_gathered(self.model, reshard=True):
+            for sl in _chunks(len(prompts), per_call):
+                ids, mask = encode_prompts(
+                    self.policy.tokenizer,
+                    [p.text for p in prompts[sl]],
+                    self.policy.pad_id,
+                    chat_template=self.cfg.data.chat_template,
+                )
+                dev = self.ctx.device
+                parts.append(
+                    self.engine.generate(
+                        ids.to(dev),
+                        mask.to(dev),
+                        torch.tensor(groups[sl], device=dev),
+                        group_size=group_size,
+                        greedy=greedy,
+                        seed=derive_seed(self.cfg.seed, tag, self.step, positions[sl][0]),
+                    )
+                )
+        return RolloutBatch.cat(parts)
+
+    # ---------------------------------------------------------------------------- signals
+
+    def _logprobs(
+        self, model: torch.nn.Module, batch: RolloutBatch, *, with_stats: bool
+    ) -> tuple[torch.Tensor, Any]:
+        """No-grad log-probs (B, R) at the rollout temperature (+ PolicyStats), micro-batched."""
+        emb = self.reward.embedding if with_stats else None
+        logps, stats = [], []
+        with torch.no_grad():
+            for sl in _chunks(batch.size, self.cfg.algorithm.micro_batch_size):
+                mb = batch.select(sl)
+                with root_gathered(model, reshard=False):
+                    logp, st = response_logprobs_and_stats(
+                        model,
+                        mb.input_ids,
+                        mb.attention_mask,
+                        mb.response_len,
+                        temperature=self.cfg.rollout.temperature,
+                        reward_embedding=emb,
+                    )
+                pad = batch.response_len - mb.response_len
+                logps.append(torch.nn.functional.pad(logp, (0, pad)))
+                if st is not None:
+                    stats.append(_pad_stats(st, pad))
+        return torch.cat(logps), PolicyStats.cat(stats) if stats else None
+
+    def _signals(self, batch: RolloutBatch) -> tuple[StepData, dict[str, Any]]:
+        """Rewards, advantages, old/ref log-probs, the strategy's signals, token advantages.
+
+        Returns the step data and this rank's raw figures (tensors and sums) for
+        ``_step_metrics`` to reduce over ranks.
+        """
+        cfg = self.cfg
+        rewards, reward_grad, rm_diag = self.reward.score(
+            batch, with_grad=self.need_grad, micro_batch_size=cfg.algorithm.micro_batch_size
+        )
+        advantages = group_advantages(
+            rewards, cfg.rollout.group_size, cfg.algorithm.estimator, cfg.algorithm.adv_eps
+        )
+        old_logp, stats = self._logprobs(self.model, batch, with_stats=self.need_stats)
+        ref_logp = None
+        if self.ref_model is not None:
+            ref_logp, _ = self._logprobs(self.ref_model, batch, with_stats=False)
+        credit = self.strategy.assign_with_diagnostics(
+            CreditBatch(
+                advantages=advantages,
+                mask=batch.response_mask,
+                token_ids=batch.response_ids,
+                reward_grad=reward_grad,
+                policy_stats=stats,
+            )
+        )
+        mask = batch.response_mask
+        sums = {
+            "signals/reward_grad_rows": float(batch.size if reward_grad is not None else 0),
+            "signals/policy_stats_rows": float(batch.size if stats is not None else 0),
+            "_nll_sum": float(-(old_logp * mask).sum()),
+            **{f"{k}_rankmean": v / self.ctx.world_size for k, v in rm_diag.items()},
+        }
+        if ref_logp is not None:
+            kl = kl_estimate(old_logp, ref_logp, cfg.algorithm.kl_estimator)
+            sums["_kl_ref_sum"] = float((kl * mask).sum())
+        data = StepData(batch, credit.token_advantages, old_logp, ref_logp)
+        raw = {"rewards": rewards, "advantages": advantages, "diag": credit.diagnostics}
+        return data, {**raw, "sums": sums}
+
+    # ----------------------------------------------------------------------------- update
+
+    def _update(self, data: StepData) -> dict[str, float]:
+        cfg, alg = self.cfg, self.cfg.algorithm
+        per_update = data.batch.size // alg.updates_per_epoch
+        sums = torch.zeros(6, dtype=torch.float64)  # pg, kl, clipped tokens, tokens, -logratio, gn
+        n_updates = 0
+        for _epoch in range(alg.ppo_epochs):
+            for u in range(alg.updates_per_epoch):
+                rows = slice(u * per_update, (u + 1) * per_update)
+                mask = data.batch.response_mask[rows]
+                totals = self.ctx.all_reduce_sum(
+                    torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64)
+                )
+                norm = LossNormalizer(
+                    float(totals[0]), float(totals[1]), cfg.rollout.max_new_tokens
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                micro = list(_chunks(per_update, alg.micro_batch_size))
+                for i, sl in enumerate(micro):
+                    idx = slice(rows.start + sl.start, rows.start + sl.stop)
+                    with grad_sync(self.model, i == len(micro) - 1):
+                        sums[:5] += self._micro_step(data, idx, norm)
+                sums[5] += self._optimizer_step()
+                n_updates += 1
+        g = self.ctx.all_reduce_sum(sums[:5])
+        return {
+            "loss/policy": float(g[0]) / n_updates,
+            "loss/kl": float(g[1]) / n_updates,
+            "loss/total": float(g[0] + alg.kl_coef * g[1]) / n_updates,
+            "ppo/clip_frac": float(g[2] / g[3]),
+            "ppo/approx_kl": float(g[4] / g[3]),
+            "optim/grad_norm": float(sums[5]) / n_updates,
+            "optim/lr": float(self.scheduler.get_last_lr()[0]),
+        }
+
+    def _micro_step(self, data: StepData, idx: slice, norm: LossNormalizer) -> torch.Tensor:
+        alg = self.cfg.algorithm
+        mb = data.batch.select(idx)
+        R = mb.response_len
+        mask = mb.response_mask
+        with root_gathered(self.model, reshard=False):
+            logp, _ = response_logprobs_and_stats(
+                self.model,
+                mb.input_ids,
+                mb.attention_mask,
+                R,
+                temperature=self.cfg.rollout.temperature,
+            )
+        terms = ppo_clip_loss(
+            logp,
+            data.old_logp[idx, :R],
+            data.token_advantages[idx, :R],
+            clip_eps_low=alg.clip_eps_low,
+            clip_eps_high=alg.clip_eps_high,
+        )
+        pg = aggregate(terms.loss, mask, alg.loss_agg, norm)
+        loss = pg
+        kl_term = torch.zeros((), dtype=pg.dtype)
+        if data.ref_logp is not None:
+            kl = kl_estimate(logp, data.ref_logp[idx, :R], alg.kl_estimator)
+            kl_term = aggregate(kl, mask, alg.loss_agg, norm)
+            loss = pg + alg.kl_coef * kl_term
+        if not bool(torch.isfinite(loss)):
+            raise FloatingPointError(
+                f"step {self.step}: non-finite loss ({float(loss)}); lower optim.lr, or check "
+                "the reward and the KL coefficient"
+            )
+        # DDP/FSDP average gradients over ranks; the normalizers are global: undo the mean
+        (loss * self.ctx.world_size).backward()  # type: ignore[no-untyped-call]
+        return torch.tensor(
+            [
+                float(pg.detach()),
+                float(kl_term.detach()),
+                float((terms.clipped & mask).sum()),
+                float(mask.sum()),
+                float((-terms.log_ratio * mask).sum()),
+            ],
+            dtype=torch.float64,
+        )
+
+    def _optimizer_step(self) -> float:
+        clip = self.cfg.optim.grad_clip
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf)
+        full = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        self.optimizer.step()
+        return float(full)
+
+    # ------------------------------------------------------------------------------- step
+
+    def _my_prompts(
+        self, indices: Sequence[int], pool: Sequence[Prompt]
+    ) -> tuple[list[Prompt], list[int], list[int]]:
+        """This rank's prompts, their positions in the global list and their group ids."""
+        mine = shard(list(enumerate(indices)), self.ctx.rank, self.ctx.world_size)
+        return [pool[i] for _, i in mine], [pos for pos, _ in mine], [i for _, i in mine]
+
+    def train_step(self) -> dict[str, float]:
+        """One GRPO step on the next prompts; returns the step's (global) metrics."""
+        cfg = self.cfg
+        self.step += 1
+        t0 = time.perf_counter()
+        prompts, positions, groups = self._my_prompts(self.sampler.next_batch(), self.train_prompts)
+        batch = self._rollout(
+            prompts,
+            positions,
+            groups,
+            group_size=cfg.rollout.group_size,
+            greedy=False,
+            tag="rollout",
+        )
+        t1 = time.perf_counter()
+        data, sig = self._signals(batch)
+        t2 = time.perf_counter()
+        upd = self._update(data)
+        self.scheduler.step()
+        t3 = time.perf_counter()
+        metrics = self._step_metrics(batch, sig)
+        timing = self._timing(metrics.pop("_tokens"), t0, t1, t2, t3)
+        return {**metrics, **upd, **timing}
+
+    def _step_metrics(self, batch: RolloutBatch, sig: dict[str, Any]) -> dict[str, float]:
+        """Global step metrics: rewards gathered from every rank, sums reduced."""
+        ctx = self.ctx
+        rewards = ctx.all_gather_cat(sig["rewards"].float())
+        advantages = ctx.all_gather_cat(sig["advantages"].float())
+        lengths = batch.response_mask.sum(dim=1)
+        ended = torch.isin(
+            batch.response_ids, torch.tensor(self.policy.eos_ids, device=lengths.device)
+        )
+        truncated = ~(ended & batch.response_mask).any(dim=1)
+        sums = {
+            **sig["sums"],
+            "_tokens": float(lengths.sum()),
+            "_truncated": float(truncated.sum()),
+        }
+        keys = sorted(sums)
+        reduced = ctx.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
+        g = dict(zip(keys, (float(x) for x in reduced), strict=True))
+        n_resp = float(rewards.numel())
+        out = {
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "reward/min": float(rewards.min()),
+            "reward/max": float(rewards.max()),
+            "advantage/abs_mean": float(advantages.abs().mean()),
+            "response/length_mean": g["_tokens"] / n_resp,
+            "response/truncated_frac": g["_truncated"] / n_resp,
+            "policy/entropy": g["_nll_sum"] / g["_tokens"],
+            **{k.removesuffix("_rankmean"): v for k, v in g.items() if not k.startswith("_")},
+        }
+        if "_kl_ref_sum" in g:
+            out["kl/ref"] = g["_kl_ref_sum"] / g["_tokens"]
+        out.update(self._credit_metrics(sig["diag"], batch.size, float(lengths.sum())))
+        out["_tokens"] = g["_tokens"]  # consumed by _timing
+        return out
+
+    def _credit_metrics(
+        self, diag: CreditDiagnostics, n_resp: int, n_tok: float
+    ) -> dict[str, float]:
+        """``CreditDiagnostics`` of the whole step: each rank's summary combined exactly
+        (max, min, response-weighted entropy, token-weighted fraction, summed fallbacks)."""
+        extremes = self.ctx.all_reduce_max(
+            torch.tensor([diag.weight_max, -diag.weight_min], dtype=torch.float64)
+        )
+        sums = self.ctx.all_reduce_sum(
+            torch.tensor(
+                [
+                    diag.weight_entropy * n_resp,
+                    n_resp,
+                    diag.frac_upweighted * n_tok,
+                    n_tok,
+                    diag.nonfinite_fallbacks,
+                ],
+                dtype=torch.float64,
+            )
+        )
+        merged = CreditDiagnostics(
+            weight_max=float(extremes[0]),
+            weight_min=-float(extremes[1]),
+            weight_entropy=float(sums[0] / sums[1]),
+            frac_upweighted=float(sums[2] / sums[3]),
+            nonfinite_fallbacks=int(sums[4]),
+        )
+        return merged.to_dict(prefix="credit/")
+
+    def _timing(
+        self, tokens: float, t0: float, t1: float, t2: float, t3: float
+    ) -> dict[str, float]:
+        """Phase times (the slowest rank's) and response tokens per second of the step."""
+        local = torch.tensor([t1 - t0, t2 - t1, t3 - t2, t3 - t0], dtype=torch.float64)
+        rollout, signals, update, total = (float(x) for x in self.ctx.all_reduce_max(local))
+        return {
+            "time/rollout": rollout,
+            "time/signals": signals,
+            "time/update": update,
+            "time/step": total,
+            "throughput/tokens_per_s": tokens / total,
+        }
+
+    # ------------------------------------------------------------------------------- eval
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Held-out reward: sampled (G at the training temperature) and greedy.
+
+        Every rank gets ceil(n / ranks) prompts (the last ranks wrap around to the first
+        prompts, whose extra copies are not counted), so all ranks run the same number of
+        generate calls, as FSDP's collective forwards require.
+        """
+        cfg = self.cfg
+        n = len(self.eval_prompts)
+        if n == 0:
+            return {}
+        per = -(-n // self.ctx.world_size)
+        positions = list(range(self.ctx.rank * per, (self.ctx.rank + 1) * per))
+        indices = [p % n for p in positions]
+        prompts = [self.eval_prompts[i] for i in indices]
+        counted = torch.tensor([p < n for p in positions])
+        out: dict[str, float] = {}
+        modes = [("sampled", False, cfg.eval.group_size or cfg.rollout.group_size)]
+        if cfg.eval.greedy:
+            modes.append(("greedy", True, 1))
+        for name, greedy, g_size in modes:
+            batch = self._rollout(
+                prompts, positions, indices, group_size=g_size, greedy=greedy, tag=f"eval_{name}"
+            )
+            rewards, _, _ = self.reward.score(
+                batch, with_grad=False, micro_batch_size=cfg.algorithm.micro_batch_size
+            )
+            keep = counted.repeat_interleave(g_size).to(rewards.device)
+            lengths = batch.response_mask.sum(dim=1)
+            sums = torch.tensor(
+                [float(rewards[keep].sum()), float(keep.sum()), float(lengths[keep].sum())],
+                dtype=torch.float64,
+            )
+            g = self.ctx.all_reduce_sum(sums)
+            out[f"eval/reward_{name}"] = float(g[0] / g[1])
+            out[f"eval/length_{name}"] = float(g[2] / g[1])
+        return out
+
+    # -------------------------------------------------------------------------------- run
+
+    def _due(self, interval: int) -> bool:
+        return interval > 0 and (self.step % interval == 0 or self.step == self.cfg.steps)
+
+    def run(self) -> RunResult:
+        """Train to ``cfg.steps``; log every step, evaluate and checkpoint when due."""
+        cfg = self.cfg
+        try:
+            if self.step == 0 and cfg.eval.interval > 0:
+                self.logger.log(0, self.evaluate())
+            while self.step < cfg.steps:
+                metrics = self.train_step()
+                if self._due(cfg.eval.interval):
+                    metrics.update(self.evaluate())
+                self.logger.log(self.step, metrics)
+                if self._due(cfg.checkpoint.interval):
+                    self.save()
+                self.logger.advance()
+        finally:
+            self.logger.close()
+        return RunResult(self.run_dir, self.logger.history, self.step)
+
+    def close(self) -> None:
+        shutdown(self.ctx)
+
+
+def _pad_stats(stats: Any, pad: int) -> Any:
+    """PolicyStats padded with zeros to ``pad`` more response positions."""
+    if pad == 0:
+        return stats
+
+    def p2(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, pad))
+
+    def p3(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, 0, 0, pad))
+
+    return PolicyStats(
+        p2(stats.p_sampled), p2(stats.p_sq), p3(stats.m1), p3(stats.m2), p3(stats.sampled_emb)
+    )
+
+
+def resolve_config(
+    config: TrainConfig | Mapping[str, Any] | str | Path, overrides: Sequence[str] = ()
+) -> TrainConfig:
+    """A ``TrainConfig`` from a config object, a mapping or a YAML path (+ ``--set`` overrides)."""
+    if isinstance(config, TrainConfig):
+        if not overrides:
+            return config
+        config = config.model_dump(mode="json")
+    if isinstance(config, Mapping):
+        return config_from_dict(config, overrides)
+    return load_config(config, overrides)
+
+
+def train(
+    config: TrainConfig | Mapping[str, Any] | str | Path,
+    *,
+    overrides: Sequence[str] = (),
+    resume: bool = False,
+) -> RunResult:
+    """Run (or ``resume``) a training run in this process; the ablation runner's entry point.
+
+    Under ``torchrun`` every rank calls it; each returns the same (global) metric history.
+    """
+    recipe = GRPORecipe(resolve_config(config, overrides), resume=resume)
+    try:
+        return recipe.run()
+    finally:
+        recipe.close()
