@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel, Field
 
 from credit_core.allocation import CreditDiagnostics
 from credit_core.batch import CreditBatch, PolicyStats
+from credit_core.errors import CreditError
 from credit_core.hookspecs import hookimpl
 from credit_core.strategy import CreditStrategy, ScoreParams, ScoreStrategy, UniformStrategy
 from credit_core.work import token_work
@@ -120,6 +121,16 @@ class DATCShuffledStrategy(DATCStrategy):
     def weights(self, batch: CreditBatch) -> tuple[torch.Tensor, CreditDiagnostics]:
         w, diag = super().weights(batch)
         return permute_within_rows(w, batch.mask, self.generator), diag
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if set(state) != {"generator"}:
+            raise CreditError(
+                f"strategy {self.name!r}: expected state keys ['generator'], got {sorted(state)}"
+            )
+        self.generator.set_state(state["generator"])
 
 
 BUILTIN_STRATEGIES: tuple[type[CreditStrategy], ...] = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,6 +16,7 @@ from credit_core.allocation import (
     allocate_weights,
 )
 from credit_core.batch import CreditBatch
+from credit_core.errors import CreditError
 
 
 class NoParams(BaseModel):
@@ -58,7 +59,9 @@ class CreditStrategy(ABC):
       backends compute only these.
     - ``Params``: a pydantic model of the parameters (unknown keys rejected).
 
-    Subclasses implement ``assign_with_diagnostics``; ``assign`` returns its tensor.
+    Subclasses implement ``assign_with_diagnostics``; ``assign`` returns its tensor. A
+    strategy with mutable state (a random stream, running statistics) overrides
+    ``state_dict``/``load_state_dict`` so that a resumed run continues it exactly.
     """
 
     name: ClassVar[str]
@@ -75,6 +78,17 @@ class CreditStrategy(ABC):
     @abstractmethod
     def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
         """Token advantages and diagnostics for ``batch``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Mutable state to checkpoint (tensors and plain values); none by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned; a stateless strategy accepts only ``{}``."""
+        if state:
+            raise CreditError(
+                f"strategy {self.name!r} has no state to load, got keys {sorted(state)}"
+            )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, params={self.params!r})"

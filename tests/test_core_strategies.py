@@ -412,3 +412,41 @@ def test_required_signals_are_declared_and_enforced(name: str, requires: set[str
     for signal in requires:
         with pytest.raises(CreditError, match=rf"'{name}' requires signal '{signal}'"):
             strategy.assign(replace(full, **{signal: None}))
+
+
+def test_shuffled_state_dict_resumes_the_permutation_stream() -> None:
+    """A strategy restored from state_dict continues exactly where the original was."""
+    batch = _resume_batch()
+    first = get_strategy("datc_shuffled", seed=7)
+    first.assign(batch)
+    saved = first.state_dict()
+    expected = first.assign(batch)
+    restored = get_strategy("datc_shuffled", seed=7)
+    restored.load_state_dict(saved)
+    assert torch.equal(restored.assign(batch), expected)
+    fresh = get_strategy("datc_shuffled", seed=7)
+    assert not torch.equal(fresh.assign(batch), expected)
+
+
+def test_stateless_strategy_rejects_foreign_state() -> None:
+    strategy = get_strategy("datc")
+    assert strategy.state_dict() == {}
+    with pytest.raises(CreditError, match="'datc' has no state"):
+        strategy.load_state_dict({"generator": torch.Generator().get_state()})
+    with pytest.raises(CreditError, match="expected state keys"):
+        get_strategy("datc_shuffled").load_state_dict({})
+
+
+def _resume_batch() -> CreditBatch:
+    gen = torch.Generator().manual_seed(0)
+    B, T, V, d = 3, 9, 11, 4
+    logits = torch.randn(B, T, V, generator=gen)
+    ids = torch.randint(0, V, (B, T), generator=gen)
+    emb = torch.randn(V, d, generator=gen)
+    return CreditBatch(
+        advantages=torch.tensor([1.0, -2.0, 0.5]),
+        mask=torch.ones(B, T, dtype=torch.bool),
+        token_ids=ids,
+        reward_grad=torch.randn(B, T, d, generator=gen),
+        policy_stats=policy_stats_from_logits(logits, ids, emb),
+    )

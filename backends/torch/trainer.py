@@ -210,13 +210,6 @@ class GRPORecipe:
             seed=self.cfg.seed,
         )
 
-    def _strategy_state(self) -> dict[str, Any]:
-        return {
-            k: v.get_state()
-            for k, v in vars(self.strategy).items()
-            if isinstance(v, torch.Generator)
-        }
-
     def _check_same_run(self) -> None:
         """A resumed run must be the same run: only steps, eval, checkpoint, logging may change."""
         saved_file = self.run_dir / CONFIG_FILE
@@ -244,8 +237,7 @@ class GRPORecipe:
         load_full_state(self.model, self.optimizer, model_state, state.optimizer_state)
         self.scheduler.load_state_dict(state.scheduler_state)
         self.sampler.load_state_dict(state.trainer_state["sampler"])
-        for name, gen_state in state.rank_state["strategy"].items():
-            getattr(self.strategy, name).set_state(gen_state)
+        self.strategy.load_state_dict(state.rank_state["strategy"])
         ckpt.restore_rng(state.rank_state["rng"])
         self.step = state.step
 
@@ -265,7 +257,7 @@ class GRPORecipe:
             trainer_state={"sampler": self.sampler.state_dict(), "step": self.step}
             if main
             else None,
-            rank_state={"rng": ckpt.capture_rng(), "strategy": self._strategy_state()},
+            rank_state={"rng": ckpt.capture_rng(), "strategy": self.strategy.state_dict()},
             rank=self.ctx.rank,
             world_size=self.ctx.world_size,
             barrier=self.ctx.barrier,
