@@ -25,7 +25,7 @@ from credit_core.tensor_checks import check_tensor
 #: Upper bound on elements of one logits tile (rows x vocabulary chunk): 4 Mi float32 = 16 MiB.
 DEFAULT_TILE_ELEMENTS = 1 << 22
 
-LogitsTile = Callable[[slice, int, int], torch.Tensor]
+LogitsTile = Callable[[slice, int, int, torch.Tensor], None]
 
 
 def _check_common(
@@ -61,7 +61,13 @@ def _stream(
     chunk_size: int,
     tile_elements: int,
 ) -> PolicyStats:
-    """Fold logits tiles ``tile(rows, v0, v1) -> (n_rows, v1 - v0) float32`` into PolicyStats."""
+    """Fold logits tiles into PolicyStats; ``tile(rows, v0, v1, out)`` writes the logits of
+    ``rows`` x [v0, v1) into ``out`` (n_rows, v1 - v0), a contiguous accumulation-dtype view.
+
+    Working memory: one buffer of 2 x rows x chunk accumulation-dtype elements (the tile's
+    ``e`` stacked on ``e^2``, so one matmul with E_chunk serves m1 and m2), reused for every
+    tile; the (2 x rows, d) accumulator; the outputs.
+    """
     if not isinstance(tile_elements, int) or tile_elements < 1:
         raise CreditError(f"tile_elements: expected an integer >= 1, got {tile_elements!r}")
     B, T = token_ids.shape
@@ -70,50 +76,54 @@ def _stream(
     device = token_ids.device
     ids = token_ids.reshape(N).long()
     chunk = min(chunk_size, vocab)
-    row_block = max(1, tile_elements // chunk)
+    row_block = min(max(1, tile_elements // chunk), max(1, N))
     acc_dtype = torch.promote_types(reward_embedding.dtype, torch.float32)
+    cast_table = reward_embedding.dtype != acc_dtype
 
-    p_sampled = torch.empty(N, dtype=acc_dtype, device=device)
-    p_sq = torch.empty(N, dtype=acc_dtype, device=device)
-    m1 = torch.empty(N, d, dtype=acc_dtype, device=device)
-    m2 = torch.empty(N, d, dtype=acc_dtype, device=device)
+    def new(*shape: int) -> torch.Tensor:
+        return torch.empty(shape, dtype=acc_dtype, device=device)
+
+    p_sampled, p_sq, m1, m2 = new(N), new(N), new(N, d), new(N, d)
+    buf = new(2 * row_block * chunk)
+    table_buf = new(chunk * d) if cast_table else None
     for r0 in range(0, N, row_block):
         rows = slice(r0, min(N, r0 + row_block))
         y = ids[rows]
         n = y.shape[0]
         run_max = torch.full((n,), float("-inf"), dtype=acc_dtype, device=device)
-        l_sum = torch.zeros(n, dtype=acc_dtype, device=device)
-        q_sum = torch.zeros(n, dtype=acc_dtype, device=device)
-        acc1 = torch.zeros(n, d, dtype=acc_dtype, device=device)
-        acc2 = torch.zeros(n, d, dtype=acc_dtype, device=device)
+        sums = torch.zeros(2 * n, dtype=acc_dtype, device=device)  # [sum e; sum e^2]
+        acc = torch.zeros(2 * n, d, dtype=acc_dtype, device=device)  # [e @ E; e^2 @ E]
+        scales = new(2 * n)
         z_y = torch.zeros(n, dtype=acc_dtype, device=device)
         for v0 in range(0, vocab, chunk):
             v1 = min(vocab, v0 + chunk)
-            z = tile(rows, v0, v1)
+            w = v1 - v0
+            both = buf[: 2 * n * w].view(2 * n, w)
+            z, e2 = both[:n], both[n:]
+            tile(rows, v0, v1, z)
             in_chunk = (y >= v0) & (y < v1)
-            local = (y - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)
+            local = (y - v0).clamp(0, w - 1).unsqueeze(1)
             z_y = torch.where(in_chunk, z.gather(1, local).squeeze(1), z_y)
             new_max = torch.maximum(run_max, z.amax(dim=1))
             # A row that has seen only -inf logits (masked entries) shifts by 0, not by -inf:
             # exp(-inf - (-inf)) would be nan. Its accumulators are still 0, so any scale works.
             shift = torch.where(new_max == float("-inf"), 0.0, new_max)
-            scale = torch.exp(run_max - shift)
-            scale2 = scale * scale
+            torch.exp(run_max - shift, out=scales[:n])
+            torch.mul(scales[:n], scales[:n], out=scales[n:])
             run_max = new_max
             e = z.sub_(shift.unsqueeze(1)).exp_()
-            E = reward_embedding[v0:v1].to(acc_dtype)
-            l_sum.mul_(scale).add_(e.sum(dim=1))
-            acc1.mul_(scale.unsqueeze(1)).addmm_(e, E)
-            e2 = e.mul_(e)
-            q_sum.mul_(scale2).add_(e2.sum(dim=1))
-            acc2.mul_(scale2.unsqueeze(1)).addmm_(e2, E)
-            del z, e, e2  # release this tile before the next one is allocated
-        inv_l = 1.0 / l_sum
+            torch.mul(e, e, out=e2)
+            table = reward_embedding[v0:v1]
+            if table_buf is not None:
+                table = table_buf[: w * d].view(w, d).copy_(table)
+            sums.mul_(scales).add_(both.sum(dim=1))
+            acc.mul_(scales.unsqueeze(1)).addmm_(both, table)
+        inv_l = 1.0 / sums[:n]
         inv_l2 = inv_l * inv_l
         p_sampled[rows] = torch.exp(z_y - run_max) * inv_l
-        p_sq[rows] = q_sum * inv_l2
-        m1[rows] = acc1 * inv_l.unsqueeze(1)
-        m2[rows] = acc2 * inv_l2.unsqueeze(1)
+        p_sq[rows] = sums[n:] * inv_l2
+        torch.mul(acc[:n], inv_l.unsqueeze(1), out=m1[rows])
+        torch.mul(acc[n:], inv_l2.unsqueeze(1), out=m2[rows])
     emb = reward_embedding[ids].to(acc_dtype)
     return PolicyStats(
         p_sampled=p_sampled.reshape(B, T),
@@ -161,11 +171,22 @@ def policy_stats(
 
     acc = torch.promote_types(reward_embedding.dtype, torch.float32)
 
-    def tile(rows: slice, v0: int, v1: int) -> torch.Tensor:
-        z = (flat[rows] @ W[v0:v1].T).to(acc)
-        if lm_head_bias is not None:
-            z.add_(lm_head_bias[v0:v1].to(acc))
-        return z.mul_(inv_temp) if inv_temp != 1.0 else z
+    def tile(rows: slice, v0: int, v1: int, out: torch.Tensor) -> None:
+        # out = (h @ W.T + b) / tau, in one matmul call when the dtypes allow it
+        h_rows, w_t = flat[rows], W[v0:v1].T
+        if flat.dtype != acc:
+            out.copy_(h_rows @ w_t)
+            if lm_head_bias is not None:
+                out.add_(lm_head_bias[v0:v1])
+            if inv_temp != 1.0:
+                out.mul_(inv_temp)
+        elif lm_head_bias is None:
+            torch.mm(h_rows, w_t, out=out)
+            if inv_temp != 1.0:
+                out.mul_(inv_temp)
+        else:
+            bias = lm_head_bias[v0:v1].to(acc).unsqueeze(0)
+            torch.addmm(bias, h_rows, w_t, beta=inv_temp, alpha=inv_temp, out=out)
 
     return _stream(tile, token_ids, reward_embedding, V, chunk_size, tile_elements)
 
@@ -186,9 +207,9 @@ def policy_stats_from_logits(
     flat = z_all.reshape(B * T, V)
     inv_temp = 1.0 / temperature
 
-    acc = torch.promote_types(reward_embedding.dtype, torch.float32)
-
-    def tile(rows: slice, v0: int, v1: int) -> torch.Tensor:
-        return flat[rows, v0:v1].to(acc).mul(inv_temp)
+    def tile(rows: slice, v0: int, v1: int, out: torch.Tensor) -> None:
+        out.copy_(flat[rows, v0:v1])
+        if inv_temp != 1.0:
+            out.mul_(inv_temp)
 
     return _stream(tile, token_ids, reward_embedding, V, chunk_size, tile_elements)
