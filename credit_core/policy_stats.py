@@ -10,6 +10,11 @@ and when the running max m grows to m', every accumulator is rescaled by exp(m -
 (or its square for the squared terms). At the end p = e / l, so m1 = acc1 / l,
 m2 = acc2 / l^2, q = q / l^2. Accumulation is float32 for float32/bf16/fp16 inputs and
 float64 when the reward embedding is float64 (as used by the exactness tests).
+
+One fused pass per tile: the logits are written into a buffer allocated once per call, e
+overwrites them in place, e2 is written below e, and a single matmul ``[e; e2] @ E_chunk``
+updates both accumulators (stacked as one (2 x rows, d) tensor). Tile sizes were chosen by
+measurement (``python -m benchmarks signals``, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ from credit_core.batch import PolicyStats
 from credit_core.errors import CreditError
 from credit_core.tensor_checks import check_tensor
 
-#: Upper bound on elements of one logits tile (rows x vocabulary chunk): 4 Mi float32 = 16 MiB.
+#: Upper bound on elements of one logits tile (rows x vocabulary chunk): 4 Mi float32 = 16 MiB
+#: (``policy_stats`` holds two: e and e^2). Measured on CPU (docs/performance.md): tiles of
+#: 1 Mi elements or fewer are up to 2-3x slower (per-op overheads), 4-16 Mi are within noise
+#: of each other where the matmuls dominate (H = 896); 4 Mi keeps the working set small.
 DEFAULT_TILE_ELEMENTS = 1 << 22
 
 LogitsTile = Callable[[slice, int, int, torch.Tensor], None]
@@ -152,8 +160,9 @@ def policy_stats(
     - token_ids (B, T) integer in [0, V): the sampled tokens.
     - reward_embedding (V, d): E, the reward model's input embeddings in policy vocabulary.
     - temperature: the sampling temperature; p = softmax(logits / temperature).
-    - chunk_size: vocabulary entries per tile; ``tile_elements`` caps rows x chunk, so the
-      largest live logits tile is min(chunk_size, V) x max(1, tile_elements // chunk) floats.
+    - chunk_size: vocabulary entries per tile; ``tile_elements`` caps rows x chunk: a tile
+      is min(chunk_size, V) x max(1, tile_elements // chunk) logits, and the working memory
+      is two such tiles (e and e^2) plus a (2 x rows, d) accumulator, besides the outputs.
 
     The matmul runs in the inputs' dtype (bf16 allowed), everything after it in float32
     (float64 if ``reward_embedding`` is float64). Output fields have that accumulation dtype.
