@@ -1,0 +1,132 @@
+"""Looking at a trained policy after its run: exact held-out scores and where DATC's credit goes.
+
+Both sample from the run's final policy with the trainer's own components (its rollout
+engine settings, reward pipeline and credit strategy), under seeds derived from the run's
+seed and a tag of their own, so they never reuse the training or evaluation samples.
+
+- ``extra_eval``: an exact scorer (``(prompts, responses) -> scores``) on every held-out
+  prompt: mean over G samples at the training temperature, and over greedy responses.
+- ``credit_examples``: for the first held-out prompts whose group has non-zero advantages,
+  the strategy's token weights w_t = A_t / A of a few responses (both signs of A), with the
+  tokens' text, for the credit heat-map.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from adapters.policy import response_logprobs_and_stats
+from adapters.text_reward import decode_rows
+from backends.torch.data import Prompt
+from backends.torch.rollout import HFRolloutEngine, RolloutBatch, derive_seed, encode_prompts
+from backends.torch.trainer import GRPORecipe
+from credit_core import CreditBatch, group_advantages
+
+PROMPTS_PER_CALL = 16
+
+
+def _sample(
+    recipe: GRPORecipe, prompts: Sequence[Prompt], *, group_size: int, greedy: bool, tag: str
+) -> RolloutBatch:
+    policy = recipe.policy
+    engine = HFRolloutEngine(
+        policy.model, recipe.cfg.rollout, pad_id=policy.pad_id, eos_ids=policy.eos_ids
+    )
+    device = recipe.ctx.device
+    parts = []
+    for start in range(0, len(prompts), PROMPTS_PER_CALL):
+        chunk = prompts[start : start + PROMPTS_PER_CALL]
+        ids, mask = encode_prompts(policy.tokenizer, [p.text for p in chunk], policy.pad_id)
+        group = torch.arange(start, start + len(chunk), device=device)
+        parts.append(
+            engine.generate(
+                ids.to(device),
+                mask.to(device),
+                group,
+                group_size=group_size,
+                greedy=greedy,
+                seed=derive_seed(recipe.cfg.seed, tag, start),
+            )
+        )
+    return RolloutBatch.cat(parts)
+
+
+@torch.no_grad()
+def extra_eval(
+    recipe: GRPORecipe, scorers: Mapping[str, Callable[[list[str], list[str]], Sequence[float]]]
+) -> dict[str, float]:
+    """``{name}_sampled`` and ``{name}_greedy`` held-out means of every scorer."""
+    if not scorers or not recipe.eval_prompts:
+        return {}
+    cfg = recipe.cfg
+    tok = recipe.policy.tokenizer
+    out: dict[str, float] = {}
+    g_size = cfg.eval.group_size or cfg.rollout.group_size
+    for mode, greedy, g in (("sampled", False, g_size), ("greedy", True, 1)):
+        batch = _sample(
+            recipe, recipe.eval_prompts, group_size=g, greedy=greedy, tag=f"ablate_extra_{mode}"
+        )
+        prompts = decode_rows(tok, batch.prompt_ids, batch.prompt_mask)
+        responses = decode_rows(tok, batch.response_ids, batch.response_mask)
+        for name, fn in scorers.items():
+            scores = [float(x) for x in fn(prompts, responses)]
+            out[f"{name}_{mode}"] = sum(scores) / len(scores)
+    return out
+
+
+def credit_examples(
+    recipe: GRPORecipe, n_responses: int, max_prompts: int = 8
+) -> list[dict[str, Any]]:
+    """Token weights of up to ``n_responses`` responses to one held-out prompt (see module)."""
+    cfg = recipe.cfg
+    policy = recipe.policy
+    strategy = recipe.strategy
+    embedding = recipe.reward.embedding
+    if not strategy.requires or embedding is None:
+        return []
+    G = cfg.rollout.group_size
+    for i, prompt in enumerate(recipe.eval_prompts[:max_prompts]):
+        batch = _sample(recipe, [prompt], group_size=G, greedy=False, tag=f"ablate_credit_{i}")
+        rewards, grad, _ = recipe.reward.score(
+            batch,
+            with_grad="reward_grad" in strategy.requires,
+            micro_batch_size=cfg.algorithm.micro_batch_size,
+        )
+        adv = group_advantages(rewards, G, cfg.algorithm.estimator, cfg.algorithm.adv_eps)
+        if not bool((adv != 0).any()):
+            continue
+        with torch.no_grad():
+            _, stats = response_logprobs_and_stats(
+                policy.model,
+                batch.input_ids,
+                batch.attention_mask,
+                batch.response_len,
+                temperature=cfg.rollout.temperature,
+                reward_embedding=embedding if "policy_stats" in strategy.requires else None,
+            )
+        result = strategy.assign_with_diagnostics(
+            CreditBatch(adv, batch.response_mask, batch.response_ids, grad, stats)
+        )
+        order = sorted(range(G), key=lambda r: -abs(float(adv[r])))
+        pos = [r for r in order if adv[r] > 0][: (n_responses + 1) // 2]
+        neg = [r for r in order if adv[r] < 0][: n_responses - len(pos)]
+        rows = sorted(pos, key=lambda r: -float(adv[r])) + sorted(neg, key=lambda r: -float(adv[r]))
+        examples = []
+        for r in rows:
+            n = int(batch.response_mask[r].sum())
+            ids = batch.response_ids[r, :n].tolist()
+            a = float(adv[r])
+            examples.append(
+                {
+                    "prompt": prompt.text,
+                    "tokens": [policy.tokenizer.decode([t]) for t in ids],
+                    "weights": (result.token_advantages[r, :n] / a).tolist(),
+                    "reward": float(rewards[r]),
+                    "advantage": a,
+                }
+            )
+        return examples
+    return []
