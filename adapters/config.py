@@ -107,8 +107,9 @@ class ScorerConfig(BaseModel):
     """The reward that sets the advantage.
 
     ``kind: callable``: ``function`` ("pkg.module:name", a ``TextScorer``), called with
-    ``kwargs`` bound. ``kind: model``: ``model`` (another ``RewardModelConfig``) or, when
-    omitted, the direction model's own reward.
+    ``kwargs`` bound; one with a ``labels`` parameter also gets each row's label (the
+    ``label`` of its prompt in the training data). ``kind: model``: ``model`` (another
+    ``RewardModelConfig``) or, when omitted, the direction model's own reward.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from credit_core import CreditError
-from credit_core.policy_stats import DEFAULT_TILE_ELEMENTS
+from credit_core.policy_stats import DEFAULT_CHUNK_SIZE, DEFAULT_TILE_ELEMENTS
 from credit_core.tensor_checks import check_tensor
 
 
@@ -142,7 +142,7 @@ def token_logprobs(
     *,
     bias: torch.Tensor | None = None,
     temperature: float = 1.0,
-    chunk_size: int = 8192,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
     tile_elements: int = DEFAULT_TILE_ELEMENTS,
 ) -> torch.Tensor:
     """log softmax((hidden @ weight.T + bias) / temperature) at ``token_ids``, streamed.

@@ -22,7 +22,7 @@ import torch
 
 from adapters.logprobs import token_logprobs
 from credit_core import CreditError, PolicyStats, policy_stats
-from credit_core.policy_stats import DEFAULT_TILE_ELEMENTS
+from credit_core.policy_stats import DEFAULT_CHUNK_SIZE, DEFAULT_TILE_ELEMENTS
 from credit_core.tensor_checks import check_tensor
 
 #: Config attributes of model families whose logits are not ``hidden @ W.T + b``.
@@ -144,7 +144,7 @@ def response_logprobs_and_stats(
     *,
     temperature: float = 1.0,
     reward_embedding: torch.Tensor | None = None,
-    chunk_size: int = 8192,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
     tile_elements: int = DEFAULT_TILE_ELEMENTS,
 ) -> tuple[torch.Tensor, PolicyStats | None]:
     """log p(response token) (B, R) and, if ``reward_embedding`` is given, ``PolicyStats``.

@@ -1,7 +1,8 @@
 """The reward that sets the advantage, kept apart from the model that supplies the direction.
 
 - ``TextScorer``: a plain Python callable ``(prompts, responses) -> rewards`` on decoded text
-  (a rule, a verifier); not differentiable.
+  (a rule, a verifier); not differentiable. One with a ``labels`` parameter is also given
+  each row's label (the ``label`` of its prompt in the data, or None).
 - ``Scorer``: what a backend calls to get (B,) rewards for a rollout batch.
   ``CallableScorer`` wraps a ``TextScorer`` (decoding with the policy tokenizer, special
   tokens skipped); ``ModelScorer`` uses a ``DirectionModel``'s own reward.
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +26,19 @@ import torch
 from adapters.reward import DirectionModel, RewardOutput, check_rollout
 from credit_core import CreditError
 
-TextScorer = Callable[[list[str], list[str]], "Sequence[float] | torch.Tensor"]
+TextScorer = Callable[..., "Sequence[float] | torch.Tensor"]
+
+
+def wants_labels(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes a ``labels`` argument (by that name, or through ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: the plain form
+        return False
+    return any(
+        (p.name == "labels" and p.kind is not p.POSITIONAL_ONLY) or p.kind is p.VAR_KEYWORD
+        for p in params
+    )
 
 
 def import_object(path: str) -> Any:
@@ -52,7 +66,8 @@ def decode_rows(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[s
 class Scorer(ABC):
     """Rewards (B,) float32 for a rollout batch (policy ids, layout as ``DirectionModel``).
 
-    ``prompt_texts``/``response_texts`` may be passed when the caller has them already.
+    ``prompt_texts``/``response_texts`` may be passed when the caller has them already;
+    ``labels`` (B,) are the rows' labels, for scorers that use them.
     """
 
     @abstractmethod
@@ -65,16 +80,19 @@ class Scorer(ABC):
         *,
         prompt_texts: list[str] | None = None,
         response_texts: list[str] | None = None,
+        labels: Sequence[Any] | None = None,
     ) -> torch.Tensor: ...
 
 
 class CallableScorer(Scorer):
-    """A ``TextScorer`` on the decoded prompt and response texts."""
+    """A ``TextScorer`` on the decoded prompt and response texts (and the rows' labels, when
+    ``fn`` takes ``labels``: then a call without labels is an error, not a silent None)."""
 
     def __init__(self, fn: TextScorer, policy_tokenizer: Any, *, name: str = "scorer") -> None:
         if not callable(fn):
             raise CreditError(f"{name}: expected a callable, got {type(fn).__name__}")
         self.fn = fn
+        self.takes_labels = wants_labels(fn)
         self.policy_tokenizer = policy_tokenizer
         self.name = name
 
@@ -87,6 +105,7 @@ class CallableScorer(Scorer):
         *,
         prompt_texts: list[str] | None = None,
         response_texts: list[str] | None = None,
+        labels: Sequence[Any] | None = None,
     ) -> torch.Tensor:
         check_rollout(prompt_ids, prompt_mask, response_ids, response_mask)
         B = response_ids.shape[0]
@@ -94,7 +113,15 @@ class CallableScorer(Scorer):
             prompt_texts = decode_rows(self.policy_tokenizer, prompt_ids, prompt_mask)
         if response_texts is None:
             response_texts = decode_rows(self.policy_tokenizer, response_ids, response_mask)
-        raw = self.fn(prompt_texts, response_texts)
+        if self.takes_labels:
+            if labels is None or len(labels) != B:
+                got = "none" if labels is None else f"{len(labels)}"
+                raise CreditError(
+                    f"{self.name}: takes labels, expected {B} (one per response), got {got}"
+                )
+            raw = self.fn(prompt_texts, response_texts, labels=list(labels))
+        else:
+            raw = self.fn(prompt_texts, response_texts)
         try:
             rewards = torch.as_tensor(raw, dtype=torch.float32).detach().cpu()
         except (TypeError, ValueError) as exc:
@@ -129,6 +156,7 @@ class ModelScorer(Scorer):
         *,
         prompt_texts: list[str] | None = None,
         response_texts: list[str] | None = None,
+        labels: Sequence[Any] | None = None,
     ) -> torch.Tensor:
         out = self.model.score(
             prompt_ids, prompt_mask, response_ids, response_mask, with_grad=False
@@ -151,10 +179,11 @@ class RewardSignals:
         response_mask: torch.Tensor,
         *,
         need_grad: bool,
+        labels: Sequence[Any] | None = None,
     ) -> RewardOutput:
-        """Rewards (B,) float32 from the scorer; ``reward_grad`` from the direction model
-        when ``need_grad`` (one RM forward+backward; the scorer's RM pass is shared when
-        the scorer is the direction model itself)."""
+        """Rewards (B,) float32 from the scorer (given the rows' ``labels``); ``reward_grad``
+        from the direction model when ``need_grad`` (one RM forward+backward; the scorer's RM
+        pass is shared when the scorer is the direction model itself)."""
         dm = self.direction_model
         if need_grad and dm is None:
             raise CreditError(
@@ -167,7 +196,7 @@ class RewardSignals:
                 prompt_ids, prompt_mask, response_ids, response_mask, with_grad=need_grad
             )
             return RewardOutput(out.rewards.float(), out.reward_grad, out.diagnostics)
-        rewards = self.scorer(prompt_ids, prompt_mask, response_ids, response_mask)
+        rewards = self.scorer(prompt_ids, prompt_mask, response_ids, response_mask, labels=labels)
         if not need_grad or dm is None:
             return RewardOutput(rewards, None, {})
         out = dm.score(prompt_ids, prompt_mask, response_ids, response_mask, with_grad=True)

@@ -28,7 +28,10 @@ def _ms(row: dict[str, Any], name: str) -> str:
 def _ratio(r: dict[str, float] | None) -> str:
     if not r:
         return "-"
-    return f"{r['of_medians']:.2f} [{r['paired_q25']:.2f}, {r['paired_q75']:.2f}]"
+    return (
+        f"{r['of_medians']:.2f} (paired {r['paired_median']:.2f} "
+        f"[{r['paired_q25']:.2f}, {r['paired_q75']:.2f}])"
+    )
 
 
 def _mib(n: int | None) -> str:
@@ -48,7 +51,7 @@ def signals_table(section: dict[str, Any]) -> list[str]:
         "H = d",
         "LM head ms",
         "policy_stats ms",
-        "x LM head [IQR]",
+        "x LM head (paired median [IQR])",
         "x FLOP floor",
         "naive ms",
         "peak MiB stream / naive",
@@ -82,7 +85,13 @@ def signals_table(section: dict[str, Any]) -> list[str]:
 
 
 def reward_table(section: dict[str, Any]) -> list[str]:
-    header = ["reward model", "B x R", "forward ms", "forward + input grad ms", "ratio [IQR]"]
+    header = [
+        "reward model",
+        "B x R",
+        "forward ms",
+        "forward + input grad ms",
+        "ratio (paired median [IQR])",
+    ]
     rows = [
         [
             row["model"],
@@ -101,7 +110,7 @@ def step_table(section: dict[str, Any]) -> list[str]:
         "config",
         "strategy",
         "step s (median)",
-        "ratio to uniform [IQR]",
+        "ratio to uniform (paired median [IQR])",
         "signal s / step",
         "peak MiB",
     ]

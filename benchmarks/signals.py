@@ -28,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from benchmarks import memory, timing
 from credit_core import PolicyStats, policy_stats
+from credit_core.policy_stats import DEFAULT_CHUNK_SIZE, DEFAULT_TILE_ELEMENTS
 
 _F32 = 4  # bytes per float32
 
@@ -76,8 +77,11 @@ def _grid(
 
 #: The issue's sweep, plus extra vocabulary sizes at 1 x 512 for the time/memory-vs-V plot.
 FULL_CASES: tuple[SignalCase, ...] = tuple(
-    _grid([(1, 512), (4, 1024), (8, 2048)], [32768, 151936], [64, 896])
-    + _grid([(1, 512)], [8192, 65536], [64, 896])
+    sorted(
+        _grid([(1, 512), (4, 1024), (8, 2048)], [32768, 151936], [64, 896])
+        + _grid([(1, 512)], [8192, 65536], [64, 896]),
+        key=lambda c: (c.tokens, c.hidden, c.vocab),
+    )
 )
 #: The case the issue's targets are stated for (B x T = 4 x 1024, V = 32k, H = d = 896).
 TARGET_CASE = SignalCase(4, 1024, 32768, 896, 896)
@@ -349,12 +353,14 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 #: (chunk_size, tile_elements) settings compared by ``run_tiles``; the first is the default.
 TILE_SETTINGS: tuple[tuple[int, int], ...] = (
-    (8192, 4 << 20),
-    (8192, 1 << 20),
-    (2048, 1 << 20),
+    (DEFAULT_CHUNK_SIZE, DEFAULT_TILE_ELEMENTS),
+    (2048, 2 << 20),
     (2048, 4 << 20),
+    (4096, 1 << 20),
+    (4096, 4 << 20),
+    (8192, 4 << 20),
     (8192, 8 << 20),
-    (8192, 16 << 20),
+    (16384, 4 << 20),
 )
 TILE_CASES: tuple[SignalCase, ...] = (TARGET_CASE, SignalCase(4, 1024, 32768, 64, 64))
 

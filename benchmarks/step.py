@@ -261,9 +261,10 @@ def targets(section: dict[str, Any]) -> list[dict[str, Any]]:
                 {
                     "target": f"full step datc / uniform <= {STEP_TARGET} ({cfg['name']}, "
                     f"median of {n} paired steps)",
-                    "measured": f"{r['of_medians']:.3f} (paired quartiles "
-                    f"{r['paired_q25']:.3f}-{r['paired_q75']:.3f})",
-                    "holds": r["of_medians"] <= STEP_TARGET and n >= 5,
+                    "measured": f"{r['of_medians']:.3f} of medians; paired median "
+                    f"{r['paired_median']:.3f} (quartiles {r['paired_q25']:.3f}-"
+                    f"{r['paired_q75']:.3f})",
+                    "holds": max(r["of_medians"], r["paired_median"]) <= STEP_TARGET and n >= 5,
                 }
             )
         if "uniform" in strat and "datc" in strat:

@@ -27,11 +27,15 @@ from credit_core.batch import PolicyStats
 from credit_core.errors import CreditError
 from credit_core.tensor_checks import check_tensor
 
-#: Upper bound on elements of one logits tile (rows x vocabulary chunk): 4 Mi float32 = 16 MiB
-#: (``policy_stats`` holds two: e and e^2). Measured on CPU (docs/performance.md): tiles of
-#: 1 Mi elements or fewer are up to 2-3x slower (per-op overheads), 4-16 Mi are within noise
-#: of each other where the matmuls dominate (H = 896); 4 Mi keeps the working set small.
-DEFAULT_TILE_ELEMENTS = 1 << 22
+#: Vocabulary entries per logits tile, and the upper bound on a tile's elements (rows x
+#: chunk): 2 Mi float32 = 8 MiB, and ``policy_stats`` holds two (e and e^2). Chosen by
+#: measurement (``python -m benchmarks tiles``, docs/performance.md): at B x T = 4 x 1024,
+#: V = 32k on 2 CPU threads, every setting from 2048 to 8192 wide and 1 to 8 Mi elements is
+#: within noise (2.2-2.4x the LM-head matmul) at H = d = 896, where the matmuls dominate;
+#: at H = d = 64, where the softmax dominates, 2 Mi tiles of 2048-4096 entries are fastest
+#: (1.5x against 1.75x for 4 Mi tiles), and 16384-wide chunks are slower at both widths.
+DEFAULT_CHUNK_SIZE = 4096
+DEFAULT_TILE_ELEMENTS = 1 << 21
 
 LogitsTile = Callable[[slice, int, int, torch.Tensor], None]
 
@@ -149,7 +153,7 @@ def policy_stats(
     reward_embedding: torch.Tensor,
     *,
     temperature: float = 1.0,
-    chunk_size: int = 8192,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
     lm_head_bias: torch.Tensor | None = None,
     tile_elements: int = DEFAULT_TILE_ELEMENTS,
 ) -> PolicyStats:
@@ -206,7 +210,7 @@ def policy_stats_from_logits(
     reward_embedding: torch.Tensor,
     *,
     temperature: float = 1.0,
-    chunk_size: int = 8192,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
     tile_elements: int = DEFAULT_TILE_ELEMENTS,
 ) -> PolicyStats:
     """``PolicyStats`` from materialized logits (B, T, V); same contract as ``policy_stats``."""

@@ -218,6 +218,32 @@ def test_a_second_reward_model_can_set_the_reward_and_bad_scorers_fail_clearly()
         broken.compute(*args, need_grad=True)
 
 
+def labelled_reward(prompts: list[str], responses: list[str], labels: list[int]) -> list[float]:
+    return [float(label) for label in labels]
+
+
+def test_a_text_scorer_that_takes_labels_gets_one_per_row_or_a_clear_error() -> None:
+    from adapters.text_reward import wants_labels
+    from credit_core import CreditError
+
+    assert wants_labels(labelled_reward) and not wants_labels(wrong_count_reward)
+    bpe = bpe_tokenizer()
+    signals = build_reward_signals(
+        {"reward": {"kind": "callable", "function": "test_adapters_e2e:labelled_reward"}}, bpe
+    )
+    r = rollout(
+        tiny_causal_lm("gpt2", len(bpe)), bpe, eos=bpe.eos_token_id, pad=bpe.pad_token_id, seed=3
+    )
+    args = (r["prompt_ids"], r["prompt_mask"], r["response_ids"], r["response_mask"])
+    B = args[0].shape[0]
+    out = signals.compute(*args, need_grad=False, labels=list(range(B)))
+    assert out.rewards.tolist() == [float(i) for i in range(B)]
+    with pytest.raises(CreditError, match=f"takes labels, expected {B} .*got none"):
+        signals.compute(*args, need_grad=False)
+    with pytest.raises(CreditError, match=f"takes labels, expected {B} .*got 2"):
+        signals.compute(*args, need_grad=False, labels=[0, 1])
+
+
 def test_config_errors_name_the_key() -> None:
     from pydantic import ValidationError
 

@@ -469,3 +469,32 @@ def test_the_gpu_example_config_runs_on_cpu_with_a_tiny_local_policy(tmp_path: P
     assert -1.0 <= last["reward/mean"] <= 1.0  # a cosine similarity
     assert all(math.isfinite(v) for v in last.values())
     assert "eval/reward_sampled" in last and "kl/ref" in last
+
+
+SCORED: list[tuple[str, Any]] = []
+
+
+def label_reward(prompts: list[str], responses: list[str], labels: list[Any]) -> list[float]:
+    """A text scorer that takes labels: records (prompt, label) and rewards the label."""
+    SCORED.extend(zip(prompts, labels, strict=True))
+    return [float(label) for label in labels]
+
+
+def test_jsonl_labels_reach_a_scorer_that_takes_them(tmp_path: Path) -> None:
+    train_rows = {f"count the words in line {i}": i % 3 for i in range(6)}
+    eval_rows = {"held out line one": 7, "held out line two": 9}
+    for name, rows in (("train", train_rows), ("eval", eval_rows)):
+        lines = [json.dumps({"prompt": p, "label": lab}) for p, lab in rows.items()]
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = tiny_config(tmp_path / "run", steps=2, eval={"interval": 2, "greedy": False})
+    cfg["data"] = {
+        "train_file": str(tmp_path / "train.jsonl"),
+        "eval_file": str(tmp_path / "eval.jsonl"),
+    }
+    cfg["reward"] = {"reward": {"kind": "callable", "function": "test_torch_train:label_reward"}}
+    SCORED.clear()
+    history = train(config_from_dict(cfg)).history
+    every = {**train_rows, **eval_rows}
+    assert SCORED and all(every[prompt] == label for prompt, label in SCORED)
+    assert {prompt for prompt, _ in SCORED} & set(eval_rows)  # the held-out rollouts too
+    assert history[-1]["eval/reward_sampled"] == pytest.approx(8.0)  # mean of 7 and 9

@@ -33,6 +33,7 @@ from backends.openrlhf.layout import (
     split_prompt_response,
 )
 from credit_core import CreditError, PolicyStats, policy_stats_from_logits
+from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
 
 if TYPE_CHECKING:
     from adapters.reward import DirectionModel
@@ -95,7 +96,7 @@ def reduce_policy_stats(
     attention_mask: torch.Tensor,
     reward_embedding: torch.Tensor,
     *,
-    chunk_size: int = 8192,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
     ring_attn_group: Any = None,
 ) -> PolicyStats:
     """``PolicyStats`` (B, A, d) of an OpenRLHF ``Actor`` on one micro-batch.

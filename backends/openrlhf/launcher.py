@@ -59,7 +59,7 @@ credit options:
                               --reward.model_name_or_path as a sequence classifier
   --credit.placement P        auto | reward | policy: the actors that host the direction
                               model (auto: reward-model actors if any, else policy actors)
-  --credit.stats_chunk_size N vocabulary tile of the streamed policy statistics (8192)
+  --credit.stats_chunk_size N vocabulary tile of the streamed policy statistics (4096)
 
 Strategies other than uniform need a response-level advantage: e.g.
   --algo.advantage.estimator group_norm --algo.kl.use_loss

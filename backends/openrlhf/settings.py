@@ -8,7 +8,7 @@ launcher's ``--credit*`` flags (flags win). File layout (every key but ``credit`
       kind: seq_classification
       path: /models/rm
     placement: auto               # where the direction model runs: auto | reward | policy
-    stats_chunk_size: 8192        # vocabulary chunk of the streamed policy statistics
+    stats_chunk_size: 4096        # vocabulary chunk of the streamed policy statistics
 
 Unknown keys are rejected with their name; so are bad strategy parameters (by credit_core).
 """
@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from credit_core import CreditConfig, CreditError, CreditStrategy, get_strategy
+from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
 from credit_core.registry import validate_params
 
 Placement = Literal["auto", "reward", "policy"]
@@ -48,7 +49,7 @@ class OpenRLHFCreditConfig(BaseModel):
     credit: CreditConfig = Field(default_factory=CreditConfig)
     direction: dict[str, Any] | None = None
     placement: Placement = "auto"
-    stats_chunk_size: int = Field(8192, ge=1)
+    stats_chunk_size: int = Field(DEFAULT_CHUNK_SIZE, ge=1)
 
     @field_validator("direction")
     @classmethod

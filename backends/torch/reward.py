@@ -7,6 +7,7 @@ scorer the direction model's own reward is used (one RM pass for both).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -39,20 +40,28 @@ class RewardPipeline:
         return None if dm is None else dm.reward_embedding
 
     def score(
-        self, batch: RolloutBatch, *, with_grad: bool, micro_batch_size: int
+        self,
+        batch: RolloutBatch,
+        *,
+        with_grad: bool,
+        micro_batch_size: int,
+        labels: Sequence[Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
         """Rewards (B,) float32, the gradient (B, R, d) if ``with_grad`` (else None), and the
-        adapters' diagnostics averaged over micro-batches. Zero gradient at padding."""
+        adapters' diagnostics averaged over micro-batches. Zero gradient at padding.
+        ``labels`` (B,): each row's label, for text scorers that take labels."""
         rewards, grads = [], []
         diagnostics: dict[str, float] = {}
         for start in range(0, batch.size, micro_batch_size):
-            mb = batch.select(slice(start, min(batch.size, start + micro_batch_size)))
+            rows = slice(start, min(batch.size, start + micro_batch_size))
+            mb = batch.select(rows)
             out = self.signals.compute(
                 mb.prompt_ids,
                 mb.prompt_mask,
                 mb.response_ids,
                 mb.response_mask,
                 need_grad=with_grad,
+                labels=None if labels is None else labels[rows],
             )
             rewards.append(out.rewards.float())
             for key, value in out.diagnostics.items():

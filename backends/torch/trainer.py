@@ -97,6 +97,11 @@ class StepData:
     ref_logp: torch.Tensor | None  # (B, R)
 
 
+def _labels(batch: RolloutBatch, pool: Sequence[Prompt]) -> list[Any]:
+    """The label of each row's prompt (``batch.group`` indexes ``pool``)."""
+    return [pool[g].label for g in batch.group.tolist()]
+
+
 def _chunks(n: int, size: int) -> Iterator[slice]:
     for start in range(0, n, size):
         yield slice(start, min(n, start + size))
@@ -340,7 +345,10 @@ class GRPORecipe:
         """
         cfg = self.cfg
         rewards, reward_grad, rm_diag = self.reward.score(
-            batch, with_grad=self.need_grad, micro_batch_size=cfg.algorithm.micro_batch_size
+            batch,
+            with_grad=self.need_grad,
+            micro_batch_size=cfg.algorithm.micro_batch_size,
+            labels=_labels(batch, self.train_prompts),
         )
         advantages = group_advantages(
             rewards, cfg.rollout.group_size, cfg.algorithm.estimator, cfg.algorithm.adv_eps
@@ -601,7 +609,10 @@ class GRPORecipe:
                 prompts, positions, indices, group_size=g_size, greedy=greedy, tag=f"eval_{name}"
             )
             rewards, _, _ = self.reward.score(
-                batch, with_grad=False, micro_batch_size=cfg.algorithm.micro_batch_size
+                batch,
+                with_grad=False,
+                micro_batch_size=cfg.algorithm.micro_batch_size,
+                labels=_labels(batch, self.eval_prompts),
             )
             keep = counted.repeat_interleave(g_size).to(rewards.device)
             lengths = batch.response_mask.sum(dim=1)

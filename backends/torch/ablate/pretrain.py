@@ -100,7 +100,7 @@ def pretrain_policy(
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             scheduler.step()
-            losses.append(float(out.loss))
+            losses.append(float(out.loss.detach()))
     model.eval()
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = pad

@@ -113,7 +113,7 @@ def train_reward_model(
             loss.backward()
             optimizer.step()
             scheduler.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
     model.eval()
     with torch.no_grad():
         pred = model(**batch(vp, vr)).logits[:, 0]

@@ -186,6 +186,52 @@ def _rm(
     return folder, json.loads((folder / "fit.json").read_text())
 
 
+@dataclass(frozen=True)
+class _WordTaskAssets:
+    rm_dir: Path
+    policy_dir: Path
+    data: dict[str, Any]
+    info: dict[str, Any]
+
+
+def _word_task(
+    setting: str,
+    p: TargetTokensParams | VerifiableParams,
+    family: str,
+    cache: Path,
+    data: tasks.TaskData,
+    words: list[str],
+    rm_examples: Callable[[list[str], int, int], list[tuple[str, str, float]]],
+) -> _WordTaskAssets:
+    """The cached reward model, pretrained policy and data of a task over a word vocabulary
+    (``rm_examples(train_prompts, n, seed)`` makes the RM's training examples)."""
+    task_spec = p.model_dump(exclude={"pretrain", "rm"})
+    train_prompts = [r["prompt"] for r in data.train]
+    rm_dir, fit = _rm(
+        cache,
+        setting,
+        words,
+        task_spec,
+        p.rm,
+        lambda n, seed: rm_examples(train_prompts, n, seed),
+    )
+    policy_dir, pre = _policy(
+        cache,
+        setting,
+        family,
+        {"words": words},
+        lambda: tasks.word_tokenizer(words),
+        data.pretrain_texts,
+        p.pretrain,
+    )
+    return _WordTaskAssets(
+        rm_dir=rm_dir,
+        policy_dir=policy_dir,
+        data=_data_section(_data_dir(cache, setting, task_spec, data)),
+        info={"pretrain": pre, "rm_fit": fit, "vocab_size": len(words) + len(tasks.SPECIALS)},
+    )
+
+
 def build_target_tokens(p: TargetTokensParams, family: str, cache: Path) -> SettingAssets:
     data = tasks.target_task(
         num_train=p.num_train,
@@ -194,33 +240,16 @@ def build_target_tokens(p: TargetTokensParams, family: str, cache: Path) -> Sett
         target_rate=p.target_rate,
         seed=p.seed,
     )
-    task_spec = p.model_dump(exclude={"pretrain", "rm"})
-    words = tasks.target_words()
-    train_prompts = [r["prompt"] for r in data.train]
-    rm_dir, fit = _rm(
-        cache,
-        "target_tokens",
-        words,
-        task_spec,
-        p.rm,
-        lambda n, seed: tasks.target_rm_examples(train_prompts, n, seed),
-    )
-    policy_dir, pre = _policy(
-        cache,
-        "target_tokens",
-        family,
-        {"words": words},
-        lambda: tasks.word_tokenizer(words),
-        data.pretrain_texts,
-        p.pretrain,
+    a = _word_task(
+        "target_tokens", p, family, cache, data, tasks.target_words(), tasks.target_rm_examples
     )
     return SettingAssets(
-        policy_dir=policy_dir,
-        data=_data_section(_data_dir(cache, "target_tokens", task_spec, data)),
-        reward={"direction_model": {"kind": "seq_classification", "path": str(rm_dir)}},
+        policy_dir=a.policy_dir,
+        data=a.data,
+        reward={"direction_model": {"kind": "seq_classification", "path": str(a.rm_dir)}},
         train={"rollout": {"max_new_tokens": tasks.RESPONSE_WORDS}},
         extra_eval={"task_score": tasks.target_scorer},
-        info={"pretrain": pre, "rm_fit": fit, "vocab_size": len(words) + len(tasks.SPECIALS)},
+        info=a.info,
     )
 
 
@@ -231,35 +260,16 @@ def build_verifiable(p: VerifiableParams, family: str, cache: Path) -> SettingAs
         num_pretrain=p.num_pretrain,
         seed=p.seed,
     )
-    task_spec = p.model_dump(exclude={"pretrain", "rm"})
-    words = tasks.sort_words()
-    train_prompts = [r["prompt"] for r in data.train]
-    rm_dir, fit = _rm(
-        cache,
-        "verifiable",
-        words,
-        task_spec,
-        p.rm,
-        lambda n, seed: tasks.sort_rm_examples(train_prompts, n, seed),
-    )
-    policy_dir, pre = _policy(
-        cache,
-        "verifiable",
-        family,
-        {"words": words},
-        lambda: tasks.word_tokenizer(words),
-        data.pretrain_texts,
-        p.pretrain,
-    )
+    a = _word_task("verifiable", p, family, cache, data, tasks.sort_words(), tasks.sort_rm_examples)
     return SettingAssets(
-        policy_dir=policy_dir,
-        data=_data_section(_data_dir(cache, "verifiable", task_spec, data)),
+        policy_dir=a.policy_dir,
+        data=a.data,
         reward={
-            "direction_model": {"kind": "seq_classification", "path": str(rm_dir)},
+            "direction_model": {"kind": "seq_classification", "path": str(a.rm_dir)},
             "reward": {"kind": "callable", "function": "backends.torch.ablate.tasks:sort_checker"},
         },
         train={"rollout": {"max_new_tokens": tasks.SORT_DIGITS + 1}},
-        info={"pretrain": pre, "rm_fit": fit, "vocab_size": len(words) + len(tasks.SPECIALS)},
+        info=a.info,
     )
 
 
