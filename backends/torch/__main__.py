@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from backends.torch.config import ConfigError, load_config
+from backends.torch.config import ConfigError, add_override_argument, load_config
 from backends.torch.trainer import train
 
 
@@ -19,14 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="GRPO with token-level credit assignment (native PyTorch trainer).",
     )
     parser.add_argument("config", help="YAML config file (see configs/torch/)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key (dotted path, YAML value), e.g. --set credit.name=uniform",
-    )
+    add_override_argument(parser, "credit.name=uniform")
     parser.add_argument(
         "--resume",
         action="store_true",

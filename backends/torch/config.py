@@ -9,6 +9,7 @@ expected. ``credit`` is exactly ``credit_core.CreditConfig``: ``credit: datc`` a
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -271,6 +272,18 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(f"--set {text!r}: value is not valid YAML: {exc}") from exc
     return parts, value
+
+
+def add_override_argument(parser: argparse.ArgumentParser, example: str) -> None:
+    """``--set KEY=VALUE`` (repeatable, into ``args.overrides``), read by ``parse_override``."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a config key (dotted path, YAML value), e.g. --set {example}",
+    )
 
 
 def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -16,19 +16,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from backends.torch.config import ConfigError
+from backends.torch.config import ConfigError, add_override_argument
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="ablation config (YAML), e.g. configs/ablate/quick.yaml")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value (dotted key, YAML value); repeatable",
-    )
+    add_override_argument(parser, "seeds=[0,1,2]")
 
 
 def build_parser() -> argparse.ArgumentParser:
