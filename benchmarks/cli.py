@@ -3,6 +3,7 @@
     python -m benchmarks                      # all three benchmarks, default sizes
     python -m benchmarks signals --quick      # one benchmark, small sizes (CI)
     python -m benchmarks --out runs/bench --device cuda
+    python -m benchmarks tiles compile        # only when named: tile sizes, torch.compile
 
 Writes ``OUT/results.json`` (everything measured), ``OUT/results.md`` (the tables and the
 targets) and ``OUT/vocab.png`` (``policy_stats`` time and memory against V).
@@ -24,8 +25,9 @@ import torch
 from benchmarks import report
 
 BENCHMARKS = ("signals", "reward", "step")
-#: Run only when named: the tile-size sweep behind ``policy_stats``' defaults.
-EXTRA = ("tiles",)
+#: Run only when named: the tile-size sweep behind ``policy_stats``' defaults, and
+#: ``policy_stats`` eager against ``torch.compile``.
+EXTRA = ("tiles", "compile")
 #: The default mode must finish within this many seconds on the project's CPU machines.
 DEFAULT_MODE_BUDGET_S = 600.0
 
@@ -156,6 +158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         tile_cases = signals.QUICK_CASES if args.quick else signals.TILE_CASES
         results["tiles"] = signals.run_tiles(
             tile_cases, device=device, dtype=dtype, repeats=repeats, log=log
+        )
+    if "compile" in args.benchmarks:
+        from benchmarks import signals
+
+        compile_cases = signals.QUICK_CASES[:1] if args.quick else signals.TILE_CASES
+        results["compile"] = signals.run_compile(
+            compile_cases, device=device, dtype=dtype, repeats=repeats, log=log
         )
     if "reward" in args.benchmarks:
         from benchmarks import reward_grad

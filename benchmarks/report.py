@@ -132,6 +132,31 @@ def step_table(section: dict[str, Any]) -> list[str]:
     return _table(header, rows)
 
 
+def compile_table(section: dict[str, Any]) -> list[str]:
+    header = [
+        "shape",
+        "LM head ms",
+        "eager ms",
+        "compiled ms",
+        "compiled / eager (paired median [IQR])",
+        "first compiled call s",
+        "max |m1 diff|",
+    ]
+    rows = [
+        [
+            row["label"],
+            _ms(row, "lm_head"),
+            _ms(row, "eager"),
+            _ms(row, "compiled"),
+            _ratio(row["compiled_over_eager"]),
+            f"{row['first_compiled_call_s']:.1f}",
+            f"{row['max_abs_diff_m1']:.1e}",
+        ]
+        for row in section["rows"]
+    ]
+    return _table(header, rows)
+
+
 def tiles_table(section: dict[str, Any]) -> list[str]:
     settings = [k for k in section["rows"][0]["ratio_to_lm_head"]] if section["rows"] else []
     header = ["shape", "LM head ms", *[f"{s} ms (x LM head)" for s in settings]]
@@ -171,6 +196,9 @@ def markdown(results: dict[str, Any]) -> str:
     if "tiles" in results:
         lines += ["", "## Tile sizes: `policy_stats` at (chunk_size / tile_elements)", ""]
         lines += tiles_table(results["tiles"])
+    if "compile" in results:
+        lines += ["", "## `policy_stats` eager vs `torch.compile`", ""]
+        lines += compile_table(results["compile"])
     if "reward" in results:
         lines += ["", "## 2. Reward gradient: RM forward vs forward + input gradient", ""]
         lines += reward_table(results["reward"])

@@ -412,3 +412,42 @@ def run_tiles(
             }
         )
     return {"rows": rows}
+
+
+def run_compile(
+    cases: Sequence[SignalCase],
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    repeats: int,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """``policy_stats`` eager against ``torch.compile(policy_stats)`` (inductor, static
+    shapes), interleaved with the LM head: whether compiling the kernel pays. Reports the
+    first compiled call (the compilation) apart, and the largest difference of ``m1``."""
+    rows = []
+    for case in cases:
+        log(f"compile: {case.label}")
+        x = make_inputs(case, device=device, dtype=dtype)
+        args = (x["hidden"], x["weight"], x["ids"], x["emb"])
+        compiled = torch.compile(policy_stats, dynamic=False)
+        first = timing.time_once(functools.partial(compiled, *args))
+        diff = float((compiled(*args).m1 - policy_stats(*args).m1).abs().max())
+        h2 = x["hidden"].reshape(-1, x["hidden"].shape[-1])
+        calls: dict[str, Callable[[], object]] = {
+            "lm_head": functools.partial(torch.matmul, h2, x["weight"].T),
+            "eager": functools.partial(policy_stats, *args),
+            "compiled": functools.partial(compiled, *args),
+        }
+        times = timing.interleaved(calls, repeats=repeats, warmup=1)
+        rows.append(
+            {
+                "case": asdict(case),
+                "label": case.label,
+                "first_compiled_call_s": first,
+                "max_abs_diff_m1": diff,
+                "seconds": {k: timing.Summary.of(v).to_dict() for k, v in times.items()},
+                "compiled_over_eager": timing.ratio(times["compiled"], times["eager"]).to_dict(),
+            }
+        )
+    return {"rows": rows}

@@ -112,3 +112,14 @@ def test_quick_mode_runs_every_benchmark_and_writes_the_report(tmp_path: Path) -
     for heading in ("## Targets", "## 1. Signals", "## 2. Reward", "## 3. Full GRPO step"):
         assert heading in markdown
     assert results["command"].startswith("python -m benchmarks --quick")
+
+
+@pytest.mark.slow
+def test_compile_benchmark_times_both_and_checks_they_agree(tmp_path: Path) -> None:
+    assert cli.main(["compile", "--quick", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    (row,) = results["compile"]["rows"]
+    assert row["max_abs_diff_m1"] < 1e-5
+    assert set(row["seconds"]) == {"lm_head", "eager", "compiled"}
+    assert row["first_compiled_call_s"] > 0 and row["compiled_over_eager"]["of_medians"] > 0
+    assert "## `policy_stats` eager vs `torch.compile`" in (tmp_path / "results.md").read_text()
