@@ -66,7 +66,6 @@ def decode_rows(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[s
 class Scorer(ABC):
     """Rewards (B,) float32 for a rollout batch (policy ids, layout as ``DirectionModel``).
 
-    ``prompt_texts``/``response_texts`` may be passed when the caller has them already;
     ``labels`` (B,) are the rows' labels, for scorers that use them.
     """
 
@@ -78,8 +77,6 @@ class Scorer(ABC):
         response_ids: torch.Tensor,
         response_mask: torch.Tensor,
         *,
-        prompt_texts: list[str] | None = None,
-        response_texts: list[str] | None = None,
         labels: Sequence[Any] | None = None,
     ) -> torch.Tensor: ...
 
@@ -103,16 +100,12 @@ class CallableScorer(Scorer):
         response_ids: torch.Tensor,
         response_mask: torch.Tensor,
         *,
-        prompt_texts: list[str] | None = None,
-        response_texts: list[str] | None = None,
         labels: Sequence[Any] | None = None,
     ) -> torch.Tensor:
         check_rollout(prompt_ids, prompt_mask, response_ids, response_mask)
         B = response_ids.shape[0]
-        if prompt_texts is None:
-            prompt_texts = decode_rows(self.policy_tokenizer, prompt_ids, prompt_mask)
-        if response_texts is None:
-            response_texts = decode_rows(self.policy_tokenizer, response_ids, response_mask)
+        prompt_texts = decode_rows(self.policy_tokenizer, prompt_ids, prompt_mask)
+        response_texts = decode_rows(self.policy_tokenizer, response_ids, response_mask)
         if self.takes_labels:
             if labels is None or len(labels) != B:
                 got = "none" if labels is None else f"{len(labels)}"
@@ -154,8 +147,6 @@ class ModelScorer(Scorer):
         response_ids: torch.Tensor,
         response_mask: torch.Tensor,
         *,
-        prompt_texts: list[str] | None = None,
-        response_texts: list[str] | None = None,
         labels: Sequence[Any] | None = None,
     ) -> torch.Tensor:
         out = self.model.score(

@@ -165,6 +165,23 @@ def tiny_causal_lm(
     return _build(AutoModelForCausalLM, config, seed, dtype)
 
 
+def _bert_config(vocab_size: int, hidden: int, layers: int, heads: int, **extra: Any) -> Any:
+    """A BERT config of this width and depth, dropout off, 512 positions."""
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=512,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **extra,
+    )
+
+
 def tiny_seq_classifier(
     family: Literal["bert", "llama"],
     vocab_size: int,
@@ -177,22 +194,13 @@ def tiny_seq_classifier(
     pad_token_id: int = 0,
 ) -> PreTrainedModel:
     """A random one-label sequence classifier (a differentiable reward model), eval mode."""
-    from transformers import AutoModelForSequenceClassification, BertConfig, LlamaConfig
+    from transformers import AutoModelForSequenceClassification, LlamaConfig
 
     config: Any
     single_label: dict[str, Any] = {"num_labels": 1}
     if family == "bert":
-        config = BertConfig(
-            vocab_size=vocab_size,
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=2 * hidden,
-            max_position_embeddings=512,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-            pad_token_id=pad_token_id,
-            **single_label,
+        config = _bert_config(
+            vocab_size, hidden, layers, heads, pad_token_id=pad_token_id, **single_label
         )
     elif family == "llama":
         config = LlamaConfig(
@@ -221,19 +229,9 @@ def tiny_encoder(
     dtype: torch.dtype = torch.float32,
 ) -> PreTrainedModel:
     """A random ``BertModel`` without dropout (a stand-in sentence encoder), eval mode."""
-    from transformers import AutoModel, BertConfig
+    from transformers import AutoModel
 
-    config = BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        intermediate_size=2 * hidden,
-        max_position_embeddings=512,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    return _build(AutoModel, config, seed, dtype)
+    return _build(AutoModel, _bert_config(vocab_size, hidden, layers, heads), seed, dtype)
 
 
 def train_bpe_tokenizer(

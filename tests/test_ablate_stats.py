@@ -160,10 +160,10 @@ def test_summary_of_a_fixed_csv(tmp_path: Path) -> None:
     assert uni.steps_to_threshold == [None, 3]
     assert datc.steps_to_threshold == [2, 2]
     # time per step leaves out step 1: uniform mean of (1, 3) twice = 2.0
-    assert uni.time_step == pytest.approx(2.0)
-    assert uni.time_rollout == pytest.approx(1.0)
-    assert datc.time_signals == pytest.approx(0.5)
-    assert uni.peak_rss_mb == 110 and datc.wall_s == pytest.approx(7.5)
+    assert uni.cost.time_step == pytest.approx(2.0)
+    assert uni.cost.time_rollout == pytest.approx(1.0)
+    assert datc.cost.time_signals == pytest.approx(0.5)
+    assert uni.cost.peak_rss_mb == 110 and datc.cost.wall_s == pytest.approx(7.5)
     # one verdict, worded from the interval (0.25 +- 0.635 contains 0)
     (verdict,) = verdicts
     assert verdict.vs_baseline.mean == pytest.approx(0.25)

@@ -30,11 +30,10 @@ def _steps(st: StrategyStats) -> str:
 
 
 def _time(st: StrategyStats) -> str:
-    if math.isnan(st.time_step):
+    c = st.cost
+    if math.isnan(c.time_step):
         return "n/a"
-    return (
-        f"{st.time_step:.3f} ({st.time_rollout:.3f} / {st.time_signals:.3f} / {st.time_update:.3f})"
-    )
+    return f"{c.time_step:.3f} ({c.time_rollout:.3f} / {c.time_signals:.3f} / {c.time_update:.3f})"
 
 
 def _tally(verdicts: Sequence[Verdict], spec: SummarySpec) -> str:
@@ -77,7 +76,7 @@ def table_markdown(
             "(baseline)" if st.strategy == base else fmt_interval(st.diff_train, signed=True),
             _steps(st),
             _time(st),
-            fmt(st.peak_rss_mb, 0),
+            fmt(st.cost.peak_rss_mb, 0),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -53,6 +53,31 @@ class SummarySpec:
 
 
 @dataclass(frozen=True)
+class Cost:
+    """What a run costs: seconds per training step and its rollout / signals / update
+    split, peak RSS (MB) and wall time (s); NaN where not measured."""
+
+    time_step: float
+    time_rollout: float
+    time_signals: float
+    time_update: float
+    peak_rss_mb: float
+    wall_s: float
+
+    @staticmethod
+    def mean(costs: Sequence[Cost]) -> Cost:
+        """The mean cost of several runs (their peak RSS: the largest)."""
+        return Cost(
+            time_step=_mean(c.time_step for c in costs),
+            time_rollout=_mean(c.time_rollout for c in costs),
+            time_signals=_mean(c.time_signals for c in costs),
+            time_update=_mean(c.time_update for c in costs),
+            peak_rss_mb=max((c.peak_rss_mb for c in costs), default=_nan()),
+            wall_s=_mean(c.wall_s for c in costs),
+        )
+
+
+@dataclass(frozen=True)
 class RunFigures:
     final_train: float
     first_train: float
@@ -60,12 +85,7 @@ class RunFigures:
     held_sampled: float
     held_greedy: float
     curve: list[tuple[int, float]]
-    time_step: float
-    time_rollout: float
-    time_signals: float
-    time_update: float
-    peak_rss_mb: float
-    wall_s: float
+    cost: Cost
 
 
 @dataclass
@@ -81,12 +101,7 @@ class StrategyStats:
     diff_primary: Interval | None
     diff_train: Interval | None
     steps_to_threshold: list[int | None]
-    time_step: float
-    time_rollout: float
-    time_signals: float
-    time_update: float
-    peak_rss_mb: float
-    wall_s: float
+    cost: Cost
 
 
 @dataclass
@@ -143,12 +158,14 @@ def run_figures(rows: Sequence[dict[str, Any]], primary: str, final_window: int)
         held_sampled=_last(rows, "eval_reward_sampled"),
         held_greedy=_last(rows, "eval_reward_greedy"),
         curve=curve,
-        time_step=tmean("time_step"),
-        time_rollout=tmean("time_rollout"),
-        time_signals=tmean("time_signals"),
-        time_update=tmean("time_update"),
-        peak_rss_mb=_last(rows, "peak_rss_mb"),
-        wall_s=_last(rows, "wall_s"),
+        cost=Cost(
+            time_step=tmean("time_step"),
+            time_rollout=tmean("time_rollout"),
+            time_signals=tmean("time_signals"),
+            time_update=tmean("time_update"),
+            peak_rss_mb=_last(rows, "peak_rss_mb"),
+            wall_s=_last(rows, "wall_s"),
+        ),
     )
 
 
@@ -239,12 +256,7 @@ def summarize(
                         else steps_to_threshold(f.curve, threshold, spec.smooth)
                         for f in ordered
                     ],
-                    time_step=_mean(f.time_step for f in ordered),
-                    time_rollout=_mean(f.time_rollout for f in ordered),
-                    time_signals=_mean(f.time_signals for f in ordered),
-                    time_update=_mean(f.time_update for f in ordered),
-                    peak_rss_mb=max((f.peak_rss_mb for f in ordered), default=_nan()),
-                    wall_s=_mean(f.wall_s for f in ordered),
+                    cost=Cost.mean([f.cost for f in ordered]),
                 )
             tables.append(table)
             for target, strat in (
