@@ -23,9 +23,8 @@ from typing import Any
 
 import torch
 
-from credit_core import CreditError
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE, DEFAULT_TILE_ELEMENTS
-from credit_core.tensor_checks import check_tensor
+from credit_core.tensor_checks import check_lm_head, check_streaming, check_token_ids
 
 
 def _tiles(vocab: int, chunk_size: int, tile_elements: int) -> tuple[int, int]:
@@ -154,25 +153,11 @@ def token_logprobs(
     - No (B, T, V) tensor is built: at most one tile of min(chunk_size, V) x
       max(1, tile_elements // chunk) logits is live at a time, forward and backward.
     """
-    h = check_tensor("hidden", hidden, (None, None, None), floating=True)
+    h, W = check_lm_head(hidden, weight, bias)
     B, T, H = h.shape
-    W = check_tensor("lm_head_weight", weight, (None, H), floating=True, device=h.device)
     V = W.shape[0]
-    if bias is not None:
-        check_tensor("lm_head_bias", bias, (V,), floating=True, device=h.device)
-    check_tensor("token_ids", token_ids, (B, T), device=h.device)
-    if token_ids.is_floating_point() or token_ids.dtype == torch.bool:
-        raise CreditError(f"token_ids: expected an integer dtype, got {token_ids.dtype}")
-    if not (temperature > 0 and temperature != float("inf")):
-        raise CreditError(f"temperature: expected a finite value > 0, got {temperature!r}")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise CreditError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
-    ids = token_ids.reshape(B * T).long()
-    if ids.numel() > 0 and (int(ids.min()) < 0 or int(ids.max()) >= V):
-        raise CreditError(
-            f"token_ids: expected values in [0, {V}) (the vocabulary), "
-            f"got [{int(ids.min())}, {int(ids.max())}]"
-        )
+    ids = check_token_ids(token_ids, (B, T), V, h.device).reshape(B * T).long()
+    check_streaming(temperature, chunk_size)
     fn: Any = _StreamedTokenLogProb
     out: torch.Tensor = fn.apply(
         h.reshape(B * T, H), W, bias, ids, 1.0 / temperature, chunk_size, tile_elements

@@ -25,7 +25,12 @@ import torch
 
 from credit_core.batch import PolicyStats
 from credit_core.errors import CreditError
-from credit_core.tensor_checks import check_tensor
+from credit_core.tensor_checks import (
+    check_lm_head,
+    check_streaming,
+    check_tensor,
+    check_token_ids,
+)
 
 #: Vocabulary entries per logits tile, and the upper bound on a tile's elements (rows x
 #: chunk): 2 Mi float32 = 8 MiB, and ``policy_stats`` holds two (e and e^2). Chosen by
@@ -49,20 +54,9 @@ def _check_common(
     temperature: float,
     chunk_size: int,
 ) -> None:
-    check_tensor("token_ids", token_ids, leading, device=device)
-    if token_ids.is_floating_point() or token_ids.dtype == torch.bool:
-        raise CreditError(f"token_ids: expected an integer dtype, got {token_ids.dtype}")
+    check_token_ids(token_ids, leading, vocab, device)
     check_tensor("reward_embedding", reward_embedding, (vocab, None), floating=True, device=device)
-    if not (temperature > 0 and temperature != float("inf")):
-        raise CreditError(f"temperature: expected a finite value > 0, got {temperature!r}")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise CreditError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
-    if token_ids.numel() > 0:
-        lo, hi = int(token_ids.min()), int(token_ids.max())
-        if lo < 0 or hi >= vocab:
-            raise CreditError(
-                f"token_ids: expected values in [0, {vocab}) (the vocabulary), got [{lo}, {hi}]"
-            )
+    check_streaming(temperature, chunk_size)
 
 
 def _stream(
@@ -171,12 +165,9 @@ def policy_stats(
     The matmul runs in the inputs' dtype (bf16 allowed), everything after it in float32
     (float64 if ``reward_embedding`` is float64). Output fields have that accumulation dtype.
     """
-    h = check_tensor("hidden", hidden, (None, None, None), floating=True)
+    h, W = check_lm_head(hidden, lm_head_weight, lm_head_bias)
     B, T, H = h.shape
-    W = check_tensor("lm_head_weight", lm_head_weight, (None, H), floating=True, device=h.device)
     V = W.shape[0]
-    if lm_head_bias is not None:
-        check_tensor("lm_head_bias", lm_head_bias, (V,), floating=True, device=h.device)
     _check_common(token_ids, reward_embedding, V, (B, T), h.device, temperature, chunk_size)
     flat = h.reshape(B * T, H)
     W = W.to(h.dtype)

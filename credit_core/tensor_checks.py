@@ -36,3 +36,40 @@ def check_tensor(
     if device is not None and value.device != device:
         raise CreditError(f"{name}: expected device {device}, got {value.device}")
     return value
+
+
+def check_lm_head(
+    hidden: object, weight: object, bias: object | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Check final hidden states (B, T, H) and an LM head: ``weight`` (V, H), ``bias`` (V,)
+    or None, all floating and on ``hidden``'s device; return (hidden, weight)."""
+    h = check_tensor("hidden", hidden, (None, None, None), floating=True)
+    W = check_tensor("lm_head_weight", weight, (None, h.shape[2]), floating=True, device=h.device)
+    if bias is not None:
+        check_tensor("lm_head_bias", bias, (W.shape[0],), floating=True, device=h.device)
+    return h, W
+
+
+def check_token_ids(
+    token_ids: object, shape: Sequence[int | None], vocab: int, device: torch.device
+) -> torch.Tensor:
+    """Check integer token ids of ``shape`` on ``device`` with values in [0, ``vocab``)."""
+    ids = check_tensor("token_ids", token_ids, shape, device=device)
+    if ids.is_floating_point() or ids.dtype == torch.bool:
+        raise CreditError(f"token_ids: expected an integer dtype, got {ids.dtype}")
+    if ids.numel() > 0:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab:
+            raise CreditError(
+                f"token_ids: expected values in [0, {vocab}) (the vocabulary), got [{lo}, {hi}]"
+            )
+    return ids
+
+
+def check_streaming(temperature: float, chunk_size: int) -> None:
+    """Check the settings of a vocabulary-streamed kernel: a finite ``temperature`` > 0 and
+    an integer ``chunk_size`` >= 1."""
+    if not (temperature > 0 and temperature != float("inf")):
+        raise CreditError(f"temperature: expected a finite value > 0, got {temperature!r}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise CreditError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
