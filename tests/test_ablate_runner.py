@@ -92,6 +92,8 @@ def test_quick_config_writes_every_output(quick_run: tuple[Path, list[str], list
     for kind in SETTINGS.values():
         assert f"## {kind.title}" in report
     assert report.count("- ") >= 4 and "## Verdicts" in report
+    for kind in SETTINGS.values():  # one verdict line per setting
+        assert sum(line.startswith(f"- {kind.title}:") for line in report.splitlines()) == 1
     figures = sorted((out / "figures").glob("*.png"))
     names = {f.name for f in figures}
     assert {f"curves_{name}.png" for name in SETTINGS} <= names
@@ -116,7 +118,7 @@ def test_resume_redoes_only_the_deleted_run(
     (victim.folder(out) / RESULT_FILE).unlink()  # its train/ folder stays, half a run
     logs: list[str] = []
     run_ablation(cfg, command="test", log=logs.append)
-    assert any("1 to run" in line for line in logs), logs
+    assert any(", 23 already done, 1 to run" in line for line in logs), logs
     # redone in this process, it reproduces what the worker process computed
     assert _measured(victim.folder(out) / RESULT_FILE) == original
     for run, content in before.items():

@@ -169,6 +169,13 @@ def test_summary_of_a_fixed_csv(tmp_path: Path) -> None:
     assert verdict.vs_baseline.mean == pytest.approx(0.25)
     assert "no significant difference" in verdict.text
     assert "+0.250" in verdict.text
+    assert "(95% CI -0.385 to +0.885, n=2" in verdict.text
+    # and the report prints exactly those numbers
+    from backends.torch.ablate.report import table_markdown
+
+    md = table_markdown(tables[0], spec, "reward", True)
+    assert "0.275 [-0.043, 0.593]" in md  # datc's final train reward, mean [95% CI]
+    assert "+0.250 [-0.385, +0.885]" in md  # its paired held-out difference to uniform
 
 
 def test_verdict_says_better_or_worse_only_when_the_interval_excludes_zero(

@@ -69,6 +69,9 @@ def test_cpu_gating_keeps_the_target_case_and_skips_only_with_a_reason() -> None
     assert signals.SignalCase(8, 2048, 151936, 896, 896) in skipped
     flops = signals.TARGET_CASE.stream_flops / signals.TARGET_CASE.lm_head_flops
     assert flops == pytest.approx(3.0)  # the FLOP floor is 3x the LM head at H = d
+    cpu = signals.Limits.for_device(torch.device("cpu"))  # the limits a CPU run uses
+    assert cpu.skip_reason(signals.TARGET_CASE) is None
+    assert cpu.naive_skip_reason(signals.TARGET_CASE) is None
 
 
 def test_cli_rejects_bad_arguments() -> None:

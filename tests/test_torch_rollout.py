@@ -126,9 +126,13 @@ def test_select_trims_padding_and_cat_restores_it() -> None:
     )
     first = batch.select(slice(0, 1))
     assert first.prompt_len == 1 and first.response_len == 2
+    assert first.prompt_ids.tolist() == [[5]] and first.response_ids.tolist() == [[8, 1]]
     again = RolloutBatch.cat([first, batch.select(slice(1, 2))])
     whole = batch.select(slice(None))  # the all-padding prompt column dropped
     assert whole.prompt_len == 2 and whole.response_len == 3
+    assert whole.prompt_ids.tolist() == [[0, 5], [6, 7]]
+    assert whole.prompt_mask.tolist() == [[False, True], [True, True]]
+    assert whole.response_ids.tolist() == [[8, 1, 0], [9, 9, 1]]
     for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "group"):
         assert torch.equal(getattr(again, name), getattr(whole, name)), name
 
