@@ -34,7 +34,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from adapters.minilm import load_minilm, minilm_model_dir
+from adapters.minilm import load_minilm
 from adapters.reward import (
     DirectionModel,
     EncoderSimilarityRM,
@@ -51,7 +51,6 @@ __all__ = [
     "build_direction_model",
     "build_reward_signals",
     "build_scorer",
-    "minilm_model_dir",
 ]
 
 DTYPES: dict[str, torch.dtype] = {

@@ -498,3 +498,15 @@ def test_jsonl_labels_reach_a_scorer_that_takes_them(tmp_path: Path) -> None:
     assert SCORED and all(every[prompt] == label for prompt, label in SCORED)
     assert {prompt for prompt, _ in SCORED} & set(eval_rows)  # the held-out rollouts too
     assert history[-1]["eval/reward_sampled"] == pytest.approx(8.0)  # mean of 7 and 9
+
+
+def test_the_rollout_engine_syncs_only_weights_that_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from backends.torch.rollout import HFRolloutEngine
+
+    synced: list[int] = []
+    monkeypatch.setattr(HFRolloutEngine, "sync_weights", lambda self, model: synced.append(1))
+    train(config_from_dict(tiny_config(tmp_path / "run", steps=2, eval={"interval": 1})))
+    # eval at step 0, rollout 1 (same weights), eval at 1, rollout 2 (same), eval at 2
+    assert len(synced) == 3

@@ -31,12 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        config = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(f"credit-train: {exc}", file=sys.stderr)
-        return 2
-    try:
-        result = train(config, resume=args.resume)
+        result = train(load_config(args.config, args.overrides), resume=args.resume)
     except ConfigError as exc:
         print(f"credit-train: {exc}", file=sys.stderr)
         return 2

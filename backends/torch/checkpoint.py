@@ -6,9 +6,9 @@ Layout of ``<run>/checkpoints/step_000012/``:
 - any ``extra_files`` (the trainer adds the HF ``config.json``, so the folder loads with
   ``AutoModelForCausalLM.from_pretrained``);
 - ``optimizer.pt``, ``scheduler.pt``  their ``state_dict``s (full, unsharded);
-- ``trainer_state.pt``  step, data position, credit-strategy state, anything else the recipe adds;
-- ``rank{r}.pt``  per-rank state of rank r (RNG states from ``capture_rng``, and whatever
-  else differs between ranks);
+- ``trainer_state.pt``  what the recipe keeps once (the data position);
+- ``rank{r}.pt``  per-rank state of rank r (RNG states from ``capture_rng``, the credit
+  strategy's state, and whatever else differs between ranks);
 - ``manifest.json``  written last: step, world size, every file with its size in bytes.
 
 Every file goes into ``step_000012.tmp`` first (fsync'ed); only then is the folder renamed

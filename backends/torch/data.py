@@ -68,12 +68,18 @@ class PromptSampler:
         self.shuffle = shuffle
         self.epoch = 0
         self.offset = 0
+        self._drawn: tuple[int, list[int]] = (-1, [])
 
     def _order(self, epoch: int) -> list[int]:
-        if not self.shuffle:
-            return list(range(self.n))
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(self.n, generator=gen).tolist()
+        """The prompt order of ``epoch`` (drawn once per epoch)."""
+        if self._drawn[0] != epoch:
+            if self.shuffle:
+                gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+                order = torch.randperm(self.n, generator=gen).tolist()
+            else:
+                order = list(range(self.n))
+            self._drawn = (epoch, order)
+        return self._drawn[1]
 
     def next_batch(self) -> list[int]:
         """The next ``batch_size`` global prompt indices."""

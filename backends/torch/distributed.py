@@ -136,7 +136,7 @@ def wrap_model(model: torch.nn.Module, ctx: DistContext, strategy: str) -> torch
 
 
 def unwrap(model: torch.nn.Module) -> Any:
-    """The Hugging Face model inside a DDP wrapper (FSDP2 wraps in place)."""
+    """The ``PolicyModule`` inside a DDP wrapper (FSDP2 wraps in place)."""
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 

@@ -9,10 +9,9 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from adapters.config import DTYPES
 from adapters.tiny import tiny_causal_lm, train_bpe_tokenizer
 from backends.torch.config import PolicyConfig
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass

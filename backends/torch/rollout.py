@@ -4,10 +4,11 @@ Layout (the project's convention): a ``RolloutBatch`` holds left-padded prompts 
 right-padded responses (B, R); ``input_ids = [prompt | response]``. The response mask marks
 tokens up to and including the first EOS. Rows of one prompt's group are contiguous.
 
-Sampling is from softmax(logits / temperature) over the full vocabulary: the generation
-config is built from scratch with ``top_k=0``, ``top_p=1.0`` and every other logits
-processor off, so a model's own defaults (often ``top_k=50``) never apply. DATC's policy
-statistics are computed from that same distribution.
+Sampling is from softmax(logits / temperature) with the rollout config's top-k and top-p
+(off by default, and required off by strategies that need the policy statistics): the
+generation config is built from scratch with every other logits processor off, so a
+model's own defaults (often ``top_k=50``) never apply. DATC's policy statistics are
+computed from that same distribution.
 
 Each ``generate`` call runs under its own seed (``derive_seed``) inside ``torch.random.fork_rng``,
 so samples depend on (seed, step, position of the prompt chunk in the step's batch) only:
@@ -79,16 +80,6 @@ class RolloutBatch:
             self.response_ids[rows][:, :r_keep],
             rm[:, :r_keep],
             self.group[rows],
-            self.pad_id,
-        )
-
-    def to(self, device: torch.device) -> RolloutBatch:
-        return RolloutBatch(
-            self.prompt_ids.to(device),
-            self.prompt_mask.to(device),
-            self.response_ids.to(device),
-            self.response_mask.to(device),
-            self.group.to(device),
             self.pad_id,
         )
 
@@ -169,10 +160,11 @@ def sampling_config(
     pad_id: int,
     eos_ids: Sequence[int],
 ) -> GenerationConfig:
-    """A generation config with every logits processor explicitly off except the temperature.
+    """A generation config with the temperature, ``top_k`` and ``top_p`` given (0 and 1.0
+    mean off) and every other logits processor explicitly off.
 
-    ``top_k=0`` and ``top_p=1.0`` are set explicitly: ``generate`` fills unset fields from the
-    model's defaults and then global defaults, which include ``top_k=50``.
+    ``top_k`` and ``top_p`` are always set: ``generate`` fills unset fields from the model's
+    defaults and then global defaults, which include ``top_k=50``.
     """
     sample = (
         {"do_sample": False}

@@ -3,12 +3,14 @@
 vLLM is imported only when this engine is built; without it the trainer says how to install
 it. Each rank runs its own in-process engine on its own GPU (set
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so ``collective_rpc`` reaches the worker in this process).
-Weights are pushed from the training model before every rollout through a worker extension.
+Weights are pushed from the training model through a worker extension before a rollout,
+whenever they changed since the last push.
 
-Sampling matches the HF engine: temperature only, top-k (-1) and top-p (1.0) passed
-explicitly as off, no penalties; every request carries its own seed (``derive_seed``), so samples do
-not depend on how prompts are spread over ranks. The old-policy log-probs and DATC's policy
-statistics are recomputed by the training model, as in OpenRLHF.
+Sampling matches the HF engine: temperature, top-k and top-p from the rollout config (off by
+default), passed explicitly, no penalties; every request carries its own seed
+(``derive_seed``), so samples do not depend on how prompts are spread over ranks. The
+old-policy log-probs and DATC's policy statistics are recomputed by the training model, as
+in OpenRLHF.
 """
 
 from __future__ import annotations
@@ -97,8 +99,8 @@ class VLLMRolloutEngine:
             SamplingParams(
                 n=group_size,
                 temperature=0.0 if greedy else self.cfg.temperature,
-                top_k=-1,  # off; -1 is accepted by every vLLM release (newer: 0 too)
-                top_p=1.0,
+                top_k=self.cfg.top_k or -1,  # 0 = off; -1 is off in every vLLM release
+                top_p=self.cfg.top_p,
                 min_p=0.0,
                 repetition_penalty=1.0,
                 presence_penalty=0.0,

@@ -145,6 +145,7 @@ class GRPORecipe:
             shuffle=cfg.data.shuffle,
         )
         self.engine = self._build_engine()
+        self._weights_version, self._engine_version = 0, -1  # the engine syncs before use
         self.step = 0
         if resume:
             self._resume()
@@ -259,9 +260,7 @@ class GRPORecipe:
             model_state=hf_state,
             optimizer_state=optim_state,
             scheduler_state=self.scheduler.state_dict() if main else None,
-            trainer_state={"sampler": self.sampler.state_dict(), "step": self.step}
-            if main
-            else None,
+            trainer_state={"sampler": self.sampler.state_dict()} if main else None,
             rank_state={"rng": ckpt.capture_rng(), "strategy": self.strategy.state_dict()},
             rank=self.ctx.rank,
             world_size=self.ctx.world_size,
@@ -288,7 +287,9 @@ class GRPORecipe:
         depends on the position of its first prompt, not on the rank that samples it.
         """
         per_call = self.cfg.rollout.prompts_per_generate or max(1, len(prompts))
-        self.engine.sync_weights(self.model)
+        if self._engine_version != self._weights_version:  # weights changed since last sync
+            self.engine.sync_weights(self.model)
+            self._engine_version = self._weights_version
         parts = []
         with root_gathered(self.model, reshard=True):
             for sl in _chunks(len(prompts), per_call):
@@ -467,6 +468,7 @@ class GRPORecipe:
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf)
         full = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         self.optimizer.step()
+        self._weights_version += 1
         return float(full)
 
     # ------------------------------------------------------------------------------- step
