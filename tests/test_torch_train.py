@@ -510,3 +510,32 @@ def test_the_rollout_engine_syncs_only_weights_that_changed(
     train(config_from_dict(tiny_config(tmp_path / "run", steps=2, eval={"interval": 1})))
     # eval at step 0, rollout 1 (same weights), eval at 1, rollout 2 (same), eval at 2
     assert len(synced) == 3
+
+
+def test_gradient_checkpointing_recomputes_the_layers_and_changes_no_result(
+    tmp_path: Path,
+) -> None:
+    """policy.gradient_checkpointing: each decoder layer runs again in backward (the policy
+    stays in eval mode, where Hugging Face would skip checkpointing), same update."""
+    from backends.torch.models import checkpointed_layers
+
+    runs = {}
+    for on in (False, True):
+        cfg = tiny_config(tmp_path / str(on), steps=1, policy={"gradient_checkpointing": on})
+        recipe = GRPORecipe(config_from_dict(cfg))
+        layers = checkpointed_layers(recipe.model)
+        assert len(layers) == (2 if on else 0)  # the tiny preset's two decoder layers
+        calls: list[int] = []
+        first = recipe.policy.model.model.layers[0]
+        # a pre-hook: a recomputation stops early, once it has what backward needs
+        first.register_forward_pre_hook(
+            lambda *_, calls=calls: calls.append(int(torch.is_grad_enabled()))
+        )
+        recipe.train_step()
+        runs[on] = (calls, [p.detach().clone() for p in recipe.model.parameters()])
+        assert not any(m.training for m in recipe.policy.model.modules())  # eval mode again
+        recipe.close()
+    grad_calls = {on: sum(calls) for on, (calls, _) in runs.items()}
+    assert grad_calls[True] == 2 * grad_calls[False] > 0  # forward, then again in backward
+    for a, b in zip(runs[False][1], runs[True][1], strict=True):
+        torch.testing.assert_close(a, b)

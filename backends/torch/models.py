@@ -1,7 +1,10 @@
-"""Building the policy (a local HF folder or a built-in tiny preset) and its tokenizer."""
+"""Building the policy (a local HF folder or a built-in tiny preset) and its tokenizer, and
+switching its gradient checkpointing on around the training forward."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +78,32 @@ def build_policy(cfg: PolicyConfig, *, seed: int, device: torch.device) -> Polic
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     return Policy(model, tokenizer, int(pad), eos, path)
+
+
+def checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The layers of ``model`` with Hugging Face gradient checkpointing enabled."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [
+        m
+        for m in model.modules()
+        if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing
+    ]
+
+
+@contextmanager
+def activation_checkpointing(layers: Sequence[torch.nn.Module]) -> Iterator[None]:
+    """Make ``layers`` (``checkpointed_layers``) recompute their activations in backward
+    for the duration. Hugging Face checkpoints a layer only while that layer is in training
+    mode, and the policy stays in eval mode (no dropout, KV cache in ``generate``); this sets
+    ``training`` on the layers themselves, not on their children, so dropout stays off."""
+    for layer in layers:
+        layer.training = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.training = False
 
 
 class PolicyModule(torch.nn.Module):

@@ -50,7 +50,13 @@ from backends.torch.distributed import (
 from backends.torch.kl import kl_estimate
 from backends.torch.loss import LossNormalizer, aggregate, ppo_clip_loss
 from backends.torch.metrics import METRICS_FILE, MetricsLogger
-from backends.torch.models import Policy, PolicyModule, build_policy
+from backends.torch.models import (
+    Policy,
+    PolicyModule,
+    activation_checkpointing,
+    build_policy,
+    checkpointed_layers,
+)
 from backends.torch.reward import build_prompts_and_reward
 from backends.torch.rollout import (
     HFRolloutEngine,
@@ -137,6 +143,7 @@ class GRPORecipe:
                 "(reward.direction_model), but the config has none"
             )
         self.model = wrap_model(PolicyModule(self.policy.model), self.ctx, cfg.distributed.strategy)
+        self.checkpointed = checkpointed_layers(self.model)  # policy.gradient_checkpointing
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, cfg.steps)
         self.sampler = PromptSampler(
             len(self.train_prompts),
@@ -422,7 +429,7 @@ class GRPORecipe:
         mb = data.batch.select(idx)
         R = mb.response_len
         mask = mb.response_mask
-        with root_gathered(self.model, reshard=False):
+        with root_gathered(self.model, reshard=False), activation_checkpointing(self.checkpointed):
             logp, _ = response_logprobs_and_stats(
                 self.model,
                 mb.input_ids,
