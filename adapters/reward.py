@@ -177,7 +177,6 @@ class EmbeddingDirectionModel(DirectionModel):
         self.padding_side: PaddingSide = padding_side
         self.max_length = max_length
         self.on_nonfinite_grad: NonFiniteGrad = on_nonfinite_grad
-        self.rm_tokenizer = rm_tokenizer
         self._rm_backend = None if rm_tokenizer is None else plain_backend(rm_tokenizer)
         self.bridge: VocabBridge | None = None
         if rm_tokenizer is not None and policy_tokenizer is not None:
@@ -192,7 +191,6 @@ class EmbeddingDirectionModel(DirectionModel):
             V = len(policy_tokenizer)
         else:
             V = self.table.shape[0]
-        self.policy_vocab_size = V
         acc = torch.promote_types(self.table.dtype, torch.float32)
         rows = self.table.shape[0]
         if self.bridge is not None:
@@ -255,10 +253,10 @@ class EmbeddingDirectionModel(DirectionModel):
                     f"vocabulary, shared with the policy), got [{int(real.min())}, "
                     f"{int(real.max())}]"
                 )
-        prompts = [row[m].tolist() for row, m in zip(prompt_ids, pmask, strict=True)]
-        responses = [row[m].tolist() for row, m in zip(response_ids, rmask, strict=True)]
+        prompts = masked_rows(prompt_ids, pmask) if self.template.pair else None
+        responses = masked_rows(response_ids, rmask)
         inputs = assemble(
-            prompts if self.template.pair else None,
+            prompts,
             responses,
             self.template,
             pad_id=self.pad_id,
@@ -407,6 +405,11 @@ class EmbeddingDirectionModel(DirectionModel):
             )
 
 
+def masked_rows(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    """Each row's ids where ``mask`` (bool) is set, as lists (one copy to the CPU)."""
+    return [row[m].tolist() for row, m in zip(ids.cpu(), mask.cpu(), strict=True)]
+
+
 def _embedding_table(model: torch.nn.Module) -> torch.Tensor:
     """The vectors ``inputs_embeds`` holds for each id: the input-embedding layer's output
     for every id (its weight itself for a plain ``nn.Embedding``)."""
@@ -532,7 +535,6 @@ class EncoderSimilarityRM(EmbeddingDirectionModel):
         if not isinstance(target_text, str) or not target_text.strip():
             raise CreditError(f"target_text: expected a non-empty string, got {target_text!r}")
         self.model = model
-        self.target_text = target_text
         self._kwargs = {k for k in ("token_type_ids",) if _accepts(model, k)}
         super().__init__(
             modules=[model],

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import torch
 
+from adapters.policy import position_ids_from_mask
 from adapters.vocab_bridge import plain_backend
 from credit_core import CreditError
 
@@ -145,7 +146,7 @@ def assemble(
     k = torch.arange(K)
     valid = k.unsqueeze(0) < torch.tensor(kept).unsqueeze(1)
     positions = torch.where(valid, torch.tensor(offsets).unsqueeze(1) + k, 0)
-    pos_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    pos_ids = position_ids_from_mask(mask)
     return RMInputs(
         input_ids=ids.to(device),
         attention_mask=mask.to(device),

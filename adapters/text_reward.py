@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from adapters.reward import DirectionModel, RewardOutput, check_rollout
+from adapters.reward import DirectionModel, RewardOutput, check_rollout, masked_rows
 from credit_core import CreditError
 
 TextScorer = Callable[..., "Sequence[float] | torch.Tensor"]
@@ -59,8 +59,7 @@ def import_object(path: str) -> Any:
 
 def decode_rows(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
     """Decoded text of each row's masked-in tokens, special tokens skipped."""
-    rows = [row[m != 0].tolist() for row, m in zip(ids, mask, strict=True)]
-    return list(tokenizer.batch_decode(rows, skip_special_tokens=True))
+    return list(tokenizer.batch_decode(masked_rows(ids, mask != 0), skip_special_tokens=True))
 
 
 class Scorer(ABC):

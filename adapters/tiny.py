@@ -1,7 +1,7 @@
 """Tiny, offline models and tokenizers: the presets shared by tests, backends and ablations.
 
 Nothing here downloads anything. Models are built from a config with random weights
-(seeded); tokenizers are trained in-process or loaded from the installed MiniLM package.
+(seeded); tokenizers are trained in-process.
 
 - ``tiny_causal_lm(family, vocab_size, size="tiny", tie=True, seed=0, dtype=...)``: a
   ``transformers`` causal LM of family ``llama``, ``qwen2`` or ``gpt2``. ``SIZES`` names the
@@ -20,7 +20,7 @@ Nothing here downloads anything. Models are built from a config with random weig
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 import torch
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 Family = Literal["llama", "qwen2", "gpt2"]
-FAMILIES: tuple[str, ...] = ("llama", "qwen2", "gpt2")
+FAMILIES: tuple[str, ...] = get_args(Family)
 
 #: Named shapes of the tiny presets: hidden size, layers, attention heads.
 SIZES: dict[str, dict[str, int]] = {

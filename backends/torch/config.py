@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from adapters.config import RewardSignalsConfig
+from adapters.tiny import Family
 from credit_core import CreditConfig, strategy_class
 
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
@@ -44,7 +45,7 @@ class _Section(BaseModel):
 class PresetConfig(_Section):
     """A built-in tiny policy (random init, built from a config, no download)."""
 
-    family: Literal["llama", "qwen2", "gpt2"] = "llama"
+    family: Family = "llama"
     size: Literal["tiny", "small"] = Field(
         default="tiny", description="a shape of adapters.tiny.SIZES"
     )

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from adapters.tiny import Family
 from backends.torch.ablate.settings import SETTINGS
 from backends.torch.config import ConfigError, apply_overrides, config_from_dict
 from credit_core import CreditConfig
-
-Family = Literal["llama", "qwen2", "gpt2"]
 
 #: Trainer keys that the runner sets per run; a ``train`` section may not set them.
 RUN_OWNED_KEYS = frozenset({"seed", "credit", "policy", "reward", "output_dir"})

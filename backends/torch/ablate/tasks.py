@@ -24,7 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-EOS, PAD, CLS, SEP = "<|endoftext|>", "<pad>", "[CLS]", "[SEP]"
+from adapters.tiny import EOS_TOKEN, PAD_TOKEN
+
+EOS, PAD, CLS, SEP = EOS_TOKEN, PAD_TOKEN, "[CLS]", "[SEP]"
 SPECIALS: tuple[str, ...] = (EOS, PAD, CLS, SEP)
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
