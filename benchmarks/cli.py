@@ -199,10 +199,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["targets"] = targets
     out: Path = args.out
     report.write_json(results, out / "results.json")
-    (out / "results.md").write_text(report.markdown(results))
+    markdown = report.markdown(results)
+    (out / "results.md").write_text(markdown)
     written = [out / "results.json", out / "results.md"]
     if "signals" in results and report.plot_vocab(results["signals"], out / "vocab.png"):
         written.append(out / "vocab.png")
-    print(report.markdown(results))
+    print(markdown)
     log("wrote " + ", ".join(str(p) for p in written))
     return 0

@@ -236,7 +236,7 @@ def _summarize(
             "signal_calls": sum(s.calls for s in sig),
             "policy_stats_seconds_total": sum(s.policy_stats_seconds for s in sig),
             "reward_grad_seconds_total": sum(s.reward_grad_seconds for s in sig),
-            "tokens_per_step": timing.Summary.of(
+            "response_length": timing.Summary.of(
                 [m.get("response/length_mean", 0.0) for m in recs]
             ).median,
         }

@@ -49,7 +49,6 @@ def plot_curves(
     families: Sequence[str],
     strategies: Sequence[str],
     confidence: float = 0.95,
-    heldout_label: str = "held-out reward (sampled)",
     baseline: str | None = None,
     smooth: int = 1,
 ) -> Path:
@@ -85,7 +84,9 @@ def plot_curves(
     colors = plt.get_cmap("tab10")
     for col, family in enumerate(families):
         train_label = "train reward" + (f" ({smooth}-step average)" if smooth > 1 else "")
-        for row, (panel, label) in enumerate((("train", train_label), ("eval", heldout_label))):
+        for row, (panel, label) in enumerate(
+            (("train", train_label), ("eval", "held-out reward (sampled)"))
+        ):
             ax = axes[row][col]
             for i, strat in enumerate(strategies):
                 per_step = data.get((family, strat, panel))

@@ -34,7 +34,7 @@ class PretrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    steps: int = Field(default=200, ge=0)
+    steps: int = Field(default=200, ge=1)
     batch_size: int = Field(default=32, ge=1)
     lr: float = Field(default=3e-3, gt=0.0)
     warmup_steps: int = Field(default=10, ge=0)

@@ -6,7 +6,7 @@ A run is one (setting, family, strategy label, seed). Its folder
 records the run's ``fingerprint``, a hash of everything in the config that determines the
 run; a run is done exactly when its ``result.json`` exists with the current fingerprint
 (so a changed config redoes the runs it changes), which is what makes the runner
-resumable and shards mergeable (``collect`` reads results from any number of folders).
+resumable and shards mergeable (``merge`` copies the current results of shard folders).
 
 ``results.csv`` has one row per run and logged step (step 0 is the held-out evaluation of
 the initial policy), columns ``KEY_COLUMNS + METRIC_COLUMNS`` and then any extra metrics
@@ -111,20 +111,18 @@ def read_result(folder: Path, fingerprint: str | None = None) -> dict[str, Any] 
 
 
 def collect(
-    plan: Sequence[RunKey], sources: Sequence[Path], fingerprints: Mapping[RunKey, str]
+    plan: Sequence[RunKey], output: Path, fingerprints: Mapping[RunKey, str]
 ) -> tuple[dict[RunKey, dict[str, Any]], list[RunKey]]:
-    """Results of ``plan`` made with the current config (``fingerprints``) found in any of
-    the output folders ``sources`` (first wins), and the runs found nowhere."""
+    """Results of ``plan`` made with the current config (``fingerprints``) in the output
+    folder ``output``, and the runs that have none."""
     found: dict[RunKey, dict[str, Any]] = {}
     missing = []
     for run in plan:
-        for src in sources:
-            result = read_result(run.folder(src), fingerprints[run])
-            if result is not None:
-                found[run] = result
-                break
-        else:
+        result = read_result(run.folder(output), fingerprints[run])
+        if result is None:
             missing.append(run)
+        else:
+            found[run] = result
     return found, missing
 
 

@@ -29,7 +29,7 @@ class RMTrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     examples: int = Field(
-        default=4000, ge=8, description="distinct (prompt, response, score) examples"
+        default=4000, ge=8, description="(prompt, response, score) examples drawn"
     )
     steps: int = Field(default=600, ge=1)
     batch_size: int = Field(default=64, ge=1)

@@ -1,15 +1,15 @@
 """Running an ablation: plan, build the settings' assets, train every run, write the outputs.
 
-``run_ablation(cfg, shard=(i, n))`` trains this shard's share of the plan, one run after the
-other in this process, skipping every run whose ``result.json`` exists (resume); with the
-whole plan (``n == 1``) it then writes results.csv, report.md and the figures. ``merge``
-collects the results of shards (from their output folders) into one output folder and
-writes the same outputs. Both end by returning the report and figure paths.
+``run_ablation(cfg, shard_index=i, shard_count=n)`` trains this shard's share of the plan,
+one run after the other in this process, skipping every run whose ``result.json`` exists
+(resume); with the whole plan (``n == 1``) it then writes results.csv, report.md and the
+figures and returns their paths (a shard returns None). ``merge`` copies the results of
+shards (from their output folders) into one output folder and writes the same outputs.
 
 A run trains with the torch backend's ``GRPORecipe`` (``backends.torch.trainer``), with the
 trainer config built by ``run_train_config``; afterwards the exact held-out scores of the
-setting (``probes.extra_eval``) and, for the method's first seed, the credit heat-map data
-(``probes.credit_examples``) are computed from the final policy in memory.
+setting (``probes.extra_eval``) and, for the method's first family and seed, the credit
+heat-map data (``probes.credit_examples``) are computed from the final policy in memory.
 """
 
 from __future__ import annotations
@@ -256,7 +256,7 @@ def run_ablation(
         key = (run.setting, run.family)
         if key not in assets:
             assets[key] = build_assets(cfg, run.setting, run.family, log)
-        heatmap = run.strategy == method and run.seed == cfg.seeds[0]
+        heatmap = (run.strategy, run.family, run.seed) == (method, cfg.families[0], cfg.seeds[0])
         result = execute_run(cfg, run, assets[key], out, heatmap=heatmap)
         final = [r for r in result["history"] if "eval/reward_sampled" in r]
         held = f"{final[-1]['eval/reward_sampled']:.3f}" if final else "n/a"
@@ -267,7 +267,7 @@ def run_ablation(
     if shard_count > 1:
         log(f"[ablate] shard {shard_index}/{shard_count} done")
         return None
-    return write_outputs(cfg, [out], command=command)
+    return write_outputs(cfg, command=command)
 
 
 WORKER_CONFIG = "ablate_config.yaml"
@@ -310,7 +310,7 @@ def run_workers(cfg: AblateConfig, *, command: str, log: Log = print) -> Outputs
         failed = [f"worker {i} (exit code {c})" for i, c in enumerate(codes) if c != 0]
         if failed:
             raise RuntimeError(f"ablation {phase} phase failed: {', '.join(failed)}")
-    return write_outputs(cfg, [out], command=command)
+    return write_outputs(cfg, command=command)
 
 
 def merge(cfg: AblateConfig, sources: Sequence[Path], *, command: str) -> Outputs:
@@ -328,7 +328,7 @@ def merge(cfg: AblateConfig, sources: Sequence[Path], *, command: str) -> Output
                     shutil.rmtree(dest)
                 shutil.copytree(run.folder(src), dest)
                 break
-    return write_outputs(cfg, [out], command=command)
+    return write_outputs(cfg, command=command)
 
 
 def _method_label(cfg: AblateConfig) -> str:
@@ -382,13 +382,14 @@ def _setting_info(results: dict[RunKey, dict[str, Any]]) -> dict[str, dict[str, 
     return info
 
 
-def write_outputs(cfg: AblateConfig, sources: Sequence[Path], *, command: str) -> Outputs:
-    """results.csv, figures and report.md of the whole plan, from the results in ``sources``.
+def write_outputs(cfg: AblateConfig, *, command: str) -> Outputs:
+    """results.csv, figures and report.md of the whole plan, from the results in the output
+    folder.
 
     Raises ``ConfigError`` naming the missing runs when some have no result yet."""
     out = Path(cfg.output_dir)
     plan = plan_runs(cfg)
-    found, missing = collect(plan, list(sources), fingerprints(cfg, plan))
+    found, missing = collect(plan, out, fingerprints(cfg, plan))
     if missing:
         names = ", ".join(r.relpath for r in missing[:10])
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
@@ -418,21 +419,16 @@ def write_outputs(cfg: AblateConfig, sources: Sequence[Path], *, command: str) -
                 smooth=spec.smooth,
             )
         ]
-        examples = next(
-            (
-                found[r]["credit_examples"]
-                for r in plan
-                if r.setting == s.name and found[r].get("credit_examples")
-            ),
-            None,
+        shown = next(
+            (r for r in plan if r.setting == s.name and found[r].get("credit_examples")), None
         )
-        if examples:
-            run = next(r for r in plan if r.setting == s.name and found[r].get("credit_examples"))
+        if shown is not None:
             paths.append(
                 figs.plot_credit(
                     fig_dir / f"credit_{s.name}.png",
-                    title=f"{s.title}: {run.family}, {run.strategy}, seed {run.seed}, final policy",
-                    examples=examples,
+                    title=f"{s.title}: {shown.family}, {shown.strategy}, seed {shown.seed}, "
+                    "final policy",
+                    examples=found[shown]["credit_examples"],
                 )
             )
         by_setting[s.name] = paths

@@ -93,7 +93,6 @@ class StrategyStats:
     """Statistics of one strategy in one (setting, family) over its seeds."""
 
     strategy: str
-    seeds: list[int]
     final_train: Interval
     primary: Interval
     held_sampled: Interval
@@ -116,11 +115,7 @@ class SettingFamilyStats:
 class Verdict:
     """The method against the baseline (and the control) over all (family, seed) pairs."""
 
-    setting: str
     vs_baseline: Interval
-    vs_control: Interval | None
-    method_mean: float
-    baseline_mean: float
     text: str
 
 
@@ -220,7 +215,7 @@ def summarize(
             runs = {k: f for k, f in figures.items() if k.setting == s.name and k.family == family}
             threshold = s.threshold
             if threshold is None:
-                threshold = _auto_threshold(runs.values(), spec.strategies, runs)
+                threshold = _auto_threshold(runs, spec.strategies)
             table = SettingFamilyStats(s.name, family, threshold)
             per = {
                 strat: {k.seed: f for k, f in runs.items() if k.strategy == strat}
@@ -237,7 +232,6 @@ def summarize(
                 is_base = strat == spec.baseline
                 table.strategies[strat] = StrategyStats(
                     strategy=strat,
-                    seeds=sorted(seeds),
                     final_train=_interval([f.final_train for f in ordered], spec.confidence),
                     primary=_interval([f.primary for f in ordered], spec.confidence),
                     held_sampled=_interval([f.held_sampled for f in ordered], spec.confidence),
@@ -271,13 +265,10 @@ def summarize(
     return tables, verdicts
 
 
-def _auto_threshold(
-    runs: Iterable[RunFigures], strategies: Sequence[str], keyed: dict[RunKey, RunFigures]
-) -> float | None:
-    first = _mean(f.first_train for f in runs)
+def _auto_threshold(runs: dict[RunKey, RunFigures], strategies: Sequence[str]) -> float | None:
+    first = _mean(f.first_train for f in runs.values())
     finals = [
-        _mean(f.final_train for k, f in keyed.items() if k.strategy == strat)
-        for strat in strategies
+        _mean(f.final_train for k, f in runs.items() if k.strategy == strat) for strat in strategies
     ]
     best = max((x for x in finals if not math.isnan(x)), default=_nan())
     if math.isnan(first) or math.isnan(best) or best <= first:
@@ -346,4 +337,4 @@ def _verdict(
             if vs_control.n >= 2
             else f"; against the {spec.control} control {fmt(vs_control.mean, signed=True)} (n=1)"
         )
-    return Verdict(s.name, vs_base, vs_control, m_mean, b_mean, text + ".")
+    return Verdict(vs_base, text + ".")
