@@ -175,6 +175,8 @@ def build_direction_model(
         "policy_vocab_size": policy_vocab_size,
         "max_length": c.max_length,
         "on_nonfinite_grad": c.on_nonfinite_grad,
+        # unset: each model's own default (see the module docstring)
+        **({} if c.include_prompt is None else {"include_prompt": c.include_prompt}),
     }
     if c.kind == "seq_classification":
         from transformers import AutoModelForSequenceClassification
@@ -187,7 +189,6 @@ def build_direction_model(
             model,
             _tokenizer(c.path),
             policy_tokenizer,
-            include_prompt=True if c.include_prompt is None else c.include_prompt,
             padding_side=c.padding_side,
             **common,
         )
@@ -205,7 +206,6 @@ def build_direction_model(
             tokenizer,
             policy_tokenizer,
             c.target_text,
-            include_prompt=bool(c.include_prompt),
             **common,
         )
     assert c.factory is not None
@@ -218,14 +218,11 @@ def build_direction_model(
             f"(module, embedding, tokenizer), got {type(made).__name__}"
         )
     module, embedding, *tok = made
-    if not tok and policy_vocab_size is None and policy_tokenizer is not None:
-        common["policy_vocab_size"] = len(policy_tokenizer)
     return ModuleRM(
         module.to(device=device, dtype=dtype),
         embedding.to(device=device, dtype=dtype),
         tokenizer=tok[0] if tok else None,
         policy_tokenizer=policy_tokenizer,
-        include_prompt=True if c.include_prompt is None else c.include_prompt,
         **common,
     )
 

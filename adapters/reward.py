@@ -594,6 +594,8 @@ class ModuleRM(EmbeddingDirectionModel):
         if not isinstance(module, torch.nn.Module):
             raise CreditError(f"module: expected a torch.nn.Module, got {type(module).__name__}")
         check_tensor("embedding", embedding, (None, None), floating=True)
+        if tokenizer is None and policy_vocab_size is None and policy_tokenizer is not None:
+            policy_vocab_size = len(policy_tokenizer)  # the module reads policy token ids
         if (
             tokenizer is None
             and policy_vocab_size is not None

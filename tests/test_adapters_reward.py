@@ -245,6 +245,8 @@ def test_mismatched_inputs_are_clear_errors() -> None:
     V = len(tok)
     with pytest.raises(CreditError, match=f"embedding: expected {V} rows"):
         ModuleRM(ToyRM(4), torch.zeros(V - 1, 4, dtype=F64), policy_vocab_size=V)
+    with pytest.raises(CreditError, match=f"embedding: expected {V} rows"):  # V from the tokenizer
+        ModuleRM(ToyRM(4), torch.zeros(V - 1, 4, dtype=F64), policy_tokenizer=tok)
     dm, _ = _module()
     pid, pm, rid, rm_ = text_batch(tok)
     with pytest.raises(CreditError, match="prompt_mask: expected shape"):
