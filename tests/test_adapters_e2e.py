@@ -175,8 +175,16 @@ def test_reward_and_direction_model_configured_apart() -> None:
     same = build_reward_signals({"direction_model": cfg.direction_model}, bpe)
     own = same.compute(*args, need_grad=False)
     assert own.reward_grad is None
-    direct = same.direction_model.score(*args, with_grad=False)  # type: ignore[union-attr]
+    dm: Any = same.direction_model
+    direct = dm.score(*args, with_grad=False)
     torch.testing.assert_close(own.rewards, direct.rewards)
+    passes: list[bool] = []
+    score = dm.score
+    dm.score = lambda *a, with_grad: passes.append(with_grad) or score(*a, with_grad=with_grad)
+    both = same.compute(*args, need_grad=True)
+    assert passes == [True]  # rewards and gradient from one forward + backward
+    assert both.reward_grad is not None
+    torch.testing.assert_close(both.rewards, direct.rewards)
 
 
 def wrong_count_reward(prompts: list[str], responses: list[str]) -> list[float]:

@@ -135,6 +135,9 @@ def test_bfloat16_inputs_accumulate_in_float32_and_return_bfloat16_gradients() -
     assert got.dtype == torch.float32
     want = torch.log_softmax(h16.float() @ W16.float().T, -1).gather(2, ids[..., None])[..., 0]
     torch.testing.assert_close(got, want, rtol=0, atol=2e-2)
+    # tight: against the same bf16 matmul with everything after it in float32
+    exact = torch.log_softmax((h16 @ W16.T).float(), -1).gather(2, ids[..., None])[..., 0]
+    torch.testing.assert_close(got, exact, rtol=0, atol=1e-5)
     got.sum().backward()
     assert h16.grad is not None and h16.grad.dtype == torch.bfloat16
     assert W16.grad is not None and W16.grad.dtype == torch.bfloat16

@@ -226,6 +226,15 @@ def test_bound_signals_method_runs_like_an_actor_method() -> None:
     assert signals.reward_grad is not None and signals.reward_grad.shape == (4, acts.shape[1], 3)
     assert signals.direction_reward is not None and signals.direction_reward.shape == (4,)
     assert host.actor.training  # restored after the eval-mode forward
+    # the values: what the two reductions give when called directly
+    host.actor.eval()
+    want = reduce_policy_stats(host.actor, seqs, acts, attn, rm.reward_embedding, chunk_size=16)
+    host.actor.train()
+    grad, reward = reward_grad_for_actions(rm, seqs, attn, acts)
+    torch.testing.assert_close(signals.policy_stats.m1, want.m1)
+    torch.testing.assert_close(signals.policy_stats.p_sampled, want.p_sampled)
+    torch.testing.assert_close(signals.reward_grad, grad)
+    torch.testing.assert_close(signals.direction_reward, reward)
 
 
 def test_reward_role_shares_its_embedding_with_the_policy_role() -> None:
@@ -251,6 +260,9 @@ def test_reward_role_shares_its_embedding_with_the_policy_role() -> None:
     )  # type: ignore[attr-defined]
     assert stats is not None and reward.policy_stats is None and reward.reward_grad is not None
     assert stats.sampled_emb.shape[2] == reward.reward_grad.shape[2] == 4
+    on = acts.bool()  # the policy side reads the reward side's own table
+    shared = rm.reward_embedding[action_token_ids(seqs, acts)]
+    assert torch.equal(stats.sampled_emb[on], shared[on].to(stats.sampled_emb.dtype))
     with pytest.raises(CreditError, match="has no 'reward' credit state"):
         export_reward_embedding(policy_host)
 
