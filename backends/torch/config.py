@@ -416,17 +416,23 @@ def config_from_dict(
         raise ConfigError(_format_errors(exc, source, lines, overridden)) from None
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
-    """Read a YAML config file, apply ``--set`` overrides and validate it."""
+def read_yaml_config(path: str | Path) -> tuple[Any, str]:
+    """The parsed content of a YAML config file and its text; ``ConfigError`` when the file
+    is missing or not valid YAML (an empty file is an empty mapping)."""
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"config file not found: {str(file)!r}")
     text = file.read_text()
     try:
-        raw = yaml.safe_load(text) or {}
+        return yaml.safe_load(text) or {}, text
     except yaml.YAMLError as exc:
         raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
-    return config_from_dict(raw, overrides, source=str(file), yaml_text=text)
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a YAML config file, apply ``--set`` overrides and validate it."""
+    raw, text = read_yaml_config(path)
+    return config_from_dict(raw, overrides, source=str(path), yaml_text=text)
 
 
 def dump_config(config: TrainConfig, path: str | Path) -> None:

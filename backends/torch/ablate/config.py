@@ -16,12 +16,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from adapters.tiny import Family
 from backends.torch.ablate.settings import SETTINGS
-from backends.torch.config import ConfigError, apply_overrides, config_from_dict
+from backends.torch.config import (
+    ConfigError,
+    apply_overrides,
+    config_from_dict,
+    read_yaml_config,
+)
 from credit_core import CreditConfig
 
 #: Trainer keys that the runner sets per run; a ``train`` section may not set them.
@@ -178,12 +182,7 @@ def load_ablate_config(path: str | Path, overrides: Sequence[str] = ()) -> Ablat
     stand-in policy and task), so a typo fails before anything is built.
     """
     file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"config file not found: {str(file)!r}")
-    try:
-        raw = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
+    raw, _ = read_yaml_config(file)
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{file}: expected a mapping at the top level")
     merged = apply_overrides(raw, overrides)
@@ -201,8 +200,5 @@ def load_ablate_config(path: str | Path, overrides: Sequence[str] = ()) -> Ablat
             deep_merge(cfg.train, spec.train),
             {"policy": {"preset": {"family": "llama"}}, "data": {"task": "positional"}},
         )
-        try:
-            config_from_dict(stand_in, source=f"{file} (train + settings.{name}.train)")
-        except ConfigError as exc:
-            raise ConfigError(str(exc)) from None
+        config_from_dict(stand_in, source=f"{file} (train + settings.{name}.train)")
     return cfg
