@@ -25,14 +25,14 @@ $(STAMP): pyproject.toml constraints.txt requirements/openrlhf-cpu.txt
 # The quick ablation: GRPO vs DATC vs its shuffled control, 4 settings x 2 seeds (~6 min on
 # 2 CPU cores); ends with the paths of report.md and the figures.
 demo: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m backends.torch.ablate configs/ablate/quick.yaml
+	OMP_NUM_THREADS=1 $(PY) -m ablations configs/ablate/quick.yaml
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy credit_core adapters backends
+	$(VENV)/bin/mypy credit_core adapters backends ablations benchmarks
 
 # Tiny models run fastest on one thread; tests that measure threading set their own.
 pytest: $(STAMP)

@@ -2,7 +2,8 @@
 
 Provides ``SamplingParams``, ``inputs.TokensPrompt`` and ``utils.random_uuid``; any other
 attribute raises ``AttributeError`` saying this is a stub, so nothing runs a fake engine.
-Never installed: tests put ``tests/stubs`` on ``sys.path`` (see ``tests/openrlhf_stubs.py``).
+Never installed: tests put ``tests/stubs`` on ``sys.path``
+(see ``tests/helpers/openrlhf_stubs.py``).
 """
 
 from __future__ import annotations

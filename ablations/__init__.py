@@ -1,0 +1,33 @@
+"""The ablation runner: DATC against GRPO and the controls, across settings and families.
+
+``python -m ablations configs/ablate/quick.yaml`` trains the same pretrained
+policy under every listed credit strategy, for each built-in setting, model family and seed,
+then writes ``report.md`` (tables with means and 95% intervals over seeds, paired
+differences to the baseline, verdicts), ``results.csv`` (one row per run and step) and PNG
+figures (reward curves, a credit heat-map). Resumable; ``--shard i/n`` + ``merge`` spread it
+over machines.
+
+Modules: ``config`` (the YAML schema), ``settings`` (the four built-in settings, with
+``tasks``, ``corpus``, ``pretrain``, ``rm_train``, ``cache``), ``runner`` (plan, train,
+merge), ``probes`` (exact held-out scores and credit examples from a trained policy),
+``results`` (result files and results.csv), ``stats`` and ``summary`` (statistics),
+``report`` and ``figures`` (outputs).
+"""
+
+from ablations.config import AblateConfig, load_ablate_config
+from ablations.runner import Outputs, merge, plan_runs, run_ablation, write_outputs
+from ablations.stats import Interval, mean_interval, paired_difference, t_quantile
+
+__all__ = [
+    "AblateConfig",
+    "Interval",
+    "Outputs",
+    "load_ablate_config",
+    "mean_interval",
+    "merge",
+    "paired_difference",
+    "plan_runs",
+    "run_ablation",
+    "t_quantile",
+    "write_outputs",
+]

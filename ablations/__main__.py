@@ -1,0 +1,120 @@
+"""``python -m ablations CONFIG.yaml [--set k=v ...] [--shard i/n]`` and
+``python -m ablations merge CONFIG.yaml --from DIR [DIR ...] [--set ...]``.
+
+The first trains the config's runs (this shard's share with ``--shard``; finished runs are
+skipped) and, for the whole plan, writes report.md, results.csv and the figures, then prints
+their paths. ``merge`` gathers shard output folders into the config's output folder and
+writes the same outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from backends.torch.config import ConfigError, add_override_argument
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="ablation config (YAML), e.g. configs/ablate/quick.yaml")
+    add_override_argument(parser, "seeds=[0,1,2]")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="credit-ablate",
+        usage="%(prog)s CONFIG [--set KEY=VALUE ...] [--shard I/N]\n"
+        "       %(prog)s merge CONFIG --from DIR [DIR ...] [--set KEY=VALUE ...]",
+        description="Train the same policy under several credit strategies across settings, "
+        "families and seeds; report the comparison. Subcommand 'merge' combines shards.",
+    )
+    _common(parser)
+    parser.add_argument("--shard", default="0/1", help="run only slice i of n (e.g. 0/2)")
+    parser.add_argument(
+        "--assets-only",
+        action="store_true",
+        help="only build this shard's share of the settings' models and data",
+    )
+    return parser
+
+
+def build_merge_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="credit-ablate merge",
+        description="Combine the output folders of shards into the config's output folder "
+        "and write report.md, results.csv and the figures.",
+    )
+    _common(parser)
+    parser.add_argument(
+        "--from",
+        dest="sources",
+        nargs="+",
+        required=True,
+        metavar="DIR",
+        help="output folders of the shards",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    from ablations.config import load_ablate_config
+    from ablations.results import parse_shard
+    from ablations.runner import Outputs, merge, run_ablation, run_workers
+
+    command = "python -m ablations " + shlex.join(args_in)
+    outputs: Outputs | None
+    try:
+        if args_in[:1] == ["merge"]:
+            args = build_merge_parser().parse_args(args_in[1:])
+            cfg = load_ablate_config(args.config, args.overrides)
+            outputs = merge(cfg, [Path(p) for p in args.sources], command=command)
+        else:
+            args = build_parser().parse_args(args_in)
+            try:
+                index, count = parse_shard(args.shard)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+            cfg = load_ablate_config(args.config, args.overrides)
+            tag = f"[shard {index}/{count}] " if count > 1 else ""
+
+            def log(message: str) -> None:
+                print(tag + message, flush=True)
+
+            if cfg.workers > 1 and count == 1 and not args.assets_only:
+                outputs = run_workers(cfg, command=command, log=log)
+            else:
+                outputs = run_ablation(
+                    cfg,
+                    command=command,
+                    shard_index=index,
+                    shard_count=count,
+                    log=log,
+                    assets_only=args.assets_only,
+                )
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if outputs is not None:
+        print(f"report:  {outputs.report}")
+        print(f"results: {outputs.csv}")
+        for fig in outputs.figures:
+            print(f"figure:  {fig}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+"""The ablation config: which settings, families, seeds and strategies, and how to train.
+
+A YAML mapping validated by ``AblateConfig`` (unknown keys are errors naming the key);
+``--set key=value`` overrides use the trainer's syntax (``backends.torch.config``). Every
+run's trainer config is ``train`` (shared), then the setting's built-in defaults, then the
+setting's own ``train`` overrides, then the run's own fields (seed, credit, policy, data,
+reward, output folder); it is validated by the trainer's ``TrainConfig``.
+
+``strategies`` entries are what ``credit:`` accepts (``datc`` or ``{name: datc, beta: 2}``)
+plus an optional ``label`` naming the run (default: the strategy name; labels are unique).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ablations.settings import SETTINGS
+from adapters.tiny import Family
+from backends.torch.config import (
+    ConfigError,
+    apply_overrides,
+    config_from_dict,
+    read_yaml_config,
+)
+from credit_core import CreditConfig
+
+#: Trainer keys that the runner sets per run; a ``train`` section may not set them.
+RUN_OWNED_KEYS = frozenset({"seed", "credit", "policy", "reward", "output_dir"})
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StrategySpec(_Section):
+    """One strategy of the comparison: its label and its ``CreditConfig``."""
+
+    label: str
+    credit: CreditConfig
+
+    @classmethod
+    def parse(cls, value: Any) -> StrategySpec:
+        if isinstance(value, StrategySpec):
+            return value
+        if isinstance(value, str):
+            return cls(label=value, credit=CreditConfig.parse(value))
+        if isinstance(value, Mapping):
+            body = {k: v for k, v in value.items() if k != "label"}
+            credit = CreditConfig.parse(body)
+            return cls(label=str(value.get("label", credit.name)), credit=credit)
+        raise ValueError(f"expected a strategy name or mapping, got {type(value).__name__}")
+
+
+class SettingSpec(_Section):
+    """One built-in setting with its parameters and training overrides."""
+
+    params: dict[str, Any] = Field(default_factory=dict, description="the setting's params")
+    train: dict[str, Any] = Field(default_factory=dict, description="trainer overrides")
+    threshold: float | None = Field(
+        default=None,
+        description="train reward for 'steps to threshold'; null = automatic (report.py)",
+    )
+
+
+class ReportConfig(_Section):
+    """How runs are summarized."""
+
+    final_window: int = Field(
+        default=5, ge=1, description="final train reward: mean of the last N steps"
+    )
+    smooth: int = Field(default=5, ge=1, description="moving average before the threshold test")
+    confidence: float = Field(default=0.95, gt=0.0, lt=1.0)
+    heatmap_responses: int = Field(default=4, ge=1, description="responses in the credit heat-map")
+
+
+class AblateConfig(_Section):
+    """The whole ablation; see configs/ablate/*.yaml."""
+
+    name: str = "ablation"
+    output_dir: str = "runs/ablate"
+    cache_dir: str = Field(default=".cache/ablate", description="pretrained policies, RMs, data")
+    families: list[Family] = Field(default_factory=lambda: list[Family](["llama"]), min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
+    strategies: list[StrategySpec] = Field(min_length=1)
+    baseline: str = Field(
+        default="uniform", description="label of the strategy differences refer to"
+    )
+    settings: dict[str, SettingSpec] = Field(min_length=1)
+    train: dict[str, Any] = Field(default_factory=dict, description="trainer config, all runs")
+    threads: int = Field(
+        default=1, ge=1, description="torch intra-op threads (tiny models: 1 is fastest)"
+    )
+    workers: int = Field(
+        default=1, ge=1, description="worker processes (each runs a shard of the plan, then merge)"
+    )
+    report: ReportConfig = Field(default_factory=ReportConfig)
+
+    @field_validator("strategies", mode="before")
+    @classmethod
+    def _strategies(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            raise ValueError("expected a list of strategies")
+        return [StrategySpec.parse(v) for v in value]
+
+    @field_validator("settings", mode="before")
+    @classmethod
+    def _settings(cls, value: Any) -> Any:
+        if isinstance(value, list):  # [target_tokens, verifiable] = all defaults
+            value = {name: {} for name in value}
+        if not isinstance(value, Mapping):
+            raise ValueError("expected a mapping (or a list) of setting names")
+        unknown = sorted(set(value) - set(SETTINGS))
+        if unknown:
+            raise ValueError(f"unknown settings {unknown}; built-in: {list(SETTINGS)}")
+        return {k: ({} if v is None else v) for k, v in value.items()}
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AblateConfig:
+        sections = [("train", self.train)]
+        sections += [(f"settings.{n}.train", s.train) for n, s in self.settings.items()]
+        for where, section in sections:
+            owned = sorted(set(section) & RUN_OWNED_KEYS)
+            if owned:
+                raise ValueError(
+                    f"{where}: {owned} are set by the runner for each run (seeds, strategies, "
+                    "the setting's policy and reward); remove them"
+                )
+        labels = [s.label for s in self.strategies]
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise ValueError(f"strategies: duplicate labels {dupes}; give each a 'label'")
+        if self.baseline not in labels:
+            raise ValueError(f"baseline: {self.baseline!r} is not one of the strategies {labels}")
+        for name, spec in self.settings.items():
+            try:
+                SETTINGS[name].params.model_validate(spec.params)
+            except ValidationError as exc:
+                where = "; ".join(
+                    f"settings.{name}.params.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                    for e in exc.errors()
+                )
+                raise ValueError(where) from None
+        if len(set(self.seeds)) != len(self.seeds) or len(set(self.families)) != len(self.families):
+            raise ValueError("seeds and families must not repeat")
+        return self
+
+    def setting_params(self, name: str) -> Any:
+        """The validated parameter model of setting ``name``."""
+        return SETTINGS[name].params.model_validate(self.settings[name].params)
+
+    def strategy(self, label: str) -> StrategySpec:
+        return next(s for s in self.strategies if s.label == label)
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        """The config as YAML input (``load_ablate_config`` reads it back to an equal one)."""
+        data = self.model_dump(mode="json")
+        data["strategies"] = [
+            {"label": s.label, "name": s.credit.name, **s.credit.params} for s in self.strategies
+        ]
+        return data
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` merged in, mappings recursively, everything else replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_ablate_config(path: str | Path, overrides: Sequence[str] = ()) -> AblateConfig:
+    """Read, override (``--set``) and validate an ablation config; ``ConfigError`` if bad.
+
+    The shared ``train`` section is checked against the trainer's config right away (with a
+    stand-in policy and task), so a typo fails before anything is built.
+    """
+    file = Path(path)
+    raw, _ = read_yaml_config(file)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{file}: expected a mapping at the top level")
+    merged = apply_overrides(raw, overrides)
+    try:
+        cfg = AblateConfig.model_validate(merged)
+    except ValidationError as exc:
+        lines = [
+            f"  {'.'.join(map(str, e['loc'])) or '<root>'}: "
+            + e["msg"].removeprefix("Value error, ")
+            for e in exc.errors()
+        ]
+        raise ConfigError(f"invalid ablation config {file}:\n" + "\n".join(lines)) from None
+    for name, spec in cfg.settings.items():
+        stand_in = deep_merge(
+            deep_merge(cfg.train, spec.train),
+            {"policy": {"preset": {"family": "llama"}}, "data": {"task": "positional"}},
+        )
+        config_from_dict(stand_in, source=f"{file} (train + settings.{name}.train)")
+    return cfg

@@ -1,0 +1,180 @@
+"""PNG figures (matplotlib, Agg backend): reward curves and a credit heat-map.
+
+- ``plot_curves``: one column per model family; top row the training reward per step, bottom
+  row the held-out reward at evaluation steps; one line per strategy (mean over seeds) with
+  its shaded Student-t interval (no shading with a single seed).
+- ``plot_credit``: a few sampled responses, one row each, every token a cell colored by its
+  DATC weight w_t = A_t / A (1 = what GRPO gives every token; the color scale is centered
+  at 1), with the token text written in the cell.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ablations.stats import mean_interval
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _band(
+    per_step: Mapping[int, list[float]], confidence: float
+) -> tuple[list[int], list[float], list[float], list[float]]:
+    steps, mean, low, high = [], [], [], []
+    for step in sorted(per_step):
+        iv = mean_interval(per_step[step], confidence)
+        steps.append(step)
+        mean.append(iv.mean)
+        low.append(iv.low if iv.n > 1 else iv.mean)
+        high.append(iv.high if iv.n > 1 else iv.mean)
+    return steps, mean, low, high
+
+
+def plot_curves(
+    path: Path,
+    *,
+    title: str,
+    rows: Iterable[dict[str, Any]],
+    families: Sequence[str],
+    strategies: Sequence[str],
+    confidence: float = 0.95,
+    baseline: str | None = None,
+    smooth: int = 1,
+) -> Path:
+    """Write the reward-curve figure of one setting to ``path`` (PNG); each run's training
+    reward is a trailing moving average of ``smooth`` steps before the mean over seeds. The
+    ``baseline``
+    strategy is drawn black and dashed, on top (others often overlap it early on: runs of
+    one seed share their sampling seeds, so small updates give nearly the same samples)."""
+    plt = _pyplot()
+    data: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    train: dict[tuple[str, str, int], list[tuple[int, float]]] = defaultdict(list)
+    for r in rows:
+        key = (r["family"], r["strategy"])
+        if "eval_reward_sampled" in r:
+            data[(*key, "eval")][int(r["step"])].append(float(r["eval_reward_sampled"]))
+        if "reward_mean" in r and r["step"] >= 1:
+            train[(*key, int(r["seed"]))].append((int(r["step"]), float(r["reward_mean"])))
+    for (family, strat, _), points in train.items():
+        values = [v for _, v in sorted(points)]
+        for i, (step, _) in enumerate(sorted(points)):
+            window = values[max(0, i + 1 - smooth) : i + 1]
+            data[(family, strat, "train")][step].append(sum(window) / len(window))
+    fig, axes = plt.subplots(
+        2,
+        len(families),
+        figsize=(max(7.0, 5.0 * len(families)), 6.4),
+        squeeze=False,
+        sharex="col",
+        layout="constrained",
+    )
+    colors = plt.get_cmap("tab10")
+    for col, family in enumerate(families):
+        train_label = "train reward" + (f" ({smooth}-step average)" if smooth > 1 else "")
+        for row, (panel, label) in enumerate(
+            (("train", train_label), ("eval", "held-out reward (sampled)"))
+        ):
+            ax = axes[row][col]
+            for i, strat in enumerate(strategies):
+                per_step = data.get((family, strat, panel))
+                if not per_step:
+                    continue
+                steps, mean, low, high = _band(per_step, confidence)
+                style: dict[str, Any] = {"marker": "o", "markersize": 3} if panel == "eval" else {}
+                color: Any = colors(i % 10)
+                if strat == baseline:
+                    color = "black"
+                    style.update(linestyle="--", zorder=5)
+                ax.plot(steps, mean, color=color, label=strat, linewidth=1.5, **style)
+                ax.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0)
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+            if row == 0:
+                ax.set_title(family)
+            else:
+                ax.set_xlabel("step")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if handles:
+        fig.legend(
+            handles, labels, loc="outside lower center", ncol=min(len(labels), 7), frameon=False
+        )
+    pct = f"{round(confidence * 100)}%"
+    fig.suptitle(f"{title}\nmean over seeds, shaded {pct} interval", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_credit(path: Path, *, title: str, examples: Sequence[Mapping[str, Any]]) -> Path:
+    """Write a credit heat-map of ``examples`` (each: ``tokens`` list[str], ``weights``
+    list[float], ``reward``, ``advantage``, optional ``prompt``) to ``path`` (PNG)."""
+    plt = _pyplot()
+    import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
+
+    width = max((len(e["tokens"]) for e in examples), default=1)
+    grid = np.full((max(1, len(examples)), max(1, width)), np.nan)
+    for i, e in enumerate(examples):
+        grid[i, : len(e["weights"])] = e["weights"]
+    finite = grid[np.isfinite(grid)]
+    lo = float(min(finite.min(), 0.999)) if finite.size else 0.0
+    hi = float(max(finite.max(), 1.001)) if finite.size else 2.0
+    fig, ax = plt.subplots(
+        figsize=(min(22.0, 3.0 + 0.9 * width), 1.4 + 0.7 * len(examples)), layout="constrained"
+    )
+    cmap = plt.get_cmap("RdBu_r").copy()
+    cmap.set_bad("white")
+    image = ax.imshow(
+        np.ma.masked_invalid(grid), cmap=cmap, norm=TwoSlopeNorm(1.0, lo, hi), aspect="auto"
+    )
+    for i, e in enumerate(examples):
+        for j, tok in enumerate(e["tokens"]):
+            ax.text(j, i, _short(tok), ha="center", va="center", fontsize=7)
+    ax.set_yticks(
+        range(len(examples)),
+        [f"r={e['reward']:.2f} A={e['advantage']:+.2f}" for e in examples],
+        fontsize=8,
+    )
+    ax.set_xticks(range(width), [str(j) for j in range(width)], fontsize=7)
+    ax.set_xlabel("response token")
+    prompt = examples[0].get("prompt") if examples else None
+    sub = f"; prompt: {prompt!r}" if prompt else ""
+    ax.set_title(
+        f"{title}\nweight w_t = A_t / A per token (1 = GRPO's uniform share){sub}", fontsize=9
+    )
+    fig.colorbar(image, ax=ax, fraction=0.03, pad=0.01, label="w_t = A_t / A")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _short(token: str, limit: int = 9) -> str:
+    """The token's text for a heat-map cell: non-printable characters as ``·``, cut to
+    ``limit`` characters."""
+    token = "".join(c if c.isprintable() else "·" for c in token)
+    return token if len(token) <= limit else token[: limit - 1] + "…"
+
+
+def is_png(path: Path) -> bool:
+    """True if ``path`` starts with the PNG signature and matplotlib can read it back."""
+    with open(path, "rb") as fh:
+        if fh.read(8) != b"\x89PNG\r\n\x1a\n":
+            return False
+    plt = _pyplot()
+    image = plt.imread(path)
+    return bool(image.ndim == 3 and image.shape[0] > 0 and not math.isnan(float(image.mean())))

@@ -1,0 +1,154 @@
+"""report.md: a table per setting and family, one verdict line per setting, the figures.
+
+Everything in it is computed by ``summary.summarize`` from results.csv; this module only
+formats. Column meanings are spelled out at the top of the report.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ablations.summary import (
+    SettingFamilyStats,
+    StrategyStats,
+    SummarySpec,
+    Verdict,
+    fmt,
+    fmt_interval,
+)
+
+
+def _steps(st: StrategyStats) -> str:
+    reached = [s for s in st.steps_to_threshold if s is not None]
+    n = len(st.steps_to_threshold)
+    if not reached:
+        return f"not reached (0/{n})"
+    return f"{math.fsum(reached) / len(reached):.1f} ({len(reached)}/{n})"
+
+
+def _time(st: StrategyStats) -> str:
+    c = st.cost
+    if math.isnan(c.time_step):
+        return "n/a"
+    return f"{c.time_step:.3f} ({c.time_rollout:.3f} / {c.time_signals:.3f} / {c.time_update:.3f})"
+
+
+def _tally(verdicts: Sequence[Verdict], spec: SummarySpec) -> str:
+    """One sentence on the claim "the method beats the baseline in every setting"."""
+    signs = [v.vs_baseline.excludes_zero() for v in verdicts]
+    better, worse = signs.count(1), signs.count(-1)
+    return (
+        f"In sum: `{spec.method}` beats `{spec.baseline}` in {better} of {len(verdicts)} "
+        f"settings, is worse in {worse}, and is not distinguishable from it in "
+        f"{len(verdicts) - better - worse}."
+    )
+
+
+def table_markdown(
+    table: SettingFamilyStats, spec: SummarySpec, primary_label: str, primary_is_reward: bool
+) -> str:
+    """The Markdown table of one (setting, family)."""
+    base = spec.baseline
+    head = ["strategy", "final train reward"]
+    if not primary_is_reward:
+        head.append(f"held-out {primary_label} (sampled)")
+    head += [
+        "held-out reward (sampled)",
+        "held-out reward (greedy)",
+        f"Δ held-out {primary_label} vs {base}",
+        f"Δ final train vs {base}",
+        "steps to threshold",
+        "s/step (rollout / signals / update)",
+        "peak RSS MB",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for st in table.strategies.values():
+        cells = [f"`{st.strategy}`", fmt_interval(st.final_train)]
+        if not primary_is_reward:
+            cells.append(fmt_interval(st.primary))
+        cells += [
+            fmt_interval(st.held_sampled),
+            fmt_interval(st.held_greedy),
+            "(baseline)" if st.strategy == base else fmt_interval(st.diff_primary, signed=True),
+            "(baseline)" if st.strategy == base else fmt_interval(st.diff_train, signed=True),
+            _steps(st),
+            _time(st),
+            fmt(st.cost.peak_rss_mb, 0),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render_report(
+    *,
+    title: str,
+    command: str,
+    spec: SummarySpec,
+    tables: Sequence[SettingFamilyStats],
+    verdicts: Sequence[Verdict],
+    figures: Mapping[str, Sequence[Path]],
+    setting_info: Mapping[str, Mapping[str, Any]],
+    preamble: Sequence[str] = (),
+    relative_to: Path,
+) -> str:
+    """The whole report.md text. ``figures`` maps a setting to its PNGs; ``setting_info``
+    to facts about its models (pretraining loss, reward-model fit, ...)."""
+    pct = f"{round(spec.confidence * 100)}%"
+    out = [
+        f"# Ablation report: {title}",
+        "",
+        f"Produced by `{command}`.",
+        *preamble,
+        "",
+        "How to read it. Every cell with brackets is a mean over seeds with its "
+        f"{pct} Student-t interval. *Final train reward*: mean training reward of the last "
+        f"{spec.final_window} steps. *Held-out*: the last evaluation on held-out prompts, "
+        "sampled (mean over G samples per prompt at the training temperature) and greedy. "
+        f"*Δ ... vs {spec.baseline}*: the paired difference to `{spec.baseline}` run with the "
+        "same seed (same initial policy, same prompts order), mean and interval over seeds. "
+        "*Steps to threshold*: first step whose trailing moving average "
+        f"({spec.smooth} steps) of the training reward reaches the threshold, averaged over "
+        "the seeds that reach it (reached/total). *s/step*: wall time per training step "
+        "without the first, split into rollout / reward and credit signals / update. "
+        "*Peak RSS*: the process's resident memory, sampled during the run (CPU).",
+        "",
+        "## Verdicts",
+        "",
+        f"The method (`{spec.method}`) against the baseline (`{spec.baseline}`, plain GRPO) on "
+        "each setting's held-out metric, paired over all (family, seed) pairs; an interval "
+        "that contains 0 is reported as no significant difference.",
+        "",
+        *(f"- {v.text}" for v in verdicts),
+        "",
+        _tally(verdicts, spec),
+    ]
+    for s in spec.settings:
+        blocks = [t for t in tables if t.setting == s.name]
+        if not blocks:
+            continue
+        out += ["", f"## {s.title}", ""]
+        info = setting_info.get(s.name, {})
+        if info:
+            out.append("; ".join(f"{k}: {v}" for k, v in info.items()) + ".")
+            out.append("")
+        primary_is_reward = s.primary == "eval_reward_sampled"
+        for t in blocks:
+            thr = (
+                "automatic, none (no strategy improved)"
+                if t.threshold is None
+                else (f"{t.threshold:.3f}" + ("" if s.threshold is not None else " (automatic)"))
+            )
+            out += [
+                f"### {t.family} (threshold {thr})",
+                "",
+                table_markdown(t, spec, s.metric_label, primary_is_reward),
+                "",
+            ]
+        for fig in figures.get(s.name, ()):
+            rel = fig.relative_to(relative_to) if fig.is_relative_to(relative_to) else fig
+            out.append(f"![{fig.stem}]({rel.as_posix()})")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"

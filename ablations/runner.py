@@ -1,0 +1,459 @@
+"""Running an ablation: plan, build the settings' assets, train every run, write the outputs.
+
+``run_ablation(cfg, shard_index=i, shard_count=n)`` trains this shard's share of the plan,
+one run after the other in this process, skipping every run whose ``result.json`` exists
+(resume); with the whole plan (``n == 1``) it then writes results.csv, report.md and the
+figures and returns their paths (a shard returns None). ``merge`` copies the results of
+shards (from their output folders) into one output folder and writes the same outputs.
+
+A run trains with the torch backend's ``GRPORecipe`` (``backends.torch.trainer``), with the
+trainer config built by ``run_train_config``; afterwards the exact held-out scores of the
+setting (``probes.extra_eval``) and, for the method's first family and seed, the credit
+heat-map data (``probes.credit_examples``) are computed from the final policy in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from ablations import figures as figs
+from ablations.cache import spec_hash
+from ablations.config import AblateConfig, deep_merge
+from ablations.pretrain import TOKENIZER_DIR
+from ablations.report import render_report
+from ablations.results import (
+    RESULT_FILE,
+    RunKey,
+    collect,
+    read_csv,
+    read_result,
+    result_rows,
+    shard,
+    write_csv,
+    write_result,
+)
+from ablations.settings import SETTINGS, SettingAssets
+from ablations.summary import SettingSpec, SummarySpec, summarize
+from backends.torch.config import ConfigError
+
+#: Bumped when what a run computes changes, so that older results are redone.
+RESULT_VERSION = 1
+REPORT_FILE = "report.md"
+CSV_FILE = "results.csv"
+FIGURES_DIR = "figures"
+TRAIN_DIR = "train"
+
+Log = Callable[[str], None]
+
+
+def plan_runs(cfg: AblateConfig) -> list[RunKey]:
+    """Every run of ``cfg``, in report order: setting, family, strategy, seed."""
+    return [
+        RunKey(setting, family, strategy.label, seed)
+        for setting in cfg.settings
+        for family in cfg.families
+        for strategy in cfg.strategies
+        for seed in cfg.seeds
+    ]
+
+
+def run_train_config(
+    cfg: AblateConfig, run: RunKey, assets: SettingAssets, run_dir: Path
+) -> dict[str, Any]:
+    """The trainer config (a mapping for ``backends.torch.config``) of one run."""
+    merged = deep_merge(deep_merge(cfg.train, assets.train), cfg.settings[run.setting].train)
+    own = {
+        "seed": run.seed,
+        "output_dir": str(run_dir / TRAIN_DIR),
+        "credit": cfg.strategy(run.strategy).credit.model_dump(),
+        "policy": {
+            "path": str(assets.policy_dir),
+            "tokenizer": str(assets.policy_dir / TOKENIZER_DIR),
+        },
+        "data": assets.data,
+        "reward": assets.reward,
+        "logging": {
+            "progress": False,
+            "tensorboard": merged.get("logging", {}).get("tensorboard", False),
+        },
+    }
+    return deep_merge(merged, own)
+
+
+class PeakRSS:
+    """Samples this process's resident memory every ``interval`` s while active (MB)."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    @staticmethod
+    def current_mb() -> float:
+        try:
+            with open("/proc/self/statm") as fh:
+                pages = int(fh.read().split()[1])
+            return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+        except (OSError, ValueError, IndexError):
+            import resource
+
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.current_mb())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> PeakRSS:
+        self.peak = self.current_mb()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.current_mb())
+
+
+def execute_run(
+    cfg: AblateConfig, run: RunKey, assets: SettingAssets, output_dir: Path, *, heatmap: bool
+) -> dict[str, Any]:
+    """Train one run from scratch (a half-finished folder is cleared) and store its result."""
+    from ablations import probes
+    from backends.torch.trainer import GRPORecipe, resolve_config
+
+    folder = run.folder(output_dir)
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    train_cfg = resolve_config(run_train_config(cfg, run, assets, folder))
+    start = time.perf_counter()
+    with PeakRSS() as mem:
+        recipe = GRPORecipe(train_cfg)
+        try:
+            history = recipe.run().history
+            wall = time.perf_counter() - start
+            extra = probes.extra_eval(recipe, assets.extra_eval)
+            credit = probes.credit_examples(recipe, cfg.report.heatmap_responses) if heatmap else []
+        except Exception as exc:
+            raise RuntimeError(
+                f"run {run.relpath} failed at step {recipe.step}: {type(exc).__name__}: {exc} "
+                f"(its folder {folder} is redone on the next invocation)"
+            ) from exc
+        finally:
+            recipe.close()
+    result = {
+        "fingerprint": run_fingerprint(cfg, run),
+        "run": {
+            "setting": run.setting,
+            "family": run.family,
+            "strategy": run.strategy,
+            "seed": run.seed,
+        },
+        "history": history,
+        "extra": extra,
+        "wall_s": wall,
+        "peak_rss_mb": mem.peak,
+        "threads": torch.get_num_threads(),
+        "info": assets.info,
+        "credit_examples": credit,
+    }
+    write_result(folder, result)
+    return result
+
+
+@dataclass(frozen=True)
+class Outputs:
+    report: Path
+    csv: Path
+    figures: list[Path]
+
+
+#: Relative cost of building a setting's assets (largest first when spread over workers).
+_ASSET_COST = {"minilm_shared": 4, "verifiable": 3, "target_tokens": 2, "minilm_bridge": 1}
+
+
+def run_fingerprint(cfg: AblateConfig, run: RunKey) -> str:
+    """A hash of everything in ``cfg`` that determines ``run``'s result: its training
+    section, the setting's parameters, the strategy's credit config, family and seed."""
+    return spec_hash(
+        {
+            "version": RESULT_VERSION,
+            "run": [run.setting, run.family, run.seed],
+            "credit": cfg.strategy(run.strategy).credit.model_dump(mode="json"),
+            "train": deep_merge(cfg.train, cfg.settings[run.setting].train),
+            "params": cfg.setting_params(run.setting).model_dump(mode="json"),
+        }
+    )
+
+
+def fingerprints(cfg: AblateConfig, runs: Sequence[RunKey]) -> dict[RunKey, str]:
+    return {r: run_fingerprint(cfg, r) for r in runs}
+
+
+def _pending(cfg: AblateConfig, runs: Sequence[RunKey]) -> list[RunKey]:
+    out = Path(cfg.output_dir)
+    return [r for r in runs if read_result(r.folder(out), run_fingerprint(cfg, r)) is None]
+
+
+def build_assets(cfg: AblateConfig, setting: str, family: str, log: Log) -> SettingAssets:
+    """The assets of ``setting`` for ``family`` (built, or read from the cache)."""
+    start = time.perf_counter()
+    params = cfg.setting_params(setting)
+    assets = SETTINGS[setting].build(params, family, Path(cfg.cache_dir))
+    log(f"[ablate] assets of {setting}/{family} ready in {time.perf_counter() - start:.1f}s")
+    return assets
+
+
+def run_ablation(
+    cfg: AblateConfig,
+    *,
+    command: str,
+    shard_index: int = 0,
+    shard_count: int = 1,
+    log: Log = print,
+    assets_only: bool = False,
+) -> Outputs | None:
+    """Train this shard's pending runs in this process; with the whole plan, write and
+    return the outputs. ``assets_only`` builds this shard's share of the assets that the
+    plan's pending runs need, and nothing else (the first phase of ``run_workers``)."""
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.output_dir)
+    plan = plan_runs(cfg)
+    if assets_only:
+        pairs = sorted(
+            {(r.setting, r.family) for r in _pending(cfg, plan)},
+            key=lambda p: (-_ASSET_COST.get(p[0], 0), p),
+        )
+        for setting, family in pairs[shard_index::shard_count]:
+            build_assets(cfg, setting, family, log)
+        return None
+    mine = shard(plan, shard_index, shard_count)
+    pending = _pending(cfg, mine)
+    stale = sum((r.folder(out) / RESULT_FILE).is_file() for r in pending)
+    log(
+        f"[ablate] {len(plan)} runs planned; this shard ({shard_index}/{shard_count}) has "
+        f"{len(mine)}, {len(mine) - len(pending)} already done, {len(pending)} to run"
+        + (f" ({stale} of them done before with another config)" if stale else "")
+    )
+    assets: dict[tuple[str, str], SettingAssets] = {}
+    method = _method_label(cfg)
+    t0 = time.perf_counter()
+    for i, run in enumerate(pending, start=1):
+        key = (run.setting, run.family)
+        if key not in assets:
+            assets[key] = build_assets(cfg, run.setting, run.family, log)
+        heatmap = (run.strategy, run.family, run.seed) == (method, cfg.families[0], cfg.seeds[0])
+        result = execute_run(cfg, run, assets[key], out, heatmap=heatmap)
+        final = [r for r in result["history"] if "eval/reward_sampled" in r]
+        held = f"{final[-1]['eval/reward_sampled']:.3f}" if final else "n/a"
+        log(
+            f"[ablate] {i}/{len(pending)} {run.relpath}: held-out reward {held}, "
+            f"{result['wall_s']:.1f}s (elapsed {time.perf_counter() - t0:.0f}s)"
+        )
+    if shard_count > 1:
+        log(f"[ablate] shard {shard_index}/{shard_count} done")
+        return None
+    return write_outputs(cfg, command=command)
+
+
+WORKER_CONFIG = "ablate_config.yaml"
+
+
+def run_workers(cfg: AblateConfig, *, command: str, log: Log = print) -> Outputs:
+    """Run the plan with ``cfg.workers`` worker processes on this machine (each a shard,
+    ``cfg.threads`` torch threads each): first the assets, spread over the workers, then the
+    runs; then write the outputs. The resolved config is written to the output folder for
+    the workers (``ablate_config.yaml``)."""
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_file = out / WORKER_CONFIG
+    cfg_file.write_text(yaml.safe_dump({**cfg.to_yaml_dict(), "workers": 1}, sort_keys=False))
+    n = cfg.workers
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for phase, extra in (("assets", ["--assets-only"]), ("runs", [])):
+        log(f"[ablate] {phase}: {n} worker processes")
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "ablations",
+                    str(cfg_file),
+                    "--shard",
+                    f"{i}/{n}",
+                    *extra,
+                ],
+                env=env,
+            )
+            for i in range(n)
+        ]
+        try:
+            codes = [p.wait() for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+        failed = [f"worker {i} (exit code {c})" for i, c in enumerate(codes) if c != 0]
+        if failed:
+            raise RuntimeError(f"ablation {phase} phase failed: {', '.join(failed)}")
+    return write_outputs(cfg, command=command)
+
+
+def merge(cfg: AblateConfig, sources: Sequence[Path], *, command: str) -> Outputs:
+    """Copy every planned run's folder, made with this config, from the shard output folders
+    ``sources`` into ``cfg.output_dir`` (current runs already there are kept) and write the
+    outputs."""
+    out = Path(cfg.output_dir)
+    for run, fingerprint in fingerprints(cfg, plan_runs(cfg)).items():
+        dest = run.folder(out)
+        if read_result(dest, fingerprint) is not None:
+            continue
+        for src in sources:
+            if read_result(run.folder(src), fingerprint) is not None:
+                if dest.exists():
+                    shutil.rmtree(dest)
+                shutil.copytree(run.folder(src), dest)
+                break
+    return write_outputs(cfg, command=command)
+
+
+def _method_label(cfg: AblateConfig) -> str:
+    labels = [s.label for s in cfg.strategies]
+    return (
+        "datc"
+        if "datc" in labels
+        else next((s.label for s in cfg.strategies if s.credit.name == "datc"), labels[0])
+    )
+
+
+def summary_spec(cfg: AblateConfig) -> SummarySpec:
+    return SummarySpec(
+        settings=[
+            SettingSpec(
+                name,
+                SETTINGS[name].title,
+                SETTINGS[name].primary,
+                SETTINGS[name].metric,
+                cfg.settings[name].threshold,
+            )
+            for name in cfg.settings
+        ],
+        strategies=[s.label for s in cfg.strategies],
+        baseline=cfg.baseline,
+        method=_method_label(cfg),
+        control="datc_shuffled",
+        final_window=cfg.report.final_window,
+        smooth=cfg.report.smooth,
+        confidence=cfg.report.confidence,
+    )
+
+
+def _setting_info(results: dict[RunKey, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    info: dict[str, dict[str, Any]] = {}
+    for run, result in results.items():
+        facts = info.setdefault(run.setting, {})
+        raw = result.get("info", {})
+        pre = raw.get("pretrain")
+        if pre:
+            facts[f"pretraining loss ({run.family})"] = (
+                f"{pre['first_loss']:.2f} -> {pre['final_loss']:.2f} in {pre['steps']} steps"
+            )
+        fit = raw.get("rm_fit")
+        if fit:
+            facts["reward model fit (held-out MSE / correlation)"] = (
+                f"{fit['test_mse']:.4f} / {fit['test_corr']:.3f}"
+            )
+        if "target_text" in raw:
+            facts["target text"] = repr(raw["target_text"])
+    return info
+
+
+def write_outputs(cfg: AblateConfig, *, command: str) -> Outputs:
+    """results.csv, figures and report.md of the whole plan, from the results in the output
+    folder.
+
+    Raises ``ConfigError`` naming the missing runs when some have no result yet."""
+    out = Path(cfg.output_dir)
+    plan = plan_runs(cfg)
+    found, missing = collect(plan, out, fingerprints(cfg, plan))
+    if missing:
+        names = ", ".join(r.relpath for r in missing[:10])
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        raise ConfigError(
+            f"{len(missing)} of {len(plan)} runs have no result for this config yet "
+            f"({names}{more}); run the missing shards (or the whole config) first"
+        )
+    rows = [row for run in plan for row in result_rows(run, found[run])]
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / CSV_FILE
+    write_csv(csv_path, rows)
+    rows = read_csv(csv_path)
+    spec = summary_spec(cfg)
+    tables, verdicts = summarize(rows, spec)
+    fig_dir = out / FIGURES_DIR
+    by_setting: dict[str, list[Path]] = {}
+    for s in spec.settings:
+        paths = [
+            figs.plot_curves(
+                fig_dir / f"curves_{s.name}.png",
+                title=s.title,
+                rows=[r for r in rows if r["setting"] == s.name],
+                families=list(cfg.families),
+                strategies=spec.strategies,
+                confidence=spec.confidence,
+                baseline=spec.baseline,
+                smooth=spec.smooth,
+            )
+        ]
+        shown = next(
+            (r for r in plan if r.setting == s.name and found[r].get("credit_examples")), None
+        )
+        if shown is not None:
+            paths.append(
+                figs.plot_credit(
+                    fig_dir / f"credit_{s.name}.png",
+                    title=f"{s.title}: {shown.family}, {shown.strategy}, seed {shown.seed}, "
+                    "final policy",
+                    examples=found[shown]["credit_examples"],
+                )
+            )
+        by_setting[s.name] = paths
+    total = sum(float(found[r]["wall_s"]) for r in plan)
+    threads = sorted({int(found[r].get("threads", 0)) for r in plan})
+    preamble = [
+        "",
+        f"{len(plan)} runs: {len(cfg.settings)} settings x {len(cfg.families)} "
+        f"{'family' if len(cfg.families) == 1 else 'families'} "
+        f"({', '.join(cfg.families)}) x {len(cfg.strategies)} strategies x {len(cfg.seeds)} "
+        f"seeds ({', '.join(map(str, cfg.seeds))}); training wall time summed over runs "
+        f"{total / 60:.1f} min on {', '.join(map(str, threads))} torch thread(s) "
+        "(pretraining and reward-model training not included; they are cached).",
+    ]
+    report = render_report(
+        title=cfg.name,
+        command=command,
+        spec=spec,
+        tables=tables,
+        verdicts=verdicts,
+        figures=by_setting,
+        setting_info=_setting_info(found),
+        preamble=preamble,
+        relative_to=out,
+    )
+    report_path = out / REPORT_FILE
+    report_path.write_text(report)
+    return Outputs(report_path, csv_path, [p for ps in by_setting.values() for p in ps])

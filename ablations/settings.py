@@ -1,0 +1,395 @@
+"""The four built-in settings: task data, pretrained policies and frozen reward models.
+
+Each setting turns its parameters into ``SettingAssets`` for one model family: a pretrained
+policy folder (``policy.path`` of the trainer), JSONL prompt files, and the trainer's
+``reward`` section. Everything is built in-process, offline, and cached under the cache
+folder (``cache.cached_dir``), keyed by everything that determines it; reruns reuse it.
+
+1. ``target_tokens``: the target-token task (``tasks.target_task``) on a word-level
+   vocabulary; the reward is a tiny BERT trained in-process on the exact score, and it both
+   sets the advantage and supplies the direction. The exact score on held-out prompts is
+   reported beside the RM's reward (``extra_eval``): the RM could be exploited, the rule not.
+2. ``minilm_shared``: continue the first words of a standard-library docstring sentence;
+   the reward is the cosine similarity of the response to ``target_text`` under the
+   pretrained all-MiniLM-L6-v2 encoder; the policy uses MiniLM's own WordPiece vocabulary
+   (the fast path: same vocabulary).
+3. ``minilm_bridge``: the same, with a policy that has its own byte-level BPE tokenizer:
+   the direction goes through the vocabulary bridge.
+4. ``verifiable``: sorting four digits; an exact checker sets the advantage (1 for the
+   exact answer, else 0) and is the held-out metric (exact-match accuracy); a tiny BERT
+   trained in-process on the fraction of correct positions supplies only the direction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ablations import tasks
+from ablations.cache import cached_dir
+from ablations.corpus import docstring_sentences
+from ablations.pretrain import PretrainConfig, pretrain_policy
+from ablations.rm_train import RMTrainConfig, train_reward_model
+
+TRAIN_FILE, EVAL_FILE = "train.jsonl", "eval.jsonl"
+
+#: A scorer for an extra held-out metric: (prompts, responses) -> scores.
+ExtraScorer = Callable[[list[str], list[str]], list[float]]
+
+
+@dataclass(frozen=True)
+class SettingAssets:
+    """What one run of a setting needs.
+
+    - ``policy_dir``: the pretrained policy (HF folder with its tokenizer);
+    - ``data``: the trainer's ``data`` section (JSONL files of the setting);
+    - ``reward``: the trainer's ``reward`` section (``adapters.config.RewardSignalsConfig``);
+    - ``train``: the setting's defaults for the trainer (e.g. ``rollout.max_new_tokens``),
+      applied before the ablation config's own per-setting overrides;
+    - ``extra_eval``: name -> exact scorer evaluated on held-out prompts after training;
+    - ``info``: facts for the report (pretraining loss, reward-model fit, sizes).
+    """
+
+    policy_dir: Path
+    data: dict[str, Any]
+    reward: dict[str, Any]
+    train: dict[str, Any] = field(default_factory=dict)
+    extra_eval: dict[str, ExtraScorer] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TargetTokensParams(_Params):
+    """Setting 1: task sizes, the pretrained skill level, pretraining and reward model."""
+
+    num_train: int = Field(default=512, ge=1)
+    num_held_out: int = Field(default=64, ge=1)
+    num_pretrain: int = Field(default=4000, ge=1, description="pretraining sequences")
+    target_rate: float = Field(
+        default=0.25, ge=0.0, le=1.0, description="target-word rate of pretraining text"
+    )
+    seed: int = 0
+    pretrain: PretrainConfig = PretrainConfig(steps=150)
+    rm: RMTrainConfig = RMTrainConfig()
+
+
+class VerifiableParams(_Params):
+    """Setting 4: task sizes, pretraining and the direction reward model."""
+
+    num_train: int = Field(default=512, ge=1)
+    num_held_out: int = Field(default=64, ge=1)
+    num_pretrain: int = Field(default=4000, ge=1)
+    seed: int = 0
+    pretrain: PretrainConfig = PretrainConfig(steps=150)
+    rm: RMTrainConfig = RMTrainConfig()
+
+
+class MiniLMParams(_Params):
+    """Settings 2 and 3: the target description, prompts from the corpus, pretraining."""
+
+    target_text: str = "Open the file, read its lines and write them to another file."
+    prompt_words: int = Field(
+        default=3, ge=1, description="words of a sentence given as the prompt"
+    )
+    held_out_fraction: float = Field(default=0.1, gt=0.0, lt=1.0)
+    bpe_vocab_size: int = Field(default=1024, ge=300, description="minilm_bridge: policy BPE size")
+    seed: int = 0
+    pretrain: PretrainConfig = PretrainConfig(steps=80, batch_size=16, max_len=24, lr=5e-3)
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _texts_hash(texts: list[str]) -> str:
+    return hashlib.blake2b("\n".join(texts).encode(), digest_size=8).hexdigest()
+
+
+def _policy(
+    cache: Path,
+    setting: str,
+    family: str,
+    tokenizer_spec: dict[str, Any],
+    make_tokenizer: Callable[[], Any],
+    texts: list[str],
+    cfg: PretrainConfig,
+) -> tuple[Path, dict[str, Any]]:
+    spec = {
+        "format": 2,  # tokenizer in a subfolder
+        "setting": setting,
+        "family": family,
+        "tokenizer": tokenizer_spec,
+        "texts": _texts_hash(texts),
+        "n_texts": len(texts),
+        "pretrain": cfg.model_dump(),
+    }
+
+    def build(folder: Path) -> None:
+        losses = pretrain_policy(
+            folder, family=family, tokenizer=make_tokenizer(), texts=texts, cfg=cfg
+        )
+        tail = losses[-max(1, len(losses) // 10) :] if losses else [float("nan")]
+        (folder / "pretrain.json").write_text(
+            json.dumps(
+                {
+                    "first_loss": losses[0] if losses else None,
+                    "final_loss": sum(tail) / len(tail),
+                    "steps": len(losses),
+                }
+            )
+        )
+
+    folder = cached_dir(cache, "policy", spec, build)
+    return folder, json.loads((folder / "pretrain.json").read_text())
+
+
+def _data_dir(cache: Path, setting: str, params: dict[str, Any], data: tasks.TaskData) -> Path:
+    def build(folder: Path) -> None:
+        _write_jsonl(folder / TRAIN_FILE, data.train)
+        _write_jsonl(folder / EVAL_FILE, data.held_out)
+
+    return cached_dir(cache, "data", {"setting": setting, **params}, build)
+
+
+def _data_section(folder: Path) -> dict[str, Any]:
+    return {"train_file": str(folder / TRAIN_FILE), "eval_file": str(folder / EVAL_FILE)}
+
+
+def _rm(
+    cache: Path,
+    setting: str,
+    words: list[str],
+    spec: dict[str, Any],
+    cfg: RMTrainConfig,
+    examples: Callable[[int, int], list[tuple[str, str, float]]],
+) -> tuple[Path, dict[str, Any]]:
+    def build(folder: Path) -> None:
+        fit = train_reward_model(
+            folder,
+            rm_tokenizer=tasks.word_tokenizer(words, pair_template=True),
+            train_examples=examples(cfg.examples, cfg.seed + 1),
+            test_examples=examples(max(64, cfg.examples // 8), cfg.seed + 2),
+            cfg=cfg,
+        )
+        (folder / "fit.json").write_text(json.dumps(fit))
+
+    folder = cached_dir(cache, "rm", {"setting": setting, **spec, "rm": cfg.model_dump()}, build)
+    return folder, json.loads((folder / "fit.json").read_text())
+
+
+@dataclass(frozen=True)
+class _WordTaskAssets:
+    rm_dir: Path
+    policy_dir: Path
+    data: dict[str, Any]
+    info: dict[str, Any]
+
+
+def _word_task(
+    setting: str,
+    p: TargetTokensParams | VerifiableParams,
+    family: str,
+    cache: Path,
+    data: tasks.TaskData,
+    words: list[str],
+    rm_examples: Callable[[list[str], int, int], list[tuple[str, str, float]]],
+) -> _WordTaskAssets:
+    """The cached reward model, pretrained policy and data of a task over a word vocabulary
+    (``rm_examples(train_prompts, n, seed)`` makes the RM's training examples)."""
+    task_spec = p.model_dump(exclude={"pretrain", "rm"})
+    train_prompts = [r["prompt"] for r in data.train]
+    rm_dir, fit = _rm(
+        cache,
+        setting,
+        words,
+        task_spec,
+        p.rm,
+        lambda n, seed: rm_examples(train_prompts, n, seed),
+    )
+    policy_dir, pre = _policy(
+        cache,
+        setting,
+        family,
+        {"words": words},
+        lambda: tasks.word_tokenizer(words),
+        data.pretrain_texts,
+        p.pretrain,
+    )
+    return _WordTaskAssets(
+        rm_dir=rm_dir,
+        policy_dir=policy_dir,
+        data=_data_section(_data_dir(cache, setting, task_spec, data)),
+        info={"pretrain": pre, "rm_fit": fit, "vocab_size": len(words) + len(tasks.SPECIALS)},
+    )
+
+
+def build_target_tokens(p: TargetTokensParams, family: str, cache: Path) -> SettingAssets:
+    data = tasks.target_task(
+        num_train=p.num_train,
+        num_held_out=p.num_held_out,
+        num_pretrain=p.num_pretrain,
+        target_rate=p.target_rate,
+        seed=p.seed,
+    )
+    a = _word_task(
+        "target_tokens", p, family, cache, data, tasks.target_words(), tasks.target_rm_examples
+    )
+    return SettingAssets(
+        policy_dir=a.policy_dir,
+        data=a.data,
+        reward={"direction_model": {"kind": "seq_classification", "path": str(a.rm_dir)}},
+        train={"rollout": {"max_new_tokens": tasks.RESPONSE_WORDS}},
+        extra_eval={"task_score": tasks.target_scorer},
+        info=a.info,
+    )
+
+
+def build_verifiable(p: VerifiableParams, family: str, cache: Path) -> SettingAssets:
+    data = tasks.sort_task(
+        num_train=p.num_train,
+        num_held_out=p.num_held_out,
+        num_pretrain=p.num_pretrain,
+        seed=p.seed,
+    )
+    a = _word_task("verifiable", p, family, cache, data, tasks.sort_words(), tasks.sort_rm_examples)
+    return SettingAssets(
+        policy_dir=a.policy_dir,
+        data=a.data,
+        reward={
+            "direction_model": {"kind": "seq_classification", "path": str(a.rm_dir)},
+            "reward": {"kind": "callable", "function": "ablations.tasks:sort_checker"},
+        },
+        train={"rollout": {"max_new_tokens": tasks.SORT_DIGITS + 1}},
+        info=a.info,
+    )
+
+
+def minilm_policy_tokenizer() -> Any:
+    """MiniLM's WordPiece tokenizer without its ``[CLS] ... [SEP]`` template (a policy must
+    not see an end-of-sequence token after its prompt); ``[SEP]`` is the policy's EOS."""
+    from tokenizers import processors
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from adapters.minilm import minilm_model_dir
+
+    rm_tok = AutoTokenizer.from_pretrained(minilm_model_dir(), local_files_only=True)
+    backend = rm_tok.backend_tokenizer
+    backend.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B:1")
+    fast: Any = PreTrainedTokenizerFast
+    return fast(
+        tokenizer_object=backend,
+        eos_token="[SEP]",
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        mask_token="[MASK]",
+        model_max_length=512,
+    )
+
+
+def _minilm_data(p: MiniLMParams) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
+    sentences = list(docstring_sentences())
+    order = sorted(
+        range(len(sentences)),
+        key=lambda i: hashlib.blake2b(f"{p.seed}:{sentences[i]}".encode()).hexdigest(),
+    )
+    n_held = max(1, int(len(sentences) * p.held_out_fraction))
+    held = [sentences[i] for i in order[:n_held]]
+    train = [sentences[i] for i in order[n_held:]]
+
+    def prompts(sents: list[str], exclude: set[str]) -> list[str]:
+        out = {" ".join(s.split()[: p.prompt_words]) for s in sents}
+        return sorted(out - exclude)
+
+    train_prompts = prompts(train, set())
+    held_prompts = prompts(held, set(train_prompts))
+    return ([{"prompt": t} for t in train_prompts], [{"prompt": t} for t in held_prompts], train)
+
+
+def _build_minilm(p: MiniLMParams, family: str, cache: Path, *, bridged: bool) -> SettingAssets:
+    name = "minilm_bridge" if bridged else "minilm_shared"
+    train, held, texts = _minilm_data(p)
+    data_spec = p.model_dump(include={"prompt_words", "held_out_fraction", "seed"})
+    data_spec["texts"] = _texts_hash(texts)
+    make_tok: Callable[[], Any]
+    if bridged:
+        from adapters.tiny import train_bpe_tokenizer
+
+        def make_tok() -> Any:
+            return train_bpe_tokenizer(texts, vocab_size=p.bpe_vocab_size)
+
+        tok_spec: dict[str, Any] = {"bpe": p.bpe_vocab_size, "texts": _texts_hash(texts)}
+    else:
+        make_tok = minilm_policy_tokenizer
+        tok_spec = {"minilm_wordpiece": True}
+    policy_dir, pre = _policy(cache, name, family, tok_spec, make_tok, texts, p.pretrain)
+    data = tasks.TaskData(train, held, [])
+    return SettingAssets(
+        policy_dir=policy_dir,
+        data=_data_section(_data_dir(cache, "minilm", data_spec, data)),
+        reward={"direction_model": {"kind": "encoder_similarity", "target_text": p.target_text}},
+        train={"rollout": {"max_new_tokens": 12}},
+        info={"pretrain": pre, "target_text": p.target_text, "corpus_sentences": len(texts)},
+    )
+
+
+def build_minilm_shared(p: MiniLMParams, family: str, cache: Path) -> SettingAssets:
+    return _build_minilm(p, family, cache, bridged=False)
+
+
+def build_minilm_bridge(p: MiniLMParams, family: str, cache: Path) -> SettingAssets:
+    return _build_minilm(p, family, cache, bridged=True)
+
+
+@dataclass(frozen=True)
+class SettingKind:
+    """A built-in setting: its parameter model, builder, primary held-out metric, title."""
+
+    params: type[_Params]
+    build: Callable[[Any, str, Path], SettingAssets]
+    primary: str
+    title: str
+    metric: str
+
+
+#: The built-in settings, in report order. ``primary`` names the held-out metric that the
+#: verdict is about (a column of results.csv), ``metric`` what it measures.
+SETTINGS: dict[str, SettingKind] = {
+    "target_tokens": SettingKind(
+        TargetTokensParams,
+        build_target_tokens,
+        "extra_task_score_sampled",
+        "1. target tokens, in-process RM",
+        "task score (exact rule)",
+    ),
+    "minilm_shared": SettingKind(
+        MiniLMParams,
+        build_minilm_shared,
+        "eval_reward_sampled",
+        "2. MiniLM similarity, shared tokenizer",
+        "cosine similarity",
+    ),
+    "minilm_bridge": SettingKind(
+        MiniLMParams,
+        build_minilm_bridge,
+        "eval_reward_sampled",
+        "3. MiniLM similarity, own tokenizer (vocabulary bridge)",
+        "cosine similarity",
+    ),
+    "verifiable": SettingKind(
+        VerifiableParams,
+        build_verifiable,
+        "eval_reward_sampled",
+        "4. sorting, exact checker + direction RM",
+        "exact-match accuracy",
+    ),
+}

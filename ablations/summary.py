@@ -1,0 +1,340 @@
+"""From results.csv rows to per-run figures and per-strategy statistics over seeds.
+
+Per run (one setting, family, strategy, seed):
+
+- final train reward: mean of ``reward_mean`` over the last ``final_window`` training steps;
+- held-out metrics at the last step that has them (``eval_reward_sampled``,
+  ``eval_reward_greedy``, and the setting's ``primary`` metric, e.g. an exact task score);
+- steps to threshold: the first training step at which the trailing moving average (window
+  ``smooth``, full windows only) of ``reward_mean`` reaches the threshold, or None;
+- seconds per step (and its rollout / signals / update split): mean over training steps,
+  leaving out step 1 (warm-up) when there is more than one step; peak RSS; wall time.
+
+Per strategy, over seeds: mean and Student-t interval of each metric, and the paired
+difference to the baseline strategy on the same seeds. The automatic threshold of a
+(setting, family) is the step-1 train reward (mean over all runs) plus half the gap to the
+best strategy's mean final train reward: the same bar for every strategy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ablations.results import RunKey
+from ablations.stats import Interval, mean_interval, paired_difference
+
+
+@dataclass(frozen=True)
+class SettingSpec:
+    """How one setting is summarized: its title, primary held-out metric (a results.csv
+    column), a human name for that metric, and a fixed threshold (None = automatic)."""
+
+    name: str
+    title: str
+    primary: str
+    metric_label: str
+    threshold: float | None = None
+
+
+@dataclass(frozen=True)
+class SummarySpec:
+    settings: Sequence[SettingSpec]
+    strategies: Sequence[str]
+    baseline: str = "uniform"
+    method: str = "datc"
+    control: str = "datc_shuffled"
+    final_window: int = 5
+    smooth: int = 5
+    confidence: float = 0.95
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a run costs: seconds per training step and its rollout / signals / update
+    split, peak RSS (MB) and wall time (s); NaN where not measured."""
+
+    time_step: float
+    time_rollout: float
+    time_signals: float
+    time_update: float
+    peak_rss_mb: float
+    wall_s: float
+
+    @staticmethod
+    def mean(costs: Sequence[Cost]) -> Cost:
+        """The mean cost of several runs (their peak RSS: the largest)."""
+        return Cost(
+            time_step=_mean(c.time_step for c in costs),
+            time_rollout=_mean(c.time_rollout for c in costs),
+            time_signals=_mean(c.time_signals for c in costs),
+            time_update=_mean(c.time_update for c in costs),
+            peak_rss_mb=max((c.peak_rss_mb for c in costs), default=_nan()),
+            wall_s=_mean(c.wall_s for c in costs),
+        )
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    final_train: float
+    first_train: float
+    primary: float
+    held_sampled: float
+    held_greedy: float
+    curve: list[tuple[int, float]]
+    cost: Cost
+
+
+@dataclass
+class StrategyStats:
+    """Statistics of one strategy in one (setting, family) over its seeds."""
+
+    strategy: str
+    final_train: Interval
+    primary: Interval
+    held_sampled: Interval
+    held_greedy: Interval
+    diff_primary: Interval | None
+    diff_train: Interval | None
+    steps_to_threshold: list[int | None]
+    cost: Cost
+
+
+@dataclass
+class SettingFamilyStats:
+    setting: str
+    family: str
+    threshold: float | None
+    strategies: dict[str, StrategyStats] = field(default_factory=dict)
+
+
+@dataclass
+class Verdict:
+    """The method against the baseline (and the control) over all (family, seed) pairs."""
+
+    vs_baseline: Interval
+    text: str
+
+
+def _nan() -> float:
+    return float("nan")
+
+
+def _mean(xs: Iterable[float]) -> float:
+    vals = [x for x in xs if not math.isnan(x)]
+    return math.fsum(vals) / len(vals) if vals else _nan()
+
+
+def _last(rows: Sequence[dict[str, Any]], column: str) -> float:
+    found = [r for r in rows if column in r]
+    return float(max(found, key=lambda r: r["step"])[column]) if found else _nan()
+
+
+def run_figures(rows: Sequence[dict[str, Any]], primary: str, final_window: int) -> RunFigures:
+    """The per-run figures of one run's rows (see the module docstring)."""
+    train = sorted(
+        (r for r in rows if r["step"] >= 1 and "reward_mean" in r), key=lambda r: r["step"]
+    )
+    curve = [(int(r["step"]), float(r["reward_mean"])) for r in train]
+    timed = [r for r in train if "time_step" in r]
+    if len(timed) > 1:
+        timed = [r for r in timed if r["step"] > 1]
+
+    def tmean(col: str) -> float:
+        return _mean(float(r[col]) for r in timed if col in r)
+
+    return RunFigures(
+        final_train=_mean(v for _, v in curve[-final_window:]),
+        first_train=curve[0][1] if curve else _nan(),
+        primary=_last(rows, primary),
+        held_sampled=_last(rows, "eval_reward_sampled"),
+        held_greedy=_last(rows, "eval_reward_greedy"),
+        curve=curve,
+        cost=Cost(
+            time_step=tmean("time_step"),
+            time_rollout=tmean("time_rollout"),
+            time_signals=tmean("time_signals"),
+            time_update=tmean("time_update"),
+            peak_rss_mb=_last(rows, "peak_rss_mb"),
+            wall_s=_last(rows, "wall_s"),
+        ),
+    )
+
+
+def steps_to_threshold(
+    curve: Sequence[tuple[int, float]], threshold: float, smooth: int
+) -> int | None:
+    """First step at which the mean of the last ``w = min(smooth, len(curve))`` values
+    reaches ``threshold`` (tested from the w-th step on), or None."""
+    w = min(smooth, len(curve))
+    values = [v for _, v in curve]
+    for i in range(w - 1, len(curve)):
+        if math.fsum(values[i - w + 1 : i + 1]) / w >= threshold:
+            return curve[i][0]
+    return None
+
+
+def group_runs(rows: Iterable[dict[str, Any]]) -> dict[RunKey, list[dict[str, Any]]]:
+    runs: dict[RunKey, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        key = RunKey(row["setting"], row["family"], row["strategy"], int(row["seed"]))
+        runs[key].append(row)
+    return dict(runs)
+
+
+def _interval(values: Sequence[float], confidence: float) -> Interval:
+    return mean_interval([v for v in values if not math.isnan(v)], confidence)
+
+
+def _paired(a: dict[int, float], b: dict[int, float], confidence: float) -> Interval:
+    keep_a = {k: v for k, v in a.items() if not math.isnan(v)}
+    keep_b = {k: v for k, v in b.items() if not math.isnan(v)}
+    return paired_difference(keep_a, keep_b, confidence)
+
+
+def summarize(
+    rows: Iterable[dict[str, Any]], spec: SummarySpec
+) -> tuple[list[SettingFamilyStats], list[Verdict]]:
+    """Statistics per (setting, family, strategy) and one verdict per setting."""
+    figures: dict[RunKey, RunFigures] = {}
+    by_setting = {s.name: s for s in spec.settings}
+    for key, run_rows in group_runs(rows).items():
+        if key.setting in by_setting:
+            figures[key] = run_figures(run_rows, by_setting[key.setting].primary, spec.final_window)
+    tables: list[SettingFamilyStats] = []
+    verdicts: list[Verdict] = []
+    for s in spec.settings:
+        families = list(dict.fromkeys(k.family for k in figures if k.setting == s.name))
+        pairs_base: dict[tuple[str, int], float] = {}
+        pairs_method: dict[tuple[str, int], float] = {}
+        pairs_control: dict[tuple[str, int], float] = {}
+        for family in families:
+            runs = {k: f for k, f in figures.items() if k.setting == s.name and k.family == family}
+            threshold = s.threshold
+            if threshold is None:
+                threshold = _auto_threshold(runs, spec.strategies)
+            table = SettingFamilyStats(s.name, family, threshold)
+            per = {
+                strat: {k.seed: f for k, f in runs.items() if k.strategy == strat}
+                for strat in spec.strategies
+            }
+            base = per.get(spec.baseline, {})
+            for strat in spec.strategies:
+                seeds = per[strat]
+                if not seeds:
+                    continue
+                ordered = [seeds[x] for x in sorted(seeds)]
+                prim = {x: f.primary for x, f in seeds.items()}
+                train = {x: f.final_train for x, f in seeds.items()}
+                is_base = strat == spec.baseline
+                table.strategies[strat] = StrategyStats(
+                    strategy=strat,
+                    final_train=_interval([f.final_train for f in ordered], spec.confidence),
+                    primary=_interval([f.primary for f in ordered], spec.confidence),
+                    held_sampled=_interval([f.held_sampled for f in ordered], spec.confidence),
+                    held_greedy=_interval([f.held_greedy for f in ordered], spec.confidence),
+                    diff_primary=None
+                    if is_base or not base
+                    else _paired(prim, {x: f.primary for x, f in base.items()}, spec.confidence),
+                    diff_train=None
+                    if is_base or not base
+                    else _paired(
+                        train, {x: f.final_train for x, f in base.items()}, spec.confidence
+                    ),
+                    steps_to_threshold=[
+                        None
+                        if threshold is None
+                        else steps_to_threshold(f.curve, threshold, spec.smooth)
+                        for f in ordered
+                    ],
+                    cost=Cost.mean([f.cost for f in ordered]),
+                )
+            tables.append(table)
+            for target, strat in (
+                (pairs_base, spec.baseline),
+                (pairs_method, spec.method),
+                (pairs_control, spec.control),
+            ):
+                for seed, f in per.get(strat, {}).items():
+                    target[(family, seed)] = f.primary
+        if pairs_base and pairs_method:
+            verdicts.append(_verdict(s, spec, pairs_method, pairs_base, pairs_control))
+    return tables, verdicts
+
+
+def _auto_threshold(runs: dict[RunKey, RunFigures], strategies: Sequence[str]) -> float | None:
+    first = _mean(f.first_train for f in runs.values())
+    finals = [
+        _mean(f.final_train for k, f in runs.items() if k.strategy == strat) for strat in strategies
+    ]
+    best = max((x for x in finals if not math.isnan(x)), default=_nan())
+    if math.isnan(first) or math.isnan(best) or best <= first:
+        return None
+    return first + 0.5 * (best - first)
+
+
+def fmt(x: float, digits: int = 3, signed: bool = False) -> str:
+    if x is None or math.isnan(x):
+        return "n/a"
+    return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
+
+
+def fmt_interval(iv: Interval | None, digits: int = 3, signed: bool = False) -> str:
+    """``0.412 [0.381, 0.443]``; the bounds are left out when there is one value."""
+    if iv is None or iv.n == 0:
+        return "n/a"
+    head = fmt(iv.mean, digits, signed)
+    if iv.n < 2:
+        return f"{head} (n=1)"
+    return f"{head} [{fmt(iv.low, digits, signed)}, {fmt(iv.high, digits, signed)}]"
+
+
+def _verdict(
+    s: SettingSpec,
+    spec: SummarySpec,
+    method: dict[tuple[str, int], float],
+    base: dict[tuple[str, int], float],
+    control: dict[tuple[str, int], float],
+) -> Verdict:
+    def paired(a: dict[tuple[str, int], float], b: dict[tuple[str, int], float]) -> Interval:
+        common = sorted(set(a) & set(b))
+        idx = {k: i for i, k in enumerate(common)}
+        return _paired(
+            {idx[k]: a[k] for k in common}, {idx[k]: b[k] for k in common}, spec.confidence
+        )
+
+    vs_base = paired(method, base)
+    vs_control = paired(method, control) if control else None
+    common = set(method) & set(base)
+    m_mean = _mean(method[k] for k in common)
+    b_mean = _mean(base[k] for k in common)
+    pct = f"{round(spec.confidence * 100)}%"
+    sign = vs_base.excludes_zero()
+    if vs_base.n < 2:
+        head = f"{spec.method} vs {spec.baseline}: one pair only, no interval"
+    elif sign > 0:
+        head = f"**{spec.method} beats {spec.baseline}**"
+    elif sign < 0:
+        head = f"**{spec.method} is worse than {spec.baseline}**"
+    else:
+        head = f"**no significant difference** between {spec.method} and {spec.baseline}"
+    text = (
+        f"{s.title}: {head}: held-out {s.metric_label} {fmt(m_mean)} vs {fmt(b_mean)}, "
+        f"paired difference {fmt(vs_base.mean, signed=True)}"
+    )
+    if vs_base.n >= 2:
+        text += (
+            f" ({pct} CI {fmt(vs_base.low, signed=True)} to {fmt(vs_base.high, signed=True)},"
+            f" n={vs_base.n} family x seed pairs)"
+        )
+    if vs_control is not None and vs_control.n > 0:
+        word = {1: "above", -1: "below", 0: "not distinguishable from"}[vs_control.excludes_zero()]
+        text += (
+            f"; against the {spec.control} control {fmt(vs_control.mean, signed=True)} ({word} it)"
+            if vs_control.n >= 2
+            else f"; against the {spec.control} control {fmt(vs_control.mean, signed=True)} (n=1)"
+        )
+    return Verdict(vs_base, text + ".")

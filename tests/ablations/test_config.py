@@ -1,0 +1,148 @@
+"""The ablation config: what it accepts, what it rejects (naming the key), how runs are laid
+out, and how a run's trainer config is assembled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ablations.config import AblateConfig, deep_merge, load_ablate_config
+from ablations.results import RunKey, parse_shard, shard
+from ablations.runner import plan_runs, run_train_config
+from ablations.settings import SettingAssets
+from backends.torch.config import ConfigError
+from tests.helpers.paths import REPO as ROOT
+
+QUICK = ROOT / "configs" / "ablate" / "quick.yaml"
+FULL = ROOT / "configs" / "ablate" / "full.yaml"
+
+
+def _write(tmp_path: Path, data: dict[str, object]) -> Path:
+    path = tmp_path / "ablate.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+BASE: dict[str, object] = {"strategies": ["uniform", "datc"], "settings": ["target_tokens"]}
+
+
+def test_shipped_configs_load_and_have_the_promised_shape() -> None:
+    quick = load_ablate_config(QUICK)
+    assert list(quick.settings) == ["target_tokens", "minilm_shared", "minilm_bridge", "verifiable"]
+    assert [s.label for s in quick.strategies] == ["uniform", "datc", "datc_shuffled"]
+    assert quick.seeds == [0, 1] and len(plan_runs(quick)) == 24
+    full = load_ablate_config(FULL)
+    assert {s.credit.name for s in full.strategies} == {
+        "uniform",
+        "datc",
+        "datc_unsigned",
+        "datc_nosign",
+        "datc_shuffled",
+        "datc_inverse",
+        "saliency",
+    }
+    assert full.families == ["llama", "gpt2"] and len(full.seeds) >= 3
+    assert len(plan_runs(full)) == 4 * 7 * 2 * len(full.seeds)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"strategy": ["uniform"]}, r"strategy: Extra inputs are not permitted"),
+        ({"settings": ["target_tokens", "chess"]}, r"unknown settings \['chess'\]"),
+        ({"strategies": ["uniform", "datc", "datc"]}, r"duplicate labels \['datc'\]"),
+        ({"strategies": ["datc"]}, r"baseline: 'uniform' is not one of the strategies"),
+        ({"strategies": ["uniform", "nope"]}, r"nope"),
+        ({"train": {"seed": 3}}, r"train: \['seed'\] are set by the runner"),
+        ({"seeds": [0, 0]}, r"seeds and families must not repeat"),
+        ({"families": ["mamba"]}, r"families\.0"),
+        (
+            {"settings": {"target_tokens": {"params": {"num_trian": 4}}}},
+            r"settings\.target_tokens\.params\.num_trian: Extra inputs are not permitted",
+        ),
+        ({"train": {"rollout": {"gruop_size": 4}}}, r"rollout\.gruop_size: unknown key"),
+        ({"train": {"rollout": {"group_size": 1}}}, r"rollout\.group_size: must be >= 2"),
+    ],
+)
+def test_bad_configs_are_rejected_naming_the_key(
+    tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_ablate_config(_write(tmp_path, {**BASE, **change}))
+
+
+def test_set_overrides_and_short_forms(tmp_path: Path) -> None:
+    cfg = load_ablate_config(
+        _write(tmp_path, BASE),
+        [
+            "seeds=[3, 4, 5]",
+            "strategies=[uniform, {name: datc, beta: 2.0, label: hot}]",
+            "train.steps=7",
+        ],
+    )
+    assert cfg.seeds == [3, 4, 5]
+    hot = cfg.strategy("hot")
+    assert hot.credit.name == "datc" and hot.credit.params == {"beta": 2.0}
+    assert cfg.train == {"steps": 7}
+    assert list(cfg.settings) == ["target_tokens"] and cfg.settings["target_tokens"].params == {}
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_ablate_config(tmp_path / "missing.yaml")
+
+
+def test_yaml_round_trip(tmp_path: Path) -> None:
+    cfg = load_ablate_config(QUICK)
+    again = load_ablate_config(_write(tmp_path, cfg.to_yaml_dict()))
+    assert again == cfg
+
+
+def test_plan_order_and_round_robin_shards() -> None:
+    cfg = AblateConfig.model_validate(
+        {**BASE, "settings": ["target_tokens", "verifiable"], "families": ["llama", "gpt2"]}
+    )
+    plan = plan_runs(cfg)
+    assert plan[:3] == [
+        RunKey("target_tokens", "llama", "uniform", 0),
+        RunKey("target_tokens", "llama", "uniform", 1),
+        RunKey("target_tokens", "llama", "datc", 0),
+    ]
+    parts = [shard(plan, i, 3) for i in range(3)]
+    assert sorted(r for p in parts for r in p) == sorted(plan)
+    assert {len(p) for p in parts} == {5, 6}
+    assert parse_shard("1/3") == (1, 3)
+    for bad in ("3/3", "1", "a/b", "-1/2", "0/0"):
+        with pytest.raises(ValueError, match="--shard"):
+            parse_shard(bad)
+
+
+def test_run_train_config_layers_shared_setting_and_run_fields(tmp_path: Path) -> None:
+    cfg = AblateConfig.model_validate(
+        {
+            **BASE,
+            "train": {"steps": 5, "rollout": {"group_size": 4, "max_new_tokens": 30}},
+            "settings": {"target_tokens": {"train": {"optim": {"lr": 0.01}}}},
+        }
+    )
+    assets = SettingAssets(
+        policy_dir=tmp_path / "policy",
+        data={"train_file": "t.jsonl", "eval_file": "e.jsonl"},
+        reward={"direction_model": {"kind": "seq_classification", "path": "rm"}},
+        train={"rollout": {"max_new_tokens": 9}},
+    )
+    run = RunKey("target_tokens", "llama", "datc", 3)
+    out = run_train_config(cfg, run, assets, tmp_path / "run")
+    assert out["seed"] == 3 and out["steps"] == 5
+    assert out["credit"] == {"name": "datc"}
+    assert out["rollout"] == {"group_size": 4, "max_new_tokens": 9}  # the setting's default wins
+    assert out["optim"] == {"lr": 0.01}
+    assert out["policy"]["path"] == str(tmp_path / "policy")
+    assert out["policy"]["tokenizer"] == str(tmp_path / "policy" / "tokenizer")
+    assert out["output_dir"] == str(tmp_path / "run" / "train")
+    assert out["reward"] == assets.reward and out["data"] == assets.data
+
+
+def test_deep_merge_merges_mappings_and_replaces_the_rest() -> None:
+    base = {"a": {"b": 1, "c": [1]}, "d": 1}
+    assert deep_merge(base, {"a": {"c": [2]}, "e": 3}) == {"a": {"b": 1, "c": [2]}, "d": 1, "e": 3}
+    assert base == {"a": {"b": 1, "c": [1]}, "d": 1}

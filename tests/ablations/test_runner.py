@@ -1,0 +1,198 @@
+"""The ablation runner end to end, on a tiny version of configs/ablate/quick.yaml.
+
+- The quick config with 2 steps per run (through the CLI, with its 2 worker processes)
+  writes report.md, results.csv with a row for every setting / family / strategy / seed and
+  step, and figures that are valid PNGs; it prints their paths last.
+- Resume: deleting one run's result and running again redoes that run only (and, redone
+  in-process, it reproduces what a worker process computed).
+- ``--shard 0/2`` + ``--shard 1/2`` + ``merge`` gives the same results table as one
+  unsharded run (every column but the timing ones, which are measurements).
+
+Sizes are cut down with ``--set`` (tiny pretraining, tiny reward models, 2 prompts x 2
+samples, 2 steps) so the module stays well under two minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ablations.__main__ import main
+from ablations.config import load_ablate_config
+from ablations.figures import is_png
+from ablations.results import RESULT_FILE, read_csv
+from ablations.runner import CSV_FILE, REPORT_FILE, merge, plan_runs, run_ablation
+from ablations.settings import SETTINGS
+from tests.helpers.paths import REPO
+
+pytestmark = pytest.mark.slow
+
+QUICK = REPO / "configs" / "ablate" / "quick.yaml"
+TINY_TASK = (
+    "{num_train: 16, num_held_out: 4, num_pretrain: 32, pretrain: {steps: 2, batch_size: 4},"
+    " rm: {examples: 32, steps: 2, batch_size: 8, hidden: 16}}"
+)
+TINY = [
+    "train.steps=2",
+    "train.eval.interval=1",
+    "train.rollout.group_size=2",
+    "train.rollout.prompts_per_step=2",
+    "train.data.num_eval_prompts=2",
+    "report.heatmap_responses=2",
+    *(f"settings.{name}.train={{steps: 2, eval: {{interval: 1}}}}" for name in SETTINGS),
+    f"settings.target_tokens.params={TINY_TASK}",
+    f"settings.verifiable.params={TINY_TASK}",
+    "settings.minilm_shared.params={pretrain: {steps: 2, batch_size: 4}}",
+    "settings.minilm_bridge.params={pretrain: {steps: 2, batch_size: 4, max_len: 16}}",
+]
+TIMING = {"time_step", "time_rollout", "time_signals", "time_update", "wall_s", "peak_rss_mb"}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ablate_cache")
+
+
+@pytest.fixture(scope="module")
+def quick_run(
+    tmp_path_factory: pytest.TempPathFactory, cache: Path
+) -> tuple[Path, list[str], list[str]]:
+    """The tiny quick config run through the CLI; (output dir, overrides, printed lines)."""
+    out = tmp_path_factory.mktemp("quick")
+    overrides = [*TINY, f"output_dir={out}", f"cache_dir={cache}"]
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = main([str(QUICK), *(x for o in overrides for x in ("--set", o))])
+    assert code == 0, buf.getvalue()
+    return out, overrides, buf.getvalue().strip().splitlines()
+
+
+def test_quick_config_writes_every_output(quick_run: tuple[Path, list[str], list[str]]) -> None:
+    out, overrides, printed = quick_run
+    cfg = load_ablate_config(QUICK, overrides)
+    assert cfg.workers == 2 and set(cfg.settings) == set(SETTINGS)
+    rows = read_csv(out / CSV_FILE)
+    runs = {(r["setting"], r["family"], r["strategy"], r["seed"]) for r in rows}
+    expected = {(r.setting, r.family, r.strategy, r.seed) for r in plan_runs(cfg)}
+    assert runs == expected and len(expected) == 4 * 1 * 3 * 2
+    for run in expected:
+        steps = sorted(
+            r["step"] for r in rows if (r["setting"], r["family"], r["strategy"], r["seed"]) == run
+        )
+        assert steps == [0, 1, 2]
+    last = [r for r in rows if r["step"] == 2]
+    assert all("eval_reward_sampled" in r and "reward_mean" in r and "time_step" in r for r in last)
+    assert all("extra_task_score_sampled" in r for r in last if r["setting"] == "target_tokens")
+    report = (out / REPORT_FILE).read_text()
+    for kind in SETTINGS.values():
+        assert f"## {kind.title}" in report
+    assert report.count("- ") >= 4 and "## Verdicts" in report
+    for kind in SETTINGS.values():  # one verdict line per setting
+        assert sum(line.startswith(f"- {kind.title}:") for line in report.splitlines()) == 1
+    figures = sorted((out / "figures").glob("*.png"))
+    names = {f.name for f in figures}
+    assert {f"curves_{name}.png" for name in SETTINGS} <= names
+    assert any(n.startswith("credit_") for n in names)
+    assert all(is_png(f) for f in figures)
+    # the CLI ends with the report and the figures
+    assert printed[-len(figures) - 2].endswith(str(out / REPORT_FILE))
+    assert {Path(line.split()[-1]).name for line in printed[-len(figures) :]} == names
+
+
+def test_resume_redoes_only_the_deleted_run(
+    quick_run: tuple[Path, list[str], list[str]], tmp_path: Path
+) -> None:
+    src, overrides, _ = quick_run
+    out = tmp_path / "copy"
+    shutil.copytree(src, out)
+    cfg = load_ablate_config(QUICK, [*overrides, f"output_dir={out}", "workers=1"])
+    plan = plan_runs(cfg)
+    victim = plan[7]
+    before = {r: (r.folder(out) / RESULT_FILE).read_bytes() for r in plan if r != victim}
+    original = _measured(victim.folder(out) / RESULT_FILE)
+    (victim.folder(out) / RESULT_FILE).unlink()  # its train/ folder stays, half a run
+    logs: list[str] = []
+    run_ablation(cfg, command="test", log=logs.append)
+    assert any(", 23 already done, 1 to run" in line for line in logs), logs
+    # redone in this process, it reproduces what the worker process computed
+    assert _measured(victim.folder(out) / RESULT_FILE) == original
+    for run, content in before.items():
+        assert (run.folder(out) / RESULT_FILE).read_bytes() == content, run
+    # a second pass has nothing to do
+    logs.clear()
+    run_ablation(cfg, command="test", log=logs.append)
+    assert any(" 0 to run" in line for line in logs), logs
+
+
+def _measured(result_file: Path) -> list[dict[str, float]]:
+    """A run's logged metrics without the timings (which are measurements, not results)."""
+    history = json.loads(result_file.read_text())["history"]
+    return [
+        {k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in history
+    ]
+
+
+def _table(path: Path) -> list[dict[str, object]]:
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in read_csv(path)]
+
+
+def test_shards_and_merge_equal_the_unsharded_run(cache: Path, tmp_path: Path) -> None:
+    subset = [
+        *TINY,
+        f"cache_dir={cache}",
+        "workers=1",
+        "settings={target_tokens: {}, verifiable: {}}",
+        f"settings.target_tokens.params={TINY_TASK}",
+        f"settings.verifiable.params={TINY_TASK}",
+        "settings.target_tokens.train={steps: 2, eval: {interval: 1}}",
+        "settings.verifiable.train={steps: 2, eval: {interval: 1}}",
+        "strategies=[uniform, datc]",
+    ]
+    subset = [s for s in subset if not s.startswith("settings.minilm")]
+    whole = load_ablate_config(QUICK, [*subset, f"output_dir={tmp_path / 'whole'}"])
+    shards = [
+        load_ablate_config(QUICK, [*subset, f"output_dir={tmp_path / f's{i}'}"]) for i in (0, 1)
+    ]
+    run_ablation(whole, command="test", log=lambda m: None)
+    # a changed strategy redoes that strategy's runs only
+    changed = load_ablate_config(
+        QUICK,
+        [
+            *subset,
+            f"output_dir={tmp_path / 'whole'}",
+            "strategies=[uniform, {name: datc, beta: 2.0}]",
+        ],
+    )
+    logs: list[str] = []
+    run_ablation(changed, command="test", log=logs.append, assets_only=False)
+    assert any("4 to run (4 of them done before with another config)" in m for m in logs), logs
+    run_ablation(whole, command="test", log=lambda m: None)  # and back
+    for i, cfg in enumerate(shards):
+        assert (
+            run_ablation(cfg, command="test", shard_index=i, shard_count=2, log=lambda m: None)
+            is None
+        )
+        done = list((tmp_path / f"s{i}").rglob(RESULT_FILE))
+        assert len(done) == len(plan_runs(cfg)) // 2
+    merged = load_ablate_config(QUICK, [*subset, f"output_dir={tmp_path / 'merged'}"])
+    outputs = merge(merged, [tmp_path / "s0", tmp_path / "s1"], command="test")
+    assert _table(outputs.csv) == _table(tmp_path / "whole" / CSV_FILE)
+    assert len(_table(outputs.csv)) == 2 * 2 * 2 * 3
+
+
+def test_merge_names_missing_runs(cache: Path, tmp_path: Path) -> None:
+    from backends.torch.config import ConfigError
+
+    cfg = load_ablate_config(
+        QUICK, [*TINY, f"cache_dir={cache}", f"output_dir={tmp_path / 'm'}", "workers=1"]
+    )
+    with pytest.raises(
+        ConfigError, match=r"24 of 24 runs have no result for this config yet \(target_tokens/"
+    ):
+        merge(cfg, [tmp_path / "nowhere"], command="test")

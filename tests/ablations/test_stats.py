@@ -1,0 +1,208 @@
+"""Statistics of the ablation report against hand-computed values.
+
+Student-t quantiles against the printed table (and SciPy when it happens to be installed);
+mean / interval / paired difference on small fixed samples computed by hand; and the whole
+summary (final reward, held-out metric, paired differences, steps to threshold, time per
+step, verdict) on a fixed results.csv.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from ablations.results import read_csv
+from ablations.stats import (
+    mean_interval,
+    paired_difference,
+    regularized_beta,
+    t_cdf,
+    t_quantile,
+)
+from ablations.summary import (
+    SettingSpec,
+    SummarySpec,
+    steps_to_threshold,
+    summarize,
+)
+
+# t_{0.975, df} from a standard table (5 significant digits)
+T975 = {1: 12.706, 2: 4.3027, 3: 3.1824, 4: 2.7764, 5: 2.5706, 9: 2.2622, 29: 2.0452}
+
+
+@pytest.mark.parametrize(("df", "expected"), sorted(T975.items()))
+def test_t_quantile_matches_the_table(df: int, expected: float) -> None:
+    assert t_quantile(0.975, df) == pytest.approx(expected, abs=6e-4)
+    assert t_quantile(0.025, df) == pytest.approx(-expected, abs=6e-4)
+    assert t_cdf(t_quantile(0.975, df), df) == pytest.approx(0.975, abs=1e-10)
+
+
+def test_t_quantile_matches_scipy_when_available() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 7, 30, 200):
+        for p in (0.6, 0.9, 0.975, 0.995):
+            assert t_quantile(p, df) == pytest.approx(float(stats.t.ppf(p, df)), rel=1e-9)
+
+
+def test_regularized_beta_closed_forms() -> None:
+    # I_x(1, 1) = x; I_x(a, 1) = x^a; I_x(1, b) = 1 - (1 - x)^b
+    assert regularized_beta(1.0, 1.0, 0.3) == pytest.approx(0.3, abs=1e-12)
+    assert regularized_beta(2.5, 1.0, 0.4) == pytest.approx(0.4**2.5, abs=1e-12)
+    assert regularized_beta(1.0, 3.0, 0.2) == pytest.approx(1 - 0.8**3, abs=1e-12)
+    with pytest.raises(ValueError, match="x"):
+        regularized_beta(1.0, 1.0, 1.5)
+
+
+def test_mean_interval_by_hand() -> None:
+    # [1, 2, 3, 4]: mean 2.5, s = sqrt(5/3), se = s / 2, half = t_{0.975,3} * se
+    half = 3.182446305284263 * math.sqrt(5 / 3) / 2
+    iv = mean_interval([1.0, 2.0, 3.0, 4.0])
+    assert (iv.mean, iv.n) == (2.5, 4)
+    assert iv.low == pytest.approx(2.5 - half, abs=1e-9)
+    assert iv.high == pytest.approx(2.5 + half, abs=1e-9)
+    assert iv.excludes_zero() == 1  # [0.446, 4.554]
+    # two values 0.1 and 0.3: mean 0.2, s = 0.1414.., half = 12.7062 * 0.1 = 1.2706
+    two = mean_interval([0.1, 0.3])
+    assert two.half_width == pytest.approx(12.706204736174694 * 0.1, abs=1e-9)
+    # 90% interval is narrower: t_{0.95,3} = 2.353363
+    assert mean_interval([1.0, 2.0, 3.0, 4.0], 0.90).half_width == pytest.approx(
+        2.353363434801823 * math.sqrt(5 / 3) / 2, abs=1e-9
+    )
+
+
+def test_degenerate_samples() -> None:
+    one = mean_interval([0.7])
+    assert one.mean == 0.7 and one.n == 1 and math.isnan(one.low) and math.isnan(one.high)
+    assert one.excludes_zero() == 0
+    none = mean_interval([])
+    assert none.n == 0 and math.isnan(none.mean)
+    same = mean_interval([0.5, 0.5, 0.5])
+    assert (same.low, same.high) == (0.5, 0.5)
+    with pytest.raises(ValueError, match="finite"):
+        mean_interval([1.0, float("nan")])
+
+
+def test_paired_difference_uses_common_seeds_only() -> None:
+    a = {0: 0.60, 1: 0.70, 2: 0.65, 7: 9.0}
+    b = {0: 0.50, 1: 0.55, 2: 0.60, 5: -9.0}
+    iv = paired_difference(a, b)  # differences 0.10, 0.15, 0.05
+    sd = math.sqrt(((0.0) ** 2 + 0.05**2 + 0.05**2) / 2)
+    half = 4.302652729749464 * sd / math.sqrt(3)
+    assert iv.n == 3
+    assert iv.mean == pytest.approx(0.10, abs=1e-12)
+    assert iv.low == pytest.approx(0.10 - half, abs=1e-9)
+    assert iv.excludes_zero() == 0  # [-0.024, 0.224]
+
+
+def test_steps_to_threshold_uses_a_trailing_moving_average() -> None:
+    curve = [(1, 0.0), (2, 1.0), (3, 0.0), (4, 1.0), (5, 1.0)]
+    assert steps_to_threshold(curve, 0.5, smooth=1) == 2
+    assert steps_to_threshold(curve, 0.6, smooth=2) == 5  # (1 + 1) / 2 at step 5
+    assert steps_to_threshold(curve, 0.5, smooth=3) == 4  # (1 + 0 + 1) / 3 = 0.667 at step 4
+    assert steps_to_threshold(curve, 2.0, smooth=1) is None
+
+
+# A fixed results.csv: one setting, one family, 2 strategies x 2 seeds, 3 steps each
+# (step 0 = held-out evaluation of the initial policy).
+FIXED_CSV = """\
+setting,family,strategy,seed,step,reward_mean,eval_reward_sampled,eval_reward_greedy,time_step,time_rollout,time_signals,time_update,wall_s,peak_rss_mb
+toy,llama,uniform,0,0,,0.10,0.20,,,,,5.0,100
+toy,llama,uniform,0,1,0.10,,,9.0,3.0,3.0,3.0,5.0,100
+toy,llama,uniform,0,2,0.20,,,1.0,0.5,0.2,0.3,5.0,100
+toy,llama,uniform,0,3,0.30,0.30,0.40,3.0,1.5,0.6,0.9,5.0,100
+toy,llama,uniform,1,0,,0.10,0.20,,,,,6.0,110
+toy,llama,uniform,1,1,0.20,,,9.0,3.0,3.0,3.0,6.0,110
+toy,llama,uniform,1,2,0.20,,,1.0,0.5,0.2,0.3,6.0,110
+toy,llama,uniform,1,3,0.40,0.50,0.60,3.0,1.5,0.6,0.9,6.0,110
+toy,llama,datc,0,0,,0.10,0.20,,,,,7.0,120
+toy,llama,datc,0,1,0.10,,,9.0,3.0,3.0,3.0,7.0,120
+toy,llama,datc,0,2,0.50,,,2.0,1.0,0.5,0.5,7.0,120
+toy,llama,datc,0,3,0.70,0.60,0.50,2.0,1.0,0.5,0.5,7.0,120
+toy,llama,datc,1,0,,0.10,0.20,,,,,8.0,130
+toy,llama,datc,1,1,0.20,,,9.0,3.0,3.0,3.0,8.0,130
+toy,llama,datc,1,2,0.40,,,2.0,1.0,0.5,0.5,8.0,130
+toy,llama,datc,1,3,0.60,0.70,0.80,2.0,1.0,0.5,0.5,8.0,130
+"""
+
+
+def test_summary_of_a_fixed_csv(tmp_path: Path) -> None:
+    path = tmp_path / "results.csv"
+    path.write_text(FIXED_CSV)
+    spec = SummarySpec(
+        settings=[SettingSpec("toy", "toy setting", "eval_reward_sampled", "reward", None)],
+        strategies=["uniform", "datc"],
+        method="datc",
+        final_window=2,
+        smooth=1,
+    )
+    tables, verdicts = summarize(read_csv(path), spec)
+    assert len(tables) == 1 and tables[0].family == "llama"
+    uni, datc = tables[0].strategies["uniform"], tables[0].strategies["datc"]
+    t1 = 12.706204736174694
+    # final train reward = mean of the last 2 steps: uniform 0.25 and 0.30; datc 0.60 and 0.50
+    assert uni.final_train.mean == pytest.approx(0.275)
+    assert uni.final_train.half_width == pytest.approx(t1 * 0.025, abs=1e-9)
+    assert datc.final_train.mean == pytest.approx(0.55)
+    # held-out (last evaluation): uniform 0.3, 0.5; datc 0.6, 0.7; greedy uniform 0.4, 0.6
+    assert uni.primary.mean == pytest.approx(0.4)
+    assert uni.held_greedy.mean == pytest.approx(0.5)
+    assert datc.held_sampled.mean == pytest.approx(0.65)
+    # paired differences per seed: held-out 0.3 and 0.2; final train 0.35 and 0.20
+    assert datc.diff_primary is not None and datc.diff_train is not None
+    assert datc.diff_primary.mean == pytest.approx(0.25)
+    assert datc.diff_primary.half_width == pytest.approx(t1 * 0.05, abs=1e-9)
+    assert datc.diff_train.mean == pytest.approx(0.275)
+    assert uni.diff_primary is None
+    # automatic threshold: step-1 reward 0.15 + half the gap to the best final mean 0.55
+    assert tables[0].threshold == pytest.approx(0.35)
+    assert uni.steps_to_threshold == [None, 3]
+    assert datc.steps_to_threshold == [2, 2]
+    # time per step leaves out step 1: uniform mean of (1, 3) twice = 2.0
+    assert uni.cost.time_step == pytest.approx(2.0)
+    assert uni.cost.time_rollout == pytest.approx(1.0)
+    assert datc.cost.time_signals == pytest.approx(0.5)
+    assert uni.cost.peak_rss_mb == 110 and datc.cost.wall_s == pytest.approx(7.5)
+    # one verdict, worded from the interval (0.25 +- 0.635 contains 0)
+    (verdict,) = verdicts
+    assert verdict.vs_baseline.mean == pytest.approx(0.25)
+    assert "no significant difference" in verdict.text
+    assert "+0.250" in verdict.text
+    assert "(95% CI -0.385 to +0.885, n=2" in verdict.text
+    # and the report prints exactly those numbers
+    from ablations.report import table_markdown
+
+    md = table_markdown(tables[0], spec, "reward", True)
+    assert "0.275 [-0.043, 0.593]" in md  # datc's final train reward, mean [95% CI]
+    assert "+0.250 [-0.385, +0.885]" in md  # its paired held-out difference to uniform
+
+
+def test_verdict_says_better_or_worse_only_when_the_interval_excludes_zero(
+    tmp_path: Path,
+) -> None:
+    rows = []
+    for seed, (u, d) in enumerate([(0.30, 0.50), (0.40, 0.61), (0.35, 0.54)]):
+        for strat, value in (("uniform", u), ("datc", d)):
+            rows.append(
+                {
+                    "setting": "toy",
+                    "family": "gpt2",
+                    "strategy": strat,
+                    "seed": seed,
+                    "step": 1,
+                    "reward_mean": value,
+                    "eval_reward_sampled": value,
+                }
+            )
+    spec = SummarySpec(
+        settings=[SettingSpec("toy", "toy", "eval_reward_sampled", "reward", 0.2)],
+        strategies=["uniform", "datc"],
+    )
+    _, (better,) = summarize(rows, spec)
+    assert better.vs_baseline.excludes_zero() == 1 and "**datc beats uniform**" in better.text
+    flipped = [
+        {**r, "strategy": {"uniform": "datc", "datc": "uniform"}[r["strategy"]]} for r in rows
+    ]
+    _, (worse,) = summarize(flipped, spec)
+    assert "**datc is worse than uniform**" in worse.text
