@@ -14,7 +14,7 @@ merge), ``probes`` (exact held-out scores and credit examples from a trained pol
 ``report`` and ``figures`` (outputs).
 """
 
-from ablations.config import AblateConfig, load_ablate_config
+from ablations.ablation_config import AblateConfig, load_ablate_config
 from ablations.runner import Outputs, merge, plan_runs, run_ablation, write_outputs
 from ablations.stats import Interval, mean_interval, paired_difference, t_quantile
 

@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    from ablations.config import load_ablate_config
+    from ablations.ablation_config import load_ablate_config
     from ablations.results import parse_shard
     from ablations.runner import Outputs, merge, run_ablation, run_workers
 

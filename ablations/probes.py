@@ -1,8 +1,9 @@
 """Looking at a trained policy after its run: exact held-out scores and where DATC's credit goes.
 
-Both sample from the run's final policy with the trainer's own components (its rollout
-engine settings, reward pipeline and credit strategy), under seeds derived from the run's
-seed and a tag of their own, so they never reuse the training or evaluation samples.
+Both sample from the run's final policy through the trainer's own rollout
+(``GRPORecipe.rollout``) and credit path (``GRPORecipe.signals``), under seeds derived from
+the run's seed and a tag of their own, so they never reuse the training or evaluation
+samples.
 
 - ``extra_eval``: an exact scorer (``(prompts, responses) -> scores``) on every held-out
   prompt: mean over G samples at the training temperature, and over greedy responses.
@@ -18,40 +19,18 @@ from typing import Any
 
 import torch
 
-from adapters.policy import response_logprobs_and_stats
-from adapters.text_reward import decode_rows
+from adapters.scorers import decode_rows
 from backends.torch.data import Prompt
-from backends.torch.rollout import HFRolloutEngine, RolloutBatch, derive_seed, encode_prompts
+from backends.torch.rollout import RolloutBatch
 from backends.torch.trainer import GRPORecipe
-from credit_core import CreditBatch, group_advantages
-
-PROMPTS_PER_CALL = 16
 
 
 def _sample(
     recipe: GRPORecipe, prompts: Sequence[Prompt], *, group_size: int, greedy: bool, tag: str
 ) -> RolloutBatch:
-    policy = recipe.policy
-    engine = HFRolloutEngine(
-        policy.model, recipe.cfg.rollout, pad_id=policy.pad_id, eos_ids=policy.eos_ids
-    )
-    device = recipe.ctx.device
-    parts = []
-    for start in range(0, len(prompts), PROMPTS_PER_CALL):
-        chunk = prompts[start : start + PROMPTS_PER_CALL]
-        ids, mask = encode_prompts(policy.tokenizer, [p.text for p in chunk], policy.pad_id)
-        group = torch.arange(start, start + len(chunk), device=device)
-        parts.append(
-            engine.generate(
-                ids.to(device),
-                mask.to(device),
-                group,
-                group_size=group_size,
-                greedy=greedy,
-                seed=derive_seed(recipe.cfg.seed, tag, start),
-            )
-        )
-    return RolloutBatch.cat(parts)
+    """The trainer's own rollout of ``prompts`` (held-out: ``group`` indexes them)."""
+    index = list(range(len(prompts)))
+    return recipe.rollout(prompts, index, index, group_size=group_size, greedy=greedy, tag=tag)
 
 
 @torch.no_grad()
@@ -89,27 +68,13 @@ def credit_examples(
         return []
     G = cfg.rollout.group_size
     for i, prompt in enumerate(recipe.eval_prompts[:max_prompts]):
-        batch = _sample(recipe, [prompt], group_size=G, greedy=False, tag=f"ablate_credit_{i}")
-        rewards, grad, _ = recipe.reward.score(
-            batch,
-            with_grad="reward_grad" in strategy.requires,
-            micro_batch_size=cfg.algorithm.micro_batch_size,
+        batch = recipe.rollout(
+            [prompt], [i], [i], group_size=G, greedy=False, tag=f"ablate_credit_{i}"
         )
-        adv = group_advantages(rewards, G, cfg.algorithm.estimator, cfg.algorithm.adv_eps)
+        signals = recipe.signals(batch, recipe.eval_prompts)
+        adv, rewards = signals.advantages, signals.rewards
         if not bool((adv != 0).any()):
             continue
-        with torch.no_grad():
-            _, stats = response_logprobs_and_stats(
-                policy.model,
-                batch.input_ids,
-                batch.attention_mask,
-                batch.response_len,
-                temperature=cfg.rollout.temperature,
-                reward_embedding=embedding if "policy_stats" in strategy.requires else None,
-            )
-        result = strategy.assign_with_diagnostics(
-            CreditBatch(adv, batch.response_mask, batch.response_ids, grad, stats)
-        )
         order = sorted(range(G), key=lambda r: -abs(float(adv[r])))
         pos = [r for r in order if adv[r] > 0][: (n_responses + 1) // 2]
         neg = [r for r in order if adv[r] < 0][: n_responses - len(pos)]
@@ -123,7 +88,7 @@ def credit_examples(
                 {
                     "prompt": prompt.text,
                     "tokens": [policy.tokenizer.decode([t]) for t in ids],
-                    "weights": (result.token_advantages[r, :n] / a).tolist(),
+                    "weights": (signals.token_advantages[r, :n] / a).tolist(),
                     "reward": float(rewards[r]),
                     "advantage": a,
                 }

@@ -71,7 +71,7 @@ class RunKey:
         return Path(output_dir) / RUNS_DIR / self.relpath
 
 
-def shard(plan: Sequence[RunKey], index: int, count: int) -> list[RunKey]:
+def shard_runs(plan: Sequence[RunKey], index: int, count: int) -> list[RunKey]:
     """Runs ``index``, ``index + count``, ... of ``plan`` (round robin, so every shard gets
     a share of every setting)."""
     if count < 1 or not 0 <= index < count:

@@ -2,7 +2,7 @@
 
 The reward model is a tiny BERT sequence classifier (``adapters.tiny.tiny_seq_classifier``)
 over the policy's own vocabulary, trained by mean-squared error to predict a score of
-(prompt, response) pairs. Its inputs are laid out exactly as ``adapters.reward.
+(prompt, response) pairs. Its inputs are laid out exactly as ``adapters.reward_models.
 SeqClassificationRM`` lays them out when it scores rollouts (``adapters.rm_inputs.assemble``
 with the RM tokenizer's pair template, right padding), so what it learned is what it sees.
 The saved folder (model + the RM tokenizer) is a ``seq_classification`` direction model.

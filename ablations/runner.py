@@ -29,8 +29,8 @@ import torch
 import yaml
 
 from ablations import figures as figs
+from ablations.ablation_config import AblateConfig, deep_merge
 from ablations.cache import spec_hash
-from ablations.config import AblateConfig, deep_merge
 from ablations.pretrain import TOKENIZER_DIR
 from ablations.report import render_report
 from ablations.results import (
@@ -40,7 +40,7 @@ from ablations.results import (
     read_csv,
     read_result,
     result_rows,
-    shard,
+    shard_runs,
     write_csv,
     write_result,
 )
@@ -241,7 +241,7 @@ def run_ablation(
         for setting, family in pairs[shard_index::shard_count]:
             build_assets(cfg, setting, family, log)
         return None
-    mine = shard(plan, shard_index, shard_count)
+    mine = shard_runs(plan, shard_index, shard_count)
     pending = _pending(cfg, mine)
     stale = sum((r.folder(out) / RESULT_FILE).is_file() for r in pending)
     log(
@@ -250,7 +250,7 @@ def run_ablation(
         + (f" ({stale} of them done before with another config)" if stale else "")
     )
     assets: dict[tuple[str, str], SettingAssets] = {}
-    method = _method_label(cfg)
+    method = cfg.method_label
     t0 = time.perf_counter()
     for i, run in enumerate(pending, start=1):
         key = (run.setting, run.family)
@@ -331,15 +331,6 @@ def merge(cfg: AblateConfig, sources: Sequence[Path], *, command: str) -> Output
     return write_outputs(cfg, command=command)
 
 
-def _method_label(cfg: AblateConfig) -> str:
-    labels = [s.label for s in cfg.strategies]
-    return (
-        "datc"
-        if "datc" in labels
-        else next((s.label for s in cfg.strategies if s.credit.name == "datc"), labels[0])
-    )
-
-
 def summary_spec(cfg: AblateConfig) -> SummarySpec:
     return SummarySpec(
         settings=[
@@ -354,8 +345,8 @@ def summary_spec(cfg: AblateConfig) -> SummarySpec:
         ],
         strategies=[s.label for s in cfg.strategies],
         baseline=cfg.baseline,
-        method=_method_label(cfg),
-        control="datc_shuffled",
+        method=cfg.method_label,
+        control=cfg.control,
         final_window=cfg.report.final_window,
         smooth=cfg.report.smooth,
         confidence=cfg.report.confidence,

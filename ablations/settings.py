@@ -5,7 +5,7 @@ policy folder (``policy.path`` of the trainer), JSONL prompt files, and the trai
 ``reward`` section. Everything is built in-process, offline, and cached under the cache
 folder (``cache.cached_dir``), keyed by everything that determines it; reruns reuse it.
 
-1. ``target_tokens``: the target-token task (``tasks.target_task``) on a word-level
+1. ``target_tokens``: the target-token task (``word_tasks.target_task``) on a word-level
    vocabulary; the reward is a tiny BERT trained in-process on the exact score, and it both
    sets the advantage and supplies the direction. The exact score on held-out prompts is
    reported beside the RM's reward (``extra_eval``): the RM could be exploited, the rule not.
@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ablations import tasks
+from ablations import word_tasks
 from ablations.cache import cached_dir
 from ablations.corpus import docstring_sentences
 from ablations.pretrain import PretrainConfig, pretrain_policy
@@ -152,7 +152,7 @@ def _policy(
     return folder, json.loads((folder / "pretrain.json").read_text())
 
 
-def _data_dir(cache: Path, setting: str, params: dict[str, Any], data: tasks.TaskData) -> Path:
+def _data_dir(cache: Path, setting: str, params: dict[str, Any], data: word_tasks.TaskData) -> Path:
     def build(folder: Path) -> None:
         _write_jsonl(folder / TRAIN_FILE, data.train)
         _write_jsonl(folder / EVAL_FILE, data.held_out)
@@ -175,7 +175,7 @@ def _rm(
     def build(folder: Path) -> None:
         fit = train_reward_model(
             folder,
-            rm_tokenizer=tasks.word_tokenizer(words, pair_template=True),
+            rm_tokenizer=word_tasks.word_tokenizer(words, pair_template=True),
             train_examples=examples(cfg.examples, cfg.seed + 1),
             test_examples=examples(max(64, cfg.examples // 8), cfg.seed + 2),
             cfg=cfg,
@@ -199,7 +199,7 @@ def _word_task(
     p: TargetTokensParams | VerifiableParams,
     family: str,
     cache: Path,
-    data: tasks.TaskData,
+    data: word_tasks.TaskData,
     words: list[str],
     rm_examples: Callable[[list[str], int, int], list[tuple[str, str, float]]],
 ) -> _WordTaskAssets:
@@ -220,7 +220,7 @@ def _word_task(
         setting,
         family,
         {"words": words},
-        lambda: tasks.word_tokenizer(words),
+        lambda: word_tasks.word_tokenizer(words),
         data.pretrain_texts,
         p.pretrain,
     )
@@ -228,12 +228,12 @@ def _word_task(
         rm_dir=rm_dir,
         policy_dir=policy_dir,
         data=_data_section(_data_dir(cache, setting, task_spec, data)),
-        info={"pretrain": pre, "rm_fit": fit, "vocab_size": len(words) + len(tasks.SPECIALS)},
+        info={"pretrain": pre, "rm_fit": fit, "vocab_size": len(words) + len(word_tasks.SPECIALS)},
     )
 
 
 def build_target_tokens(p: TargetTokensParams, family: str, cache: Path) -> SettingAssets:
-    data = tasks.target_task(
+    data = word_tasks.target_task(
         num_train=p.num_train,
         num_held_out=p.num_held_out,
         num_pretrain=p.num_pretrain,
@@ -241,34 +241,42 @@ def build_target_tokens(p: TargetTokensParams, family: str, cache: Path) -> Sett
         seed=p.seed,
     )
     a = _word_task(
-        "target_tokens", p, family, cache, data, tasks.target_words(), tasks.target_rm_examples
+        "target_tokens",
+        p,
+        family,
+        cache,
+        data,
+        word_tasks.target_words(),
+        word_tasks.target_rm_examples,
     )
     return SettingAssets(
         policy_dir=a.policy_dir,
         data=a.data,
         reward={"direction_model": {"kind": "seq_classification", "path": str(a.rm_dir)}},
-        train={"rollout": {"max_new_tokens": tasks.RESPONSE_WORDS}},
-        extra_eval={"task_score": tasks.target_scorer},
+        train={"rollout": {"max_new_tokens": word_tasks.RESPONSE_WORDS}},
+        extra_eval={"task_score": word_tasks.target_scorer},
         info=a.info,
     )
 
 
 def build_verifiable(p: VerifiableParams, family: str, cache: Path) -> SettingAssets:
-    data = tasks.sort_task(
+    data = word_tasks.sort_task(
         num_train=p.num_train,
         num_held_out=p.num_held_out,
         num_pretrain=p.num_pretrain,
         seed=p.seed,
     )
-    a = _word_task("verifiable", p, family, cache, data, tasks.sort_words(), tasks.sort_rm_examples)
+    a = _word_task(
+        "verifiable", p, family, cache, data, word_tasks.sort_words(), word_tasks.sort_rm_examples
+    )
     return SettingAssets(
         policy_dir=a.policy_dir,
         data=a.data,
         reward={
             "direction_model": {"kind": "seq_classification", "path": str(a.rm_dir)},
-            "reward": {"kind": "callable", "function": "ablations.tasks:sort_checker"},
+            "reward": {"kind": "callable", "function": "ablations.word_tasks:sort_checker"},
         },
-        train={"rollout": {"max_new_tokens": tasks.SORT_DIGITS + 1}},
+        train={"rollout": {"max_new_tokens": word_tasks.SORT_DIGITS + 1}},
         info=a.info,
     )
 
@@ -332,7 +340,7 @@ def _build_minilm(p: MiniLMParams, family: str, cache: Path, *, bridged: bool) -
         make_tok = minilm_policy_tokenizer
         tok_spec = {"minilm_wordpiece": True}
     policy_dir, pre = _policy(cache, name, family, tok_spec, make_tok, texts, p.pretrain)
-    data = tasks.TaskData(train, held, [])
+    data = word_tasks.TaskData(train, held, [])
     return SettingAssets(
         policy_dir=policy_dir,
         data=_data_section(_data_dir(cache, "minilm", data_spec, data)),

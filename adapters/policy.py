@@ -15,12 +15,12 @@ recomputation pass in backward.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 
 from adapters.logprobs import token_logprobs
+from adapters.signature import accepts_keyword
 from credit_core import CreditError, PolicyStats, policy_stats
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE, DEFAULT_TILE_ELEMENTS
 from credit_core.tensor_checks import check_tensor
@@ -75,11 +75,6 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return pos.masked_fill(attention_mask == 0, 1)
 
 
-def _accepts(module: torch.nn.Module, name: str) -> bool:
-    params = inspect.signature(module.forward).parameters
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def final_hidden_states(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> torch.Tensor:
@@ -104,7 +99,7 @@ def final_hidden_states(
         out = decoder(**inputs)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     else:
-        if _accepts(inner, "logits_to_keep"):
+        if accepts_keyword(inner.forward, "logits_to_keep", via_var_keyword=True):
             inputs["logits_to_keep"] = 1
         hidden = model(**inputs, output_hidden_states=True).hidden_states[-1]
     if not isinstance(hidden, torch.Tensor) or hidden.shape[:2] != input_ids.shape:

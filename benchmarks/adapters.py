@@ -17,7 +17,7 @@ import torch
 
 from adapters.minilm import load_minilm
 from adapters.policy import response_logprobs_and_stats
-from adapters.reward import EncoderSimilarityRM
+from adapters.reward_models import EncoderSimilarityRM
 from adapters.tiny import TINY_CORPUS, tiny_causal_lm, train_bpe_tokenizer
 from adapters.vocab_bridge import VocabBridge
 from benchmarks.timing import Summary, interleaved

@@ -63,6 +63,35 @@ class PolicyStats:
             sampled_emb=self.sampled_emb[rows],
         )
 
+    def pad_to(self, length: int) -> PolicyStats:
+        """The stats with zeros appended along T up to ``length`` (>= T) positions."""
+        T = int(self.p_sampled.shape[1])
+        if length < T:
+            raise CreditError(f"PolicyStats.pad_to: expected a length >= T={T}, got {length}")
+        if length == T:
+            return self
+        pad = length - T
+
+        def p2(x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(x, (0, pad))
+
+        def p3(x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(x, (0, 0, 0, pad))
+
+        return PolicyStats(
+            p2(self.p_sampled), p2(self.p_sq), p3(self.m1), p3(self.m2), p3(self.sampled_emb)
+        )
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> PolicyStats:
+        """All five tensors on ``device`` (and in floating ``dtype`` if given)."""
+        return PolicyStats(
+            p_sampled=self.p_sampled.to(device, dtype),
+            p_sq=self.p_sq.to(device, dtype),
+            m1=self.m1.to(device, dtype),
+            m2=self.m2.to(device, dtype),
+            sampled_emb=self.sampled_emb.to(device, dtype),
+        )
+
     @staticmethod
     def cat(parts: list[PolicyStats]) -> PolicyStats:
         """Concatenate stats of several batches along the batch dimension."""

@@ -36,7 +36,7 @@ from credit_core import CreditError, PolicyStats, policy_stats_from_logits
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
 
 if TYPE_CHECKING:
-    from adapters.reward import DirectionModel
+    from adapters.direction import DirectionModel
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ not on the number of ranks (when chunk boundaries line up), nor on what ran befo
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -83,6 +83,18 @@ class RolloutBatch:
             self.pad_id,
         )
 
+    def micro_batches(self, size: int) -> Iterator[tuple[slice, RolloutBatch]]:
+        """Consecutive chunks of at most ``size`` rows: (rows, ``select(rows)``) each.
+
+        A chunk's responses are trimmed to its longest one; ``pad_responses`` brings a
+        per-chunk result back to ``response_len`` columns before concatenation.
+        """
+        if size < 1:
+            raise ValueError(f"micro-batch size: expected >= 1, got {size}")
+        for start in range(0, self.size, size):
+            rows = slice(start, min(self.size, start + size))
+            yield rows, self.select(rows)
+
     @staticmethod
     def cat(parts: Sequence[RolloutBatch]) -> RolloutBatch:
         """Concatenate along the batch, re-padding prompts (left) and responses (right)."""
@@ -106,6 +118,14 @@ class RolloutBatch:
             torch.cat([b.group for b in parts]),
             pad,
         )
+
+
+def pad_responses(x: torch.Tensor, length: int) -> torch.Tensor:
+    """``x`` (B, R[, ...]) with zeros appended along dim 1 up to ``length`` (>= R) columns."""
+    pad = length - x.shape[1]
+    if pad < 0:
+        raise ValueError(f"pad_responses: expected length >= {x.shape[1]}, got {length}")
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, pad))
 
 
 def encode_prompts(

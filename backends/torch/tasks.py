@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from adapters.reward import DirectionModel, ModuleRM
+from adapters.direction import DirectionModel
+from adapters.reward_models import ModuleRM
 from adapters.tiny import TINY_CORPUS
 from backends.torch.config import ConfigError
 from backends.torch.data import Prompt
@@ -32,7 +33,7 @@ class Task:
     """Prompts for training and held-out evaluation, and a reward factory.
 
     ``build_direction(device)`` returns the frozen differentiable reward model
-    (``adapters.reward.DirectionModel``) that both sets the reward and supplies its gradient.
+    (``adapters.direction.DirectionModel``) that both sets the reward and supplies its gradient.
     """
 
     name: str
@@ -76,7 +77,7 @@ class PositionalParams(BaseModel):
 class PositionalRM(torch.nn.Module):
     """r = (1/|S|) sum over scored positions t < n of f(x_t), x_t the t-th response embedding.
 
-    The module of an ``adapters.reward.ModuleRM`` reading the response alone: column t of
+    The module of an ``adapters.reward_models.ModuleRM`` reading the response alone: column t of
     ``inputs_embeds`` is response token t. ``embedding`` (V, d) is its input table.
     """
 

@@ -1,14 +1,20 @@
 """The GRPO recipe: one readable loop, components imported (torchtune style).
 
-One step, identical on every rank for its shard of the step's prompts:
+One step (``train_step``), identical on every rank for its shard of the step's prompts;
+each phase's inputs and outputs are named in its signature (``backends.torch.step``):
 
-1. rollout: G responses per prompt (``rollout``), each generate call under a derived seed;
-2. signals: rewards, ``group_advantages`` (groups never straddle ranks), old-policy log-probs
-   at the rollout temperature, reference log-probs (if ``kl_coef > 0``), and only the signals
-   the credit strategy requires (RM gradient, policy stats); then ``strategy.assign``;
-3. update: ``ppo_epochs`` x ``updates_per_epoch`` optimizer steps of the clipped loss with
-   token advantages (+ KL), micro-batched, normalized by the step's global totals so the
-   gradient equals the single-process gradient of the same global batch.
+1. ``rollout(prompts, ...) -> RolloutBatch``: G responses per prompt, each generate call
+   under a derived seed;
+2. ``signals(batch, pool) -> StepSignals``, the credit path: rewards, ``group_advantages``
+   (groups never straddle ranks), old-policy log-probs at the rollout temperature, reference
+   log-probs (if ``kl_coef > 0``), only the signals the credit strategy requires (RM
+   gradient, policy stats), then ``strategy.assign_with_diagnostics``;
+3. ``update(signals) -> UpdateResult``: ``ppo_epochs`` x ``updates_per_epoch`` optimizer
+   steps of the clipped loss with token advantages (+ KL), micro-batched (``micro_step``
+   -> ``UpdateTerms``), normalized by the step's global totals so the gradient equals the
+   single-process gradient of the same global batch.
+
+Each phase result reports its own metrics; ``StepTiming`` times the three phases.
 
 ``train(config)`` runs it in-process and returns a ``RunResult`` (metric history); the CLI
 (``python -m backends.torch``) is a thin wrapper around it.
@@ -57,18 +63,19 @@ from backends.torch.models import (
     build_policy,
     checkpointed_layers,
 )
-from backends.torch.reward import build_prompts_and_reward
 from backends.torch.rollout import (
     HFRolloutEngine,
     RolloutBatch,
     RolloutEngine,
     derive_seed,
     encode_prompts,
+    pad_responses,
 )
+from backends.torch.rollout_rewards import build_prompts_and_reward
 from backends.torch.schedule import build_optimizer
+from backends.torch.step import StepSignals, StepTiming, UpdateResult, UpdateTerms, merged
 from credit_core import (
     CreditBatch,
-    CreditDiagnostics,
     CreditStrategy,
     PolicyStats,
     get_strategy,
@@ -91,16 +98,6 @@ class RunResult:
     def series(self, name: str) -> list[tuple[int, float]]:
         """(step, value) of metric ``name`` wherever it was logged."""
         return [(int(r["step"]), r[name]) for r in self.history if name in r]
-
-
-@dataclass
-class StepData:
-    """Everything the update needs for this rank's share of one step (response coordinates)."""
-
-    batch: RolloutBatch
-    token_advantages: torch.Tensor  # (B, R) float32, 0 at padding
-    old_logp: torch.Tensor  # (B, R)
-    ref_logp: torch.Tensor | None  # (B, R)
 
 
 def _labels(batch: RolloutBatch, pool: Sequence[Prompt]) -> list[Any]:
@@ -132,12 +129,12 @@ class GRPORecipe:
             else None
         )
         self.strategy: CreditStrategy = get_strategy(cfg.credit)
-        self.need_grad = "reward_grad" in self.strategy.requires
-        self.need_stats = "policy_stats" in self.strategy.requires
+        self.need_reward_grad = "reward_grad" in self.strategy.requires
+        self.need_policy_stats = "policy_stats" in self.strategy.requires
         self.train_prompts, self.eval_prompts, self.reward = build_prompts_and_reward(
             cfg, self.policy.model, self.policy.tokenizer, device=dev
         )
-        if (self.need_grad or self.need_stats) and self.reward.direction is None:
+        if (self.need_reward_grad or self.need_policy_stats) and self.reward.direction is None:
             raise ConfigError(
                 f"credit: strategy {cfg.credit.name!r} needs a differentiable reward model "
                 "(reward.direction_model), but the config has none"
@@ -278,7 +275,7 @@ class GRPORecipe:
 
     # ---------------------------------------------------------------------------- rollout
 
-    def _rollout(
+    def rollout(
         self,
         prompts: Sequence[Prompt],
         positions: Sequence[int],
@@ -323,13 +320,13 @@ class GRPORecipe:
 
     def _logprobs(
         self, model: torch.nn.Module, batch: RolloutBatch, *, with_stats: bool
-    ) -> tuple[torch.Tensor, Any]:
+    ) -> tuple[torch.Tensor, PolicyStats | None]:
         """No-grad log-probs (B, R) at the rollout temperature (+ PolicyStats), micro-batched."""
         emb = self.reward.embedding if with_stats else None
+        R = batch.response_len
         logps, stats = [], []
         with torch.no_grad():
-            for sl in _chunks(batch.size, self.cfg.algorithm.micro_batch_size):
-                mb = batch.select(sl)
+            for _, mb in batch.micro_batches(self.cfg.algorithm.micro_batch_size):
                 with root_gathered(model, reshard=False):
                     logp, st = response_logprobs_and_stats(
                         model,
@@ -339,66 +336,67 @@ class GRPORecipe:
                         temperature=self.cfg.rollout.temperature,
                         reward_embedding=emb,
                     )
-                pad = batch.response_len - mb.response_len
-                logps.append(torch.nn.functional.pad(logp, (0, pad)))
+                logps.append(pad_responses(logp, R))
                 if st is not None:
-                    stats.append(_pad_stats(st, pad))
+                    stats.append(st.pad_to(R))
         return torch.cat(logps), PolicyStats.cat(stats) if stats else None
 
-    def _signals(self, batch: RolloutBatch) -> tuple[StepData, dict[str, Any]]:
-        """Rewards, advantages, old/ref log-probs, the strategy's signals, token advantages.
+    def signals(self, batch: RolloutBatch, pool: Sequence[Prompt]) -> StepSignals:
+        """The credit path: rewards, advantages, old/ref log-probs, the strategy's signals
+        and token advantages of ``batch`` (whose ``group`` indexes ``pool``).
 
-        Returns the step data and this rank's raw figures (tensors and sums) for
-        ``_step_metrics`` to reduce over ranks.
+        Used by training, and by anything that wants the trainer's own credit for a batch
+        (the ablation probes, ``benchmarks/step.py``).
         """
         cfg = self.cfg
-        rewards, reward_grad, rm_diag = self.reward.score(
+        reward = self.reward.compute(
             batch,
-            with_grad=self.need_grad,
+            with_grad=self.need_reward_grad,
             micro_batch_size=cfg.algorithm.micro_batch_size,
-            labels=_labels(batch, self.train_prompts),
+            labels=_labels(batch, pool),
         )
         advantages = group_advantages(
-            rewards, cfg.rollout.group_size, cfg.algorithm.estimator, cfg.algorithm.adv_eps
+            reward.rewards, cfg.rollout.group_size, cfg.algorithm.estimator, cfg.algorithm.adv_eps
         )
-        old_logp, stats = self._logprobs(self.model, batch, with_stats=self.need_stats)
-        ref_logp = None
+        old_logp, stats = self._logprobs(self.model, batch, with_stats=self.need_policy_stats)
+        ref_logp = kl_ref = None
         if self.ref_model is not None:
             ref_logp, _ = self._logprobs(self.ref_model, batch, with_stats=False)
+            kl_ref = kl_estimate(old_logp, ref_logp, cfg.algorithm.kl_estimator)
         credit = self.strategy.assign_with_diagnostics(
             CreditBatch(
                 advantages=advantages,
                 mask=batch.response_mask,
                 token_ids=batch.response_ids,
-                reward_grad=reward_grad,
+                reward_grad=reward.reward_grad,
                 policy_stats=stats,
             )
         )
-        mask = batch.response_mask
-        sums = {
-            "signals/reward_grad_rows": float(batch.size if reward_grad is not None else 0),
-            "signals/policy_stats_rows": float(batch.size if stats is not None else 0),
-            "_nll_sum": float(-(old_logp * mask).sum()),
-            **{f"{k}_rankmean": v / self.ctx.world_size for k, v in rm_diag.items()},
-        }
-        if ref_logp is not None:
-            kl = kl_estimate(old_logp, ref_logp, cfg.algorithm.kl_estimator)
-            sums["_kl_ref_sum"] = float((kl * mask).sum())
-        data = StepData(batch, credit.token_advantages, old_logp, ref_logp)
-        raw = {"rewards": rewards, "advantages": advantages, "diag": credit.diagnostics}
-        return data, {**raw, "sums": sums}
+        return StepSignals(
+            batch=batch,
+            rewards=reward.rewards,
+            advantages=advantages,
+            old_logp=old_logp,
+            ref_logp=ref_logp,
+            credit=credit,
+            kl_ref=kl_ref,
+            reward_diagnostics=reward.diagnostics,
+            reward_grad_rows=batch.size if reward.reward_grad is not None else 0,
+            policy_stats_rows=batch.size if stats is not None else 0,
+        )
 
     # ----------------------------------------------------------------------------- update
 
-    def _update(self, data: StepData) -> dict[str, float]:
+    def update(self, signals: StepSignals) -> UpdateResult:
+        """All optimizer updates of one step on ``signals`` (see the module docstring)."""
         cfg, alg = self.cfg, self.cfg.algorithm
-        per_update = data.batch.size // alg.updates_per_epoch
-        sums = torch.zeros(6, dtype=torch.float64)  # pg, kl, clipped tokens, tokens, -logratio, gn
-        n_updates = 0
+        batch = signals.batch
+        per_update = batch.size // alg.updates_per_epoch
+        terms, grad_norm_sum, n_updates = UpdateTerms(), 0.0, 0
         for _epoch in range(alg.ppo_epochs):
             for u in range(alg.updates_per_epoch):
                 rows = slice(u * per_update, (u + 1) * per_update)
-                mask = data.batch.response_mask[rows]
+                mask = batch.response_mask[rows]
                 totals = self.ctx.all_reduce_sum(
                     torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64)
                 )
@@ -410,23 +408,15 @@ class GRPORecipe:
                 for i, sl in enumerate(micro):
                     idx = slice(rows.start + sl.start, rows.start + sl.stop)
                     with grad_sync(self.model, i == len(micro) - 1):
-                        sums[:5] += self._micro_step(data, idx, norm)
-                sums[5] += self._optimizer_step()
+                        terms = terms + self.micro_step(signals, idx, norm)
+                grad_norm_sum += self._optimizer_step()
                 n_updates += 1
-        g = self.ctx.all_reduce_sum(sums[:5])
-        return {
-            "loss/policy": float(g[0]) / n_updates,
-            "loss/kl": float(g[1]) / n_updates,
-            "loss/total": float(g[0] + alg.kl_coef * g[1]) / n_updates,
-            "ppo/clip_frac": float(g[2] / g[3]),
-            "ppo/approx_kl": float(g[4] / g[3]),
-            "optim/grad_norm": float(sums[5]) / n_updates,
-            "optim/lr": float(self.scheduler.get_last_lr()[0]),
-        }
+        return UpdateResult(terms, grad_norm_sum, n_updates, float(self.scheduler.get_last_lr()[0]))
 
-    def _micro_step(self, data: StepData, idx: slice, norm: LossNormalizer) -> torch.Tensor:
+    def micro_step(self, signals: StepSignals, idx: slice, norm: LossNormalizer) -> UpdateTerms:
+        """Forward and backward of the loss on rows ``idx``; its terms on this rank."""
         alg = self.cfg.algorithm
-        mb = data.batch.select(idx)
+        mb = signals.batch.select(idx)
         R = mb.response_len
         mask = mb.response_mask
         with root_gathered(self.model, reshard=False), activation_checkpointing(self.checkpointed):
@@ -439,16 +429,16 @@ class GRPORecipe:
             )
         terms = ppo_clip_loss(
             logp,
-            data.old_logp[idx, :R],
-            data.token_advantages[idx, :R],
+            signals.old_logp[idx, :R],
+            signals.token_advantages[idx, :R],
             clip_eps_low=alg.clip_eps_low,
             clip_eps_high=alg.clip_eps_high,
         )
         pg = aggregate(terms.loss, mask, alg.loss_agg, norm)
         loss = pg
         kl_term = torch.zeros((), dtype=pg.dtype)
-        if data.ref_logp is not None:
-            kl = kl_estimate(logp, data.ref_logp[idx, :R], alg.kl_estimator)
+        if signals.ref_logp is not None:
+            kl = kl_estimate(logp, signals.ref_logp[idx, :R], alg.kl_estimator)
             kl_term = aggregate(kl, mask, alg.loss_agg, norm)
             loss = pg + alg.kl_coef * kl_term
         if not bool(torch.isfinite(loss)):
@@ -458,15 +448,12 @@ class GRPORecipe:
             )
         # DDP/FSDP average gradients over ranks; the normalizers are global: undo the mean
         (loss * self.ctx.world_size).backward()  # type: ignore[no-untyped-call]
-        return torch.tensor(
-            [
-                float(pg.detach()),
-                float(kl_term.detach()),
-                float((terms.clipped & mask).sum()),
-                float(mask.sum()),
-                float((-terms.log_ratio * mask).sum()),
-            ],
-            dtype=torch.float64,
+        return UpdateTerms(
+            policy_loss=float(pg.detach()),
+            kl_loss=float(kl_term.detach()),
+            clipped_tokens=float((terms.clipped & mask).sum()),
+            tokens=float(mask.sum()),
+            neg_log_ratio=float((-terms.log_ratio * mask).sum()),
         )
 
     def _optimizer_step(self) -> float:
@@ -493,7 +480,7 @@ class GRPORecipe:
         self.step += 1
         t0 = time.perf_counter()
         prompts, positions, groups = self._my_prompts(self.sampler.next_batch(), self.train_prompts)
-        batch = self._rollout(
+        batch = self.rollout(
             prompts,
             positions,
             groups,
@@ -502,93 +489,17 @@ class GRPORecipe:
             tag="rollout",
         )
         t1 = time.perf_counter()
-        data, sig = self._signals(batch)
+        signals = self.signals(batch, self.train_prompts)
         t2 = time.perf_counter()
-        upd = self._update(data)
+        update = self.update(signals)
         self.scheduler.step()
         t3 = time.perf_counter()
-        metrics = self._step_metrics(batch, sig)
-        timing = self._timing(metrics.pop("_tokens"), t0, t1, t2, t3)
-        return {**metrics, **upd, **timing}
-
-    def _step_metrics(self, batch: RolloutBatch, sig: dict[str, Any]) -> dict[str, float]:
-        """Global step metrics: rewards gathered from every rank, sums reduced."""
-        ctx = self.ctx
-        rewards = ctx.all_gather_cat(sig["rewards"].float())
-        advantages = ctx.all_gather_cat(sig["advantages"].float())
-        lengths = batch.response_mask.sum(dim=1)
-        ended = torch.isin(
-            batch.response_ids, torch.tensor(self.policy.eos_ids, device=lengths.device)
+        timing = StepTiming(t1 - t0, t2 - t1, t3 - t2, float(batch.response_mask.sum()))
+        return merged(
+            signals.metrics(self.ctx, self.policy.eos_ids),
+            update.metrics(self.ctx, cfg.algorithm.kl_coef),
+            timing.metrics(self.ctx),
         )
-        truncated = ~(ended & batch.response_mask).any(dim=1)
-        sums = {
-            **sig["sums"],
-            "_tokens": float(lengths.sum()),
-            "_truncated": float(truncated.sum()),
-        }
-        keys = sorted(sums)
-        reduced = ctx.all_reduce_sum(torch.tensor([sums[k] for k in keys], dtype=torch.float64))
-        g = dict(zip(keys, (float(x) for x in reduced), strict=True))
-        n_resp = float(rewards.numel())
-        out = {
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            "reward/min": float(rewards.min()),
-            "reward/max": float(rewards.max()),
-            "advantage/abs_mean": float(advantages.abs().mean()),
-            "response/length_mean": g["_tokens"] / n_resp,
-            "response/truncated_frac": g["_truncated"] / n_resp,
-            "policy/entropy": g["_nll_sum"] / g["_tokens"],
-            **{k.removesuffix("_rankmean"): v for k, v in g.items() if not k.startswith("_")},
-        }
-        if "_kl_ref_sum" in g:
-            out["kl/ref"] = g["_kl_ref_sum"] / g["_tokens"]
-        out.update(self._credit_metrics(sig["diag"], batch.size, float(lengths.sum())))
-        out["_tokens"] = g["_tokens"]  # consumed by _timing
-        return out
-
-    def _credit_metrics(
-        self, diag: CreditDiagnostics, n_resp: int, n_tok: float
-    ) -> dict[str, float]:
-        """``CreditDiagnostics`` of the whole step: each rank's summary combined exactly
-        (max, min, response-weighted entropy, token-weighted fraction, summed fallbacks)."""
-        extremes = self.ctx.all_reduce_max(
-            torch.tensor([diag.weight_max, -diag.weight_min], dtype=torch.float64)
-        )
-        sums = self.ctx.all_reduce_sum(
-            torch.tensor(
-                [
-                    diag.weight_entropy * n_resp,
-                    n_resp,
-                    diag.frac_upweighted * n_tok,
-                    n_tok,
-                    diag.nonfinite_fallbacks,
-                ],
-                dtype=torch.float64,
-            )
-        )
-        merged = CreditDiagnostics(
-            weight_max=float(extremes[0]),
-            weight_min=-float(extremes[1]),
-            weight_entropy=float(sums[0] / sums[1]),
-            frac_upweighted=float(sums[2] / sums[3]),
-            nonfinite_fallbacks=int(sums[4]),
-        )
-        return merged.to_dict(prefix="credit/")
-
-    def _timing(
-        self, tokens: float, t0: float, t1: float, t2: float, t3: float
-    ) -> dict[str, float]:
-        """Phase times (the slowest rank's) and response tokens per second of the step."""
-        local = torch.tensor([t1 - t0, t2 - t1, t3 - t2, t3 - t0], dtype=torch.float64)
-        rollout, signals, update, total = (float(x) for x in self.ctx.all_reduce_max(local))
-        return {
-            "time/rollout": rollout,
-            "time/signals": signals,
-            "time/update": update,
-            "time/step": total,
-            "throughput/tokens_per_s": tokens / total,
-        }
 
     # ------------------------------------------------------------------------------- eval
 
@@ -614,15 +525,15 @@ class GRPORecipe:
         if cfg.eval.greedy:
             modes.append(("greedy", True, 1))
         for name, greedy, g_size in modes:
-            batch = self._rollout(
+            batch = self.rollout(
                 prompts, positions, indices, group_size=g_size, greedy=greedy, tag=f"eval_{name}"
             )
-            rewards, _, _ = self.reward.score(
+            rewards = self.reward.compute(
                 batch,
                 with_grad=False,
                 micro_batch_size=cfg.algorithm.micro_batch_size,
                 labels=_labels(batch, self.eval_prompts),
-            )
+            ).rewards
             keep = counted.repeat_interleave(g_size).to(rewards.device)
             lengths = batch.response_mask.sum(dim=1)
             sums = torch.tensor(
@@ -659,22 +570,6 @@ class GRPORecipe:
 
     def close(self) -> None:
         shutdown(self.ctx)
-
-
-def _pad_stats(stats: Any, pad: int) -> Any:
-    """PolicyStats padded with zeros to ``pad`` more response positions."""
-    if pad == 0:
-        return stats
-
-    def p2(x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.pad(x, (0, pad))
-
-    def p3(x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.pad(x, (0, 0, 0, pad))
-
-    return PolicyStats(
-        p2(stats.p_sampled), p2(stats.p_sq), p3(stats.m1), p3(stats.m2), p3(stats.sampled_emb)
-    )
 
 
 def resolve_config(

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ablations.config import AblateConfig, deep_merge, load_ablate_config
-from ablations.results import RunKey, parse_shard, shard
+from ablations.ablation_config import AblateConfig, deep_merge, load_ablate_config
+from ablations.results import RunKey, parse_shard, shard_runs
 from ablations.runner import plan_runs, run_train_config
 from ablations.settings import SettingAssets
 from backends.torch.config import ConfigError
@@ -107,7 +107,7 @@ def test_plan_order_and_round_robin_shards() -> None:
         RunKey("target_tokens", "llama", "uniform", 1),
         RunKey("target_tokens", "llama", "datc", 0),
     ]
-    parts = [shard(plan, i, 3) for i in range(3)]
+    parts = [shard_runs(plan, i, 3) for i in range(3)]
     assert sorted(r for p in parts for r in p) == sorted(plan)
     assert {len(p) for p in parts} == {5, 6}
     assert parse_shard("1/3") == (1, 3)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from ablations.__main__ import main
-from ablations.config import load_ablate_config
+from ablations.ablation_config import load_ablate_config
 from ablations.figures import is_png
 from ablations.results import RESULT_FILE, read_csv
 from ablations.runner import CSV_FILE, REPORT_FILE, merge, plan_runs, run_ablation
@@ -153,6 +153,7 @@ def test_shards_and_merge_equal_the_unsharded_run(cache: Path, tmp_path: Path) -
         "settings.target_tokens.train={steps: 2, eval: {interval: 1}}",
         "settings.verifiable.train={steps: 2, eval: {interval: 1}}",
         "strategies=[uniform, datc]",
+        "control=null",
     ]
     subset = [s for s in subset if not s.startswith("settings.minilm")]
     whole = load_ablate_config(QUICK, [*subset, f"output_dir={tmp_path / 'whole'}"])

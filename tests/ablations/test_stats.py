@@ -133,7 +133,9 @@ def test_summary_of_a_fixed_csv(tmp_path: Path) -> None:
     spec = SummarySpec(
         settings=[SettingSpec("toy", "toy setting", "eval_reward_sampled", "reward", None)],
         strategies=["uniform", "datc"],
+        baseline="uniform",
         method="datc",
+        control=None,
         final_window=2,
         smooth=1,
     )
@@ -198,6 +200,9 @@ def test_verdict_says_better_or_worse_only_when_the_interval_excludes_zero(
     spec = SummarySpec(
         settings=[SettingSpec("toy", "toy", "eval_reward_sampled", "reward", 0.2)],
         strategies=["uniform", "datc"],
+        baseline="uniform",
+        method="datc",
+        control=None,
     )
     _, (better,) = summarize(rows, spec)
     assert better.vs_baseline.excludes_zero() == 1 and "**datc beats uniform**" in better.text

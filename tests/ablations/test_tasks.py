@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from ablations import tasks
+from ablations import word_tasks
 from ablations.cache import SPEC_FILE, cached_dir, spec_hash
 from ablations.corpus import docstring_sentences
 
 
 def test_word_tokenizers_share_ids_and_differ_only_in_special_tokens() -> None:
-    policy = tasks.word_tokenizer(tasks.sort_words())
-    rm = tasks.word_tokenizer(tasks.sort_words(), pair_template=True)
+    policy = word_tasks.word_tokenizer(word_tasks.sort_words())
+    rm = word_tasks.word_tokenizer(word_tasks.sort_words(), pair_template=True)
     assert policy.get_vocab() == rm.get_vocab()
     ids = policy("sort 3 1 =")["input_ids"]
     assert policy.convert_ids_to_tokens(ids) == ["sort", "3", "1", "="]
@@ -34,19 +34,19 @@ def test_word_tokenizers_share_ids_and_differ_only_in_special_tokens() -> None:
     eos = policy.eos_token_id
     assert policy.decode([*policy("1 3")["input_ids"], eos], skip_special_tokens=True) == "1 3"
     with pytest.raises(ValueError, match="distinct"):
-        tasks.word_tokenizer(["a", "a"])
+        word_tasks.word_tokenizer(["a", "a"])
 
 
 def test_target_score_counts_target_words_in_the_first_eight() -> None:
-    assert tasks.TARGET_CATEGORY == "weather"
-    assert tasks.target_score("rain snow the cat") == 2 / 8
-    assert tasks.target_score(" ".join(["sun"] * 12)) == 1.0  # only 8 words count
-    assert tasks.target_score("") == 0.0
-    assert tasks.target_scorer(["a :", "b :"], ["fog", "dog"]) == [1 / 8, 0.0]
+    assert word_tasks.TARGET_CATEGORY == "weather"
+    assert word_tasks.target_score("rain snow the cat") == 2 / 8
+    assert word_tasks.target_score(" ".join(["sun"] * 12)) == 1.0  # only 8 words count
+    assert word_tasks.target_score("") == 0.0
+    assert word_tasks.target_scorer(["a :", "b :"], ["fog", "dog"]) == [1 / 8, 0.0]
 
 
 def test_target_task_prompts_are_disjoint_and_pretraining_uses_training_prompts() -> None:
-    data = tasks.target_task(
+    data = word_tasks.target_task(
         num_train=40, num_held_out=10, num_pretrain=200, target_rate=0.5, seed=3
     )
     train = {r["prompt"] for r in data.train}
@@ -54,53 +54,53 @@ def test_target_task_prompts_are_disjoint_and_pretraining_uses_training_prompts(
     assert len(train) == 40 and len(held) == 10 and not train & held
     for text in data.pretrain_texts:
         words = text.split()
-        assert " ".join(words[: tasks.PROMPT_WORDS + 1]) in train
-        assert len(words) == tasks.PROMPT_WORDS + 1 + tasks.RESPONSE_WORDS
+        assert " ".join(words[: word_tasks.PROMPT_WORDS + 1]) in train
+        assert len(words) == word_tasks.PROMPT_WORDS + 1 + word_tasks.RESPONSE_WORDS
     rate = sum(
-        tasks.target_score(" ".join(t.split()[tasks.PROMPT_WORDS + 1 :]))
+        word_tasks.target_score(" ".join(t.split()[word_tasks.PROMPT_WORDS + 1 :]))
         for t in data.pretrain_texts
     ) / len(data.pretrain_texts)
     assert 0.4 < rate < 0.6  # target_rate 0.5
-    same = tasks.target_task(
+    same = word_tasks.target_task(
         num_train=40, num_held_out=10, num_pretrain=200, target_rate=0.5, seed=3
     )
     assert same == data
 
 
 def test_sort_checker_and_partial_score() -> None:
-    assert tasks.sort_checker(["sort 3 1 2 2 ="] * 3, ["1 2 2 3", "1 2 3 2", "1 2 2 3 4"]) == [
+    assert word_tasks.sort_checker(["sort 3 1 2 2 ="] * 3, ["1 2 2 3", "1 2 3 2", "1 2 2 3 4"]) == [
         1.0,
         0.0,
         0.0,
     ]
-    assert tasks.sort_partial_score("sort 3 1 2 2 =", "1 2 3 2") == 0.5
-    assert tasks.sort_partial_score("sort 3 1 2 2 =", "1 2") == 0.5
-    assert tasks.sort_partial_score("sort 3 1 2 2 =", "1 2 2 3 9") == 4 / 5
+    assert word_tasks.sort_partial_score("sort 3 1 2 2 =", "1 2 3 2") == 0.5
+    assert word_tasks.sort_partial_score("sort 3 1 2 2 =", "1 2") == 0.5
+    assert word_tasks.sort_partial_score("sort 3 1 2 2 =", "1 2 2 3 9") == 4 / 5
     with pytest.raises(ValueError, match="not a task prompt"):
-        tasks.sort_checker(["3 1 ="], ["1 3"])
+        word_tasks.sort_checker(["3 1 ="], ["1 3"])
 
 
 def test_sort_task_pools_are_disjoint_and_pretraining_is_correct() -> None:
-    data = tasks.sort_task(num_train=50, num_held_out=20, num_pretrain=100, seed=1)
+    data = word_tasks.sort_task(num_train=50, num_held_out=20, num_pretrain=100, seed=1)
     train = {r["prompt"] for r in data.train}
     held = {r["prompt"] for r in data.held_out}
     assert len(train) == 50 and len(held) == 20 and not train & held
     for text in data.pretrain_texts:
         prompt, answer = text.split(" = ")
         assert prompt + " =" in train
-        assert tasks.sort_checker([prompt + " ="], [answer]) == [1.0]
+        assert word_tasks.sort_checker([prompt + " ="], [answer]) == [1.0]
 
 
 def test_reward_model_examples_carry_their_exact_scores() -> None:
     prompts = [
         r["prompt"]
-        for r in tasks.sort_task(num_train=8, num_held_out=1, num_pretrain=1, seed=0).train
+        for r in word_tasks.sort_task(num_train=8, num_held_out=1, num_pretrain=1, seed=0).train
     ]
-    sort_ex = tasks.sort_rm_examples(prompts, 300, seed=2)
-    assert all(s == tasks.sort_partial_score(p, r) for p, r, s in sort_ex)
+    sort_ex = word_tasks.sort_rm_examples(prompts, 300, seed=2)
+    assert all(s == word_tasks.sort_partial_score(p, r) for p, r, s in sort_ex)
     assert {s for _, _, s in sort_ex} >= {0.0, 1.0}
-    target_ex = tasks.target_rm_examples(["a b c d :"], 300, seed=2)
-    assert all(s == tasks.target_score(r) for _, r, s in target_ex)
+    target_ex = word_tasks.target_rm_examples(["a b c d :"], 300, seed=2)
+    assert all(s == word_tasks.target_score(r) for _, r, s in target_ex)
     scores = [s for _, _, s in target_ex]
     assert min(scores) == 0.0 and max(scores) == 1.0  # the whole range is covered
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from adapters.minilm import load_minilm
-from adapters.reward import EncoderSimilarityRM, mean_pool
+from adapters.reward_models import EncoderSimilarityRM, mean_pool
 from adapters.vocab_bridge import VocabBridge
 from credit_core import CreditError
 from tests.helpers.adapters import (

@@ -15,13 +15,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from adapters.reward import (
-    EmbeddingDirectionModel,
-    EncoderSimilarityRM,
-    ModuleRM,
-    SeqClassificationRM,
-    mean_pool,
-)
+from adapters.direction import EmbeddingDirectionModel
+from adapters.reward_models import EncoderSimilarityRM, ModuleRM, SeqClassificationRM, mean_pool
 from adapters.tiny import tiny_encoder, tiny_seq_classifier
 from credit_core import CreditError
 from tests.helpers.adapters import TARGET, central_difference, minilm_tokenizer, text_batch

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from adapters.reward import DirectionModel, RewardOutput
+from adapters.direction import DirectionModel, RewardOutput
 from tests.helpers.openrlhf_stubs import install_openrlhf_stubs
 
 install_openrlhf_stubs()

@@ -16,8 +16,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from adapters.direction import EmbeddingDirectionModel
 from adapters.policy import response_logprobs_and_stats
-from adapters.reward import EmbeddingDirectionModel
 from backends.torch.checkpoint import find_latest
 from backends.torch.config import ConfigError, config_from_dict, load_config
 from backends.torch.loss import aggregate, ppo_clip_loss
@@ -389,7 +389,7 @@ def test_two_process_torchrun_matches_one_process_on_the_same_global_batch(
             "2",
             str(driver),
             str(config_file),
-            str(REPO / "tests"),
+            str(REPO),
         ],
         cwd=REPO,
         env=env,

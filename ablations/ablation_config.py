@@ -36,15 +36,15 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class StrategySpec(_Section):
+class StrategyConfig(_Section):
     """One strategy of the comparison: its label and its ``CreditConfig``."""
 
     label: str
     credit: CreditConfig
 
     @classmethod
-    def parse(cls, value: Any) -> StrategySpec:
-        if isinstance(value, StrategySpec):
+    def parse(cls, value: Any) -> StrategyConfig:
+        if isinstance(value, StrategyConfig):
             return value
         if isinstance(value, str):
             return cls(label=value, credit=CreditConfig.parse(value))
@@ -55,7 +55,7 @@ class StrategySpec(_Section):
         raise ValueError(f"expected a strategy name or mapping, got {type(value).__name__}")
 
 
-class SettingSpec(_Section):
+class SettingConfig(_Section):
     """One built-in setting with its parameters and training overrides."""
 
     params: dict[str, Any] = Field(default_factory=dict, description="the setting's params")
@@ -85,11 +85,19 @@ class AblateConfig(_Section):
     cache_dir: str = Field(default=".cache/ablate", description="pretrained policies, RMs, data")
     families: list[Family] = Field(default_factory=lambda: list[Family](["llama"]), min_length=1)
     seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
-    strategies: list[StrategySpec] = Field(min_length=1)
+    strategies: list[StrategyConfig] = Field(min_length=1)
     baseline: str = Field(
         default="uniform", description="label of the strategy differences refer to"
     )
-    settings: dict[str, SettingSpec] = Field(min_length=1)
+    method: str | None = Field(
+        default=None,
+        description="label of the strategy under test (the verdicts); null = the first "
+        "strategy that is not the baseline",
+    )
+    control: str | None = Field(
+        default=None, description="label of the control the method is also compared with"
+    )
+    settings: dict[str, SettingConfig] = Field(min_length=1)
     train: dict[str, Any] = Field(default_factory=dict, description="trainer config, all runs")
     threads: int = Field(
         default=1, ge=1, description="torch intra-op threads (tiny models: 1 is fastest)"
@@ -104,7 +112,7 @@ class AblateConfig(_Section):
     def _strategies(cls, value: Any) -> Any:
         if not isinstance(value, list):
             raise ValueError("expected a list of strategies")
-        return [StrategySpec.parse(v) for v in value]
+        return [StrategyConfig.parse(v) for v in value]
 
     @field_validator("settings", mode="before")
     @classmethod
@@ -133,8 +141,10 @@ class AblateConfig(_Section):
         dupes = sorted({x for x in labels if labels.count(x) > 1})
         if dupes:
             raise ValueError(f"strategies: duplicate labels {dupes}; give each a 'label'")
-        if self.baseline not in labels:
-            raise ValueError(f"baseline: {self.baseline!r} is not one of the strategies {labels}")
+        for role in ("baseline", "method", "control"):
+            label = getattr(self, role)
+            if label is not None and label not in labels:
+                raise ValueError(f"{role}: {label!r} is not one of the strategies {labels}")
         for name, spec in self.settings.items():
             try:
                 SETTINGS[name].params.model_validate(spec.params)
@@ -152,7 +162,15 @@ class AblateConfig(_Section):
         """The validated parameter model of setting ``name``."""
         return SETTINGS[name].params.model_validate(self.settings[name].params)
 
-    def strategy(self, label: str) -> StrategySpec:
+    @property
+    def method_label(self) -> str:
+        """The strategy under test: ``method``, or the first strategy but the baseline."""
+        if self.method is not None:
+            return self.method
+        others = [s.label for s in self.strategies if s.label != self.baseline]
+        return others[0] if others else self.baseline
+
+    def strategy(self, label: str) -> StrategyConfig:
         return next(s for s in self.strategies if s.label == label)
 
     def to_yaml_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Rewards for rollouts, micro-batched: ``adapters.text_reward.RewardSignals`` per chunk.
+"""Rewards for rollouts, micro-batched: ``adapters.scorers.RewardSignals`` per chunk.
 
 The scorer sets the advantage; the direction model (a frozen differentiable RM) supplies
 the reward gradient, and only when the credit strategy asks for it. Without a separate
@@ -14,16 +14,16 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from adapters.config import build_reward_signals
+from adapters.direction import DirectionModel, RewardOutput
 from adapters.policy import lm_head_of
-from adapters.reward import DirectionModel
-from adapters.text_reward import ModelScorer, RewardSignals
+from adapters.scorers import ModelScorer, RewardSignals
 from backends.torch.config import ConfigError, TrainConfig
 from backends.torch.data import Prompt, load_jsonl
-from backends.torch.rollout import RolloutBatch
+from backends.torch.rollout import RolloutBatch, pad_responses
 from backends.torch.tasks import get_task
 
 
-class RewardPipeline:
+class RolloutRewards:
     """Rewards (B,) and, on request, the reward gradient (B, R, d) of a rollout batch."""
 
     def __init__(self, signals: RewardSignals) -> None:
@@ -39,40 +39,40 @@ class RewardPipeline:
         dm = self.signals.direction_model
         return None if dm is None else dm.reward_embedding
 
-    def score(
+    def compute(
         self,
         batch: RolloutBatch,
         *,
         with_grad: bool,
         micro_batch_size: int,
         labels: Sequence[Any] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
-        """Rewards (B,) float32, the gradient (B, R, d) if ``with_grad`` (else None), and the
-        adapters' diagnostics averaged over micro-batches. Zero gradient at padding.
+    ) -> RewardOutput:
+        """Rewards (B,) float32, the gradient (B, R, d) float32 if ``with_grad`` (else None;
+        0 at padding), and the adapters' diagnostics averaged over micro-batches.
         ``labels`` (B,): each row's label, for text scorers that take labels."""
         rewards, grads = [], []
         diagnostics: dict[str, float] = {}
-        for start in range(0, batch.size, micro_batch_size):
-            rows = slice(start, min(batch.size, start + micro_batch_size))
-            mb = batch.select(rows)
+        calls = 0
+        for rows, mb in batch.micro_batches(micro_batch_size):
             out = self.signals.compute(
                 mb.prompt_ids,
                 mb.prompt_mask,
                 mb.response_ids,
                 mb.response_mask,
-                need_grad=with_grad,
+                with_grad=with_grad,
                 labels=None if labels is None else labels[rows],
             )
+            calls += 1
             rewards.append(out.rewards.float())
             for key, value in out.diagnostics.items():
                 diagnostics[key] = diagnostics.get(key, 0.0) + float(value)
-            if with_grad:
-                grad: Any = out.reward_grad
-                pad = batch.response_len - grad.shape[1]
-                grads.append(torch.nn.functional.pad(grad.float(), (0, 0, 0, pad)))
-        calls = len(rewards)
-        mean_diag = {k: v / calls for k, v in diagnostics.items()}
-        return torch.cat(rewards), (torch.cat(grads) if with_grad else None), mean_diag
+            if out.reward_grad is not None:
+                grads.append(pad_responses(out.reward_grad.float(), batch.response_len))
+        return RewardOutput(
+            torch.cat(rewards),
+            torch.cat(grads) if with_grad else None,
+            {k: v / calls for k, v in diagnostics.items()},
+        )
 
 
 def build_prompts_and_reward(
@@ -81,7 +81,7 @@ def build_prompts_and_reward(
     tokenizer: PreTrainedTokenizerBase,
     *,
     device: torch.device,
-) -> tuple[list[Prompt], list[Prompt], RewardPipeline]:
+) -> tuple[list[Prompt], list[Prompt], RolloutRewards]:
     """Training prompts, held-out prompts and the reward of ``cfg`` for this policy.
 
     ``reward`` (``adapters.config.RewardSignalsConfig``) takes precedence; a built-in
@@ -110,4 +110,4 @@ def build_prompts_and_reward(
         )
     if data.num_eval_prompts is not None:
         held_out = held_out[: data.num_eval_prompts]
-    return train, held_out, RewardPipeline(signals)
+    return train, held_out, RolloutRewards(signals)

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import importlib
-import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,22 +22,11 @@ from typing import Any
 
 import torch
 
-from adapters.reward import DirectionModel, RewardOutput, check_rollout, masked_rows
+from adapters.direction import DirectionModel, RewardOutput, check_rollout, masked_rows
+from adapters.signature import accepts_keyword
 from credit_core import CreditError
 
 TextScorer = Callable[..., "Sequence[float] | torch.Tensor"]
-
-
-def wants_labels(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` takes a ``labels`` argument (by that name, or through ``**kwargs``)."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: the plain form
-        return False
-    return any(
-        (p.name == "labels" and p.kind is not p.POSITIONAL_ONLY) or p.kind is p.VAR_KEYWORD
-        for p in params
-    )
 
 
 def import_object(path: str) -> Any:
@@ -88,7 +76,7 @@ class CallableScorer(Scorer):
         if not callable(fn):
             raise CreditError(f"{name}: expected a callable, got {type(fn).__name__}")
         self.fn = fn
-        self.takes_labels = wants_labels(fn)
+        self.takes_labels = accepts_keyword(fn, "labels", via_var_keyword=True)
         self.policy_tokenizer = policy_tokenizer
         self.name = name
 
@@ -168,14 +156,14 @@ class RewardSignals:
         response_ids: torch.Tensor,
         response_mask: torch.Tensor,
         *,
-        need_grad: bool,
+        with_grad: bool,
         labels: Sequence[Any] | None = None,
     ) -> RewardOutput:
         """Rewards (B,) float32 from the scorer (given the rows' ``labels``); ``reward_grad``
-        from the direction model when ``need_grad`` (one RM forward+backward; the scorer's RM
+        from the direction model when ``with_grad`` (one RM forward+backward; the scorer's RM
         pass is shared when the scorer is the direction model itself)."""
         dm = self.direction_model
-        if need_grad and dm is None:
+        if with_grad and dm is None:
             raise CreditError(
                 "reward_grad was asked for, but no direction model is configured "
                 "(set a differentiable reward model as the direction model)"
@@ -183,11 +171,11 @@ class RewardSignals:
         same = isinstance(self.scorer, ModelScorer) and self.scorer.model is dm
         if same and dm is not None:
             out = dm.score(
-                prompt_ids, prompt_mask, response_ids, response_mask, with_grad=need_grad
+                prompt_ids, prompt_mask, response_ids, response_mask, with_grad=with_grad
             )
             return RewardOutput(out.rewards.float(), out.reward_grad, out.diagnostics)
         rewards = self.scorer(prompt_ids, prompt_mask, response_ids, response_mask, labels=labels)
-        if not need_grad or dm is None:
+        if not with_grad or dm is None:
             return RewardOutput(rewards, None, {})
         out = dm.score(prompt_ids, prompt_mask, response_ids, response_mask, with_grad=True)
         diagnostics = {

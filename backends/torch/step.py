@@ -1,0 +1,207 @@
+"""What the phases of one GRPO step hand to each other, and the metrics each one reports.
+
+``GRPORecipe.train_step`` is rollout -> ``StepSignals`` -> ``UpdateResult``, timed by
+``StepTiming``. Every phase result reduces its own metrics over the ranks (``metrics``):
+sums with ``all_reduce_sum``, extremes with ``all_reduce_max``, per-response values
+gathered (``DistContext``); each rank gets the same, global, figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from backends.torch.distributed import DistContext
+from backends.torch.rollout import RolloutBatch
+from credit_core import CreditDiagnostics, CreditResult
+
+
+@dataclass(frozen=True)
+class StepSignals:
+    """The credit phase's output for this rank's responses: everything the update needs.
+
+    - ``batch``: the rollout (B responses, R response columns).
+    - ``rewards`` (B,) float32, ``advantages`` (B,) float32: A from ``group_advantages``.
+    - ``old_logp`` (B, R): no-grad log-probs of the sampled tokens at the rollout temperature.
+    - ``ref_logp`` (B, R) or None: the reference policy's, when the KL term is on.
+    - ``credit``: the strategy's token advantages (B, R) float32 (0 at padding) and its
+      ``CreditDiagnostics``.
+    - ``kl_ref`` (B, R) or None: the KL estimate of old against reference policy.
+    - ``reward_diagnostics``: the reward adapters' counters (``rm/...``, ``bridge/...``),
+      averaged over this rank's micro-batches.
+    - ``reward_grad_rows`` / ``policy_stats_rows``: responses for which each signal was
+      computed (0 when the strategy does not require it).
+    """
+
+    batch: RolloutBatch
+    rewards: torch.Tensor
+    advantages: torch.Tensor
+    old_logp: torch.Tensor
+    ref_logp: torch.Tensor | None
+    credit: CreditResult
+    kl_ref: torch.Tensor | None
+    reward_diagnostics: dict[str, float]
+    reward_grad_rows: int
+    policy_stats_rows: int
+
+    @property
+    def token_advantages(self) -> torch.Tensor:
+        """(B, R) float32, 0 at padding."""
+        return self.credit.token_advantages
+
+    def metrics(self, ctx: DistContext, eos_ids: list[int]) -> dict[str, float]:
+        """Rewards, advantages, response lengths, entropy, KL and credit of the whole step."""
+        batch, mask = self.batch, self.batch.response_mask
+        rewards = ctx.all_gather_cat(self.rewards.float())
+        advantages = ctx.all_gather_cat(self.advantages.float())
+        lengths = mask.sum(dim=1)
+        ended = torch.isin(batch.response_ids, torch.tensor(eos_ids, device=lengths.device))
+        truncated = ~(ended & mask).any(dim=1)
+        diag_keys = sorted(self.reward_diagnostics)
+        local = torch.tensor(
+            [
+                float(lengths.sum()),
+                float(truncated.sum()),
+                float(-(self.old_logp * mask).sum()),
+                float((self.kl_ref * mask).sum()) if self.kl_ref is not None else 0.0,
+                float(self.reward_grad_rows),
+                float(self.policy_stats_rows),
+                *(self.reward_diagnostics[k] / ctx.world_size for k in diag_keys),
+            ],
+            dtype=torch.float64,
+        )
+        tokens, n_truncated, nll, kl, grad_rows, stats_rows, *diag = (
+            float(x) for x in ctx.all_reduce_sum(local)
+        )
+        n_resp = float(rewards.numel())
+        out = {
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "reward/min": float(rewards.min()),
+            "reward/max": float(rewards.max()),
+            "advantage/abs_mean": float(advantages.abs().mean()),
+            "response/length_mean": tokens / n_resp,
+            "response/truncated_frac": n_truncated / n_resp,
+            "policy/entropy": nll / tokens,
+            "signals/reward_grad_rows": grad_rows,
+            "signals/policy_stats_rows": stats_rows,
+            **dict(zip(diag_keys, diag, strict=True)),
+        }
+        if self.kl_ref is not None:
+            out["kl/ref"] = kl / tokens
+        out.update(self._credit_metrics(ctx, float(lengths.sum())))
+        return out
+
+    def _credit_metrics(self, ctx: DistContext, n_tok: float) -> dict[str, float]:
+        """``CreditDiagnostics`` of the whole step: each rank's summary combined exactly
+        (max, min, response-weighted entropy, token-weighted fraction, summed fallbacks)."""
+        diag, n_resp = self.credit.diagnostics, self.batch.size
+        extremes = ctx.all_reduce_max(
+            torch.tensor([diag.weight_max, -diag.weight_min], dtype=torch.float64)
+        )
+        sums = ctx.all_reduce_sum(
+            torch.tensor(
+                [
+                    diag.weight_entropy * n_resp,
+                    n_resp,
+                    diag.frac_upweighted * n_tok,
+                    n_tok,
+                    diag.nonfinite_fallbacks,
+                ],
+                dtype=torch.float64,
+            )
+        )
+        merged = CreditDiagnostics(
+            weight_max=float(extremes[0]),
+            weight_min=-float(extremes[1]),
+            weight_entropy=float(sums[0] / sums[1]),
+            frac_upweighted=float(sums[2] / sums[3]),
+            nonfinite_fallbacks=int(sums[4]),
+        )
+        return merged.to_dict(prefix="credit/")
+
+
+@dataclass(frozen=True)
+class UpdateTerms:
+    """One micro-step's loss terms and token counts (this rank); they add up over a step.
+
+    ``policy_loss`` and ``kl_loss`` are already divided by the update's global normalizer,
+    so their sum over micro-steps and ranks is the update's loss.
+    """
+
+    policy_loss: float = 0.0
+    kl_loss: float = 0.0
+    clipped_tokens: float = 0.0
+    tokens: float = 0.0
+    neg_log_ratio: float = 0.0
+
+    def __add__(self, other: UpdateTerms) -> UpdateTerms:
+        return UpdateTerms(
+            *(getattr(self, f.name) + getattr(other, f.name) for f in fields(UpdateTerms))
+        )
+
+    def reduced(self, ctx: DistContext) -> UpdateTerms:
+        """The sum over ranks."""
+        local = torch.tensor([getattr(self, f.name) for f in fields(UpdateTerms)])
+        return UpdateTerms(*(float(x) for x in ctx.all_reduce_sum(local.double())))
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """The update phase: its terms summed over all optimizer updates, this rank's summed
+    gradient norms (identical on every rank), the number of updates and the learning rate
+    they used."""
+
+    terms: UpdateTerms
+    grad_norm_sum: float
+    n_updates: int
+    lr: float
+
+    def metrics(self, ctx: DistContext, kl_coef: float) -> dict[str, float]:
+        g, n = self.terms.reduced(ctx), self.n_updates
+        return {
+            "loss/policy": g.policy_loss / n,
+            "loss/kl": g.kl_loss / n,
+            "loss/total": (g.policy_loss + kl_coef * g.kl_loss) / n,
+            "ppo/clip_frac": g.clipped_tokens / g.tokens,
+            "ppo/approx_kl": g.neg_log_ratio / g.tokens,
+            "optim/grad_norm": self.grad_norm_sum / n,
+            "optim/lr": self.lr,
+        }
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """Seconds of each phase on this rank, and its response tokens."""
+
+    rollout: float
+    signals: float
+    update: float
+    tokens: float
+
+    def metrics(self, ctx: DistContext) -> dict[str, float]:
+        """Phase times (the slowest rank's) and response tokens per second of the step."""
+        total = self.rollout + self.signals + self.update
+        local = torch.tensor([self.rollout, self.signals, self.update, total], dtype=torch.float64)
+        rollout, signals, update, slowest = (float(x) for x in ctx.all_reduce_max(local))
+        tokens = float(ctx.all_reduce_sum(torch.tensor([self.tokens], dtype=torch.float64))[0])
+        return {
+            "time/rollout": rollout,
+            "time/signals": signals,
+            "time/update": update,
+            "time/step": slowest,
+            "throughput/tokens_per_s": tokens / slowest,
+        }
+
+
+def merged(*parts: dict[str, float]) -> dict[str, Any]:
+    """One metrics record from the phases' (disjoint) records."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        clash = out.keys() & part.keys()
+        if clash:
+            raise ValueError(f"step metrics: two phases report {sorted(clash)}")
+        out.update(part)
+    return out
