@@ -7,12 +7,16 @@ differences to the baseline, verdicts), ``results.csv`` (one row per run and ste
 figures (reward curves, a credit heat-map). Resumable; ``--shard i/n`` + ``merge`` spread it
 over machines.
 
-Modules: ``config`` (the YAML schema), ``settings`` (the four built-in settings, with
-``tasks``, ``corpus``, ``pretrain``, ``rm_train``, ``cache``), ``runner`` (plan, train,
+Modules: ``ablation_config`` (the YAML schema), ``settings`` (the four built-in settings,
+with ``word_tasks``, ``corpus``, ``pretrain``, ``rm_train``, ``cache``), ``runner`` (plan, train,
 merge), ``probes`` (exact held-out scores and credit examples from a trained policy),
 ``results`` (result files and results.csv), ``stats`` and ``summary`` (statistics),
 ``report`` and ``figures`` (outputs).
 """
+
+from credit_core.layout import check_layout
+
+check_layout()
 
 from ablations.ablation_config import AblateConfig, load_ablate_config
 from ablations.runner import Outputs, merge, plan_runs, run_ablation, write_outputs

@@ -21,6 +21,10 @@ Importing ``adapters`` does not import ``transformers``; the functions that need
 import it when called.
 """
 
+from credit_core.layout import check_layout
+
+check_layout()
+
 from adapters.config import (
     RewardModelConfig,
     RewardSignalsConfig,

@@ -1,4 +1,4 @@
-"""Vocabulary bridge between the policy's tokenizer and a reward model's (DESIGN.md section 5).
+"""Vocabulary bridge between the policy's tokenizer and a reward model's (docs/design.md).
 
 Definitions (all built once per tokenizer pair, then cached):
 

@@ -1,4 +1,4 @@
-"""The built-in strategies of DESIGN.md section 3, registered through the public hook."""
+"""The built-in strategies of docs/design.md ("Strategies"), registered through the public hook."""
 
 from __future__ import annotations
 

@@ -26,7 +26,10 @@ class NoParams(BaseModel):
 
 
 class ScoreParams(BaseModel):
-    """Parameters shared by every score-based strategy (DESIGN.md section 2, allocation)."""
+    """Parameters shared by every score-based strategy.
+
+    docs/design.md, "From one advantage to many".
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -1,4 +1,7 @@
-"""DATC's per-token "work" W_t = <J_t u_t, d_t> in closed form (DESIGN.md section 2)."""
+"""DATC's per-token "work" W_t = <J_t u_t, d_t> in closed form.
+
+docs/design.md, "DATC's score: work".
+"""
 
 from __future__ import annotations
 

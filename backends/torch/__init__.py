@@ -2,8 +2,10 @@
 
 Modules (torchtune style, one job each): ``config`` (pydantic + YAML + ``--set``), ``data``
 (prompts, resumable sampler), ``tasks`` (built-in offline tasks), ``models`` (policy),
-``rollout`` / ``rollout_vllm`` (sampling), ``reward``, ``loss``, ``kl``, ``schedule``,
-``checkpoint``, ``metrics``, ``distributed`` and the recipe in ``trainer``.
+``rollout`` / ``rollout_vllm`` (sampling), ``rollout_rewards`` (rewards and reward
+gradients of a rollout batch), ``loss``, ``kl``, ``schedule``, ``checkpoint``, ``metrics``,
+``distributed``, ``step`` (what the phases of a step hand to each other) and the recipe in
+``trainer``.
 
 Public entry points (imported lazily, so ``backends.torch.config`` stays light)::
 

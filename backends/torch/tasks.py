@@ -1,10 +1,11 @@
 """Built-in tasks: prompts plus a reward, runnable offline on a tiny policy.
 
 - ``positional``: a frozen, differentiable tiny reward model scores the response tokens at a
-  few fixed positions (DESIGN.md section 6's toy check: most tokens do not matter). The RM
-  lives in the policy's vocabulary: E (V, d) random, f(x) = v . tanh(A x + b) standardized
-  over the vocabulary, r = (1/|S|) sum_{t in S, t < n} f(E[y_t]). Prompts are short word
-  sequences; the reward does not depend on them, so held-out prompts measure the same skill.
+  few fixed positions (docs/design.md, "Evaluation", the toy check: most tokens do not
+  matter). The RM lives in the policy's vocabulary: E (V, d) random,
+  f(x) = v . tanh(A x + b) standardized over the vocabulary,
+  r = (1/|S|) sum_{t in S, t < n} f(E[y_t]). Prompts are short word sequences; the reward
+  does not depend on them, so held-out prompts measure the same skill.
 
 ``get_task(name, params, vocab_size)`` builds one; ``TASKS`` lists them. A task is reusable
 outside the trainer (the ablation runner builds the same task for every strategy).

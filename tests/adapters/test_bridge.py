@@ -1,4 +1,7 @@
-"""The vocabulary bridge (DESIGN.md section 5): a byte-level BPE policy vs the MiniLM RM."""
+"""The vocabulary bridge: a byte-level BPE policy vs the MiniLM RM.
+
+docs/design.md, "A reward model with another tokenizer".
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""DESIGN.md sections 2-3: the allocation rule, its invariants, and every built-in strategy.
+"""The allocation rule, its invariants, and every built-in strategy.
+
+docs/design.md, "From one advantage to many" and "Strategies".
 
 Invariants of every score-based strategy, for every response: the sign of A is kept
 (w > 0 for lam < 1, w >= 0 always), the mean of the token advantages over the valid tokens is
@@ -95,7 +97,7 @@ params = st.fixed_dictionaries(
 
 
 def reference_weights(scores: torch.Tensor, mask: torch.Tensor, beta: float, lam: float):
-    """DESIGN.md's allocation, one response at a time in float64 (the spec, transcribed)."""
+    """docs/design.md's allocation, one response at a time in float64 (the spec, transcribed)."""
     w = torch.zeros(scores.shape, dtype=torch.float64)
     for i in range(scores.shape[0]):
         s = scores[i][mask[i]].double()
@@ -106,7 +108,7 @@ def reference_weights(scores: torch.Tensor, mask: torch.Tensor, beta: float, lam
 
 
 def expected_scores(name: str, batch: CreditBatch) -> torch.Tensor:
-    """The score column of DESIGN.md section 3 for ``name`` (shuffling aside)."""
+    """The score column of docs/design.md's strategy table for ``name`` (shuffling aside)."""
     assert batch.policy_stats is not None and batch.reward_grad is not None
     work = token_work(batch.policy_stats, batch.reward_grad, batch.advantages)
     return {
@@ -154,7 +156,7 @@ def test_score_strategy_invariants(name: str, batch: CreditBatch, p: dict[str, f
 def test_score_strategy_follows_the_allocation_rule(
     name: str, batch: CreditBatch, p: dict[str, float]
 ) -> None:
-    """A_t = A * w_t with w from DESIGN.md's formula applied to the strategy's own score."""
+    """A_t = A * w_t with w from docs/design.md's formula applied to the strategy's own score."""
     adv = get_strategy(name, **p).assign(batch)
     w = reference_weights(expected_scores(name, batch), batch.mask, p["beta"], p["lam"])
     expected = (batch.advantages.double().unsqueeze(1) * w).float()

@@ -1,4 +1,6 @@
-"""DESIGN.md section 2: the closed form of W equals autograd on the soft relaxation.
+"""The closed form of W equals autograd on the soft relaxation.
+
+docs/design.md, "DATC's score: work".
 
 For one position t with policy logits zeta_t (the logits the sampling distribution is the
 softmax of), p_t = softmax(zeta_t), reward embedding table E (V, d) and RM input gradient
