@@ -4,6 +4,7 @@ Public API::
 
     from credit_core import (
         CreditBatch, PolicyStats, policy_stats, policy_stats_from_logits,
+        CreditSignals, assign_credit,
         get_strategy, list_strategies, register_plugin, hookimpl,
         CreditConfig, group_advantages, CreditError,
     )
@@ -13,6 +14,7 @@ from credit_core.advantages import ESTIMATORS, group_advantages
 from credit_core.allocation import CreditDiagnostics, allocate_weights
 from credit_core.batch import SIGNALS, CreditBatch, PolicyStats
 from credit_core.config import CreditConfig
+from credit_core.credit_step import CreditSignals, assign_credit
 from credit_core.errors import CreditError
 from credit_core.factory import get_strategy
 from credit_core.hookspecs import ENTRY_POINT_GROUP, hookimpl
@@ -42,12 +44,14 @@ __all__ = [
     "CreditDiagnostics",
     "CreditError",
     "CreditResult",
+    "CreditSignals",
     "CreditStrategy",
     "NoParams",
     "PolicyStats",
     "ScoreParams",
     "ScoreStrategy",
     "allocate_weights",
+    "assign_credit",
     "get_strategy",
     "group_advantages",
     "hookimpl",

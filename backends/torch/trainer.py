@@ -75,9 +75,10 @@ from backends.torch.rollout_rewards import build_prompts_and_reward
 from backends.torch.schedule import build_optimizer
 from backends.torch.step import StepSignals, StepTiming, UpdateResult, UpdateTerms, merged
 from credit_core import (
-    CreditBatch,
+    CreditSignals,
     CreditStrategy,
     PolicyStats,
+    assign_credit,
     get_strategy,
     group_advantages,
 )
@@ -363,14 +364,12 @@ class GRPORecipe:
         if self.ref_model is not None:
             ref_logp, _ = self._logprobs(self.ref_model, batch, with_stats=False)
             kl_ref = kl_estimate(old_logp, ref_logp, cfg.algorithm.kl_estimator)
-        credit = self.strategy.assign_with_diagnostics(
-            CreditBatch(
-                advantages=advantages,
-                mask=batch.response_mask,
-                token_ids=batch.response_ids,
-                reward_grad=reward.reward_grad,
-                policy_stats=stats,
-            )
+        credit = assign_credit(
+            self.strategy,
+            advantages,
+            batch.response_mask,
+            batch.response_ids,
+            CreditSignals(reward_grad=reward.reward_grad, policy_stats=stats),
         )
         return StepSignals(
             batch=batch,

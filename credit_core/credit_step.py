@@ -1,0 +1,71 @@
+"""The credit step every backend calls: advantages + signals -> strategy -> token credit.
+
+A backend computes the response advantages A (``group_advantages``) and only the signals the
+strategy requires (``strategy.requires``), then calls ``assign_credit``. Computing a signal
+the strategy does not read is an error here, not silent waste; a missing one is an error
+naming it (``CreditBatch.require``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from credit_core.batch import SIGNALS, CreditBatch, PolicyStats
+from credit_core.errors import CreditError
+from credit_core.strategy import CreditResult, CreditStrategy
+
+
+@dataclass(frozen=True)
+class CreditSignals:
+    """The per-token signals of a batch of B responses of length T; None = not computed.
+
+    - ``reward_grad`` (B, T, d): dR / d(RM input embedding), at policy response positions.
+    - ``policy_stats``: ``PolicyStats`` (B, T[, d]) of the policy that sampled the batch.
+    """
+
+    reward_grad: torch.Tensor | None = None
+    policy_stats: PolicyStats | None = None
+
+    @property
+    def computed(self) -> frozenset[str]:
+        """The names of the signals present."""
+        return frozenset(name for name in SIGNALS if getattr(self, name) is not None)
+
+    def select(self, rows: torch.Tensor | slice) -> CreditSignals:
+        """The signals of a subset of responses (rows of the batch dimension)."""
+        return CreditSignals(
+            reward_grad=None if self.reward_grad is None else self.reward_grad[rows],
+            policy_stats=None if self.policy_stats is None else self.policy_stats.select(rows),
+        )
+
+
+def assign_credit(
+    strategy: CreditStrategy,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    token_ids: torch.Tensor,
+    signals: CreditSignals | None = None,
+) -> CreditResult:
+    """Token advantages (B, T) float32 (0 where ``mask`` is False) and diagnostics.
+
+    ``advantages`` (B,), ``mask`` (B, T) bool, ``token_ids`` (B, T) int64 and ``signals`` as
+    ``CreditBatch`` validates them. Raises ``CreditError`` when ``signals`` holds a signal the
+    strategy does not require, or lacks one it requires.
+    """
+    signals = signals or CreditSignals()
+    unread = sorted(signals.computed - strategy.requires)
+    if unread:
+        raise CreditError(
+            f"strategy {strategy.name!r} does not read {unread}; a backend computes only the "
+            f"signals in strategy.requires ({sorted(strategy.requires)})"
+        )
+    batch = CreditBatch(
+        advantages=advantages,
+        mask=mask,
+        token_ids=token_ids,
+        reward_grad=signals.reward_grad,
+        policy_stats=signals.policy_stats,
+    )
+    return strategy.assign_with_diagnostics(batch)
