@@ -60,6 +60,7 @@ TRAIN_STATE_FILE = "train_state.json"
 MODEL_FILE = "model.safetensors"
 MANIFEST_FILE = "manifest.json"
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
+_RANK_FILE = re.compile(r"^rank\d+\.safetensors$")
 _TENSOR = "__tensor__"  # placeholder key: {"__tensor__": name} stands for a stored tensor
 _LOCAL = DistContext(0, 1, 0, torch.device("cpu"), None)
 
@@ -386,15 +387,29 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return dict(manifest)
 
 
+def _is_train_state(doc: Any) -> bool:
+    return (
+        isinstance(doc, dict)
+        and isinstance(doc.get("step"), int)
+        and "tensors" in doc
+        and isinstance(doc.get("scheduler"), dict)
+        and isinstance(doc.get("trainer"), dict)
+    )
+
+
 def _parse_problem(path: Path) -> str | None:
-    """Why a file that must be parsed on resume cannot be (None if it parses)."""
+    """Why a file that is parsed on resume cannot be (None if it parses as it should)."""
     try:
         if path.suffix == ".json":
-            json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            if path.name == TRAIN_STATE_FILE and not _is_train_state(doc):
+                return f"{path}: malformed (expected step, tensors, scheduler, trainer)"
         elif path.suffix == ".safetensors":
             with safe_open(str(path), framework="pt") as fh:
                 fh.keys()
-    except (OSError, UnicodeDecodeError, ValueError, SafetensorError) as exc:
+                if _RANK_FILE.match(path.name):
+                    json.loads((fh.metadata() or {})["state"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, SafetensorError) as exc:
         return f"{path}: not valid {path.suffix[1:]} ({type(exc).__name__}: {exc})"
     return None
 
@@ -443,6 +458,15 @@ def _move_aside(folder: Path) -> Path:
     return target
 
 
+def _written_by_an_earlier_version(folder: Path) -> bool:
+    """Its manifest lists sizes only (``{"files": {name: bytes}}``): the pickle format."""
+    try:
+        files = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))["files"]
+        return bool(files) and all(isinstance(size, int) for size in files.values())
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
 def resume_point(root: str | Path, ctx: DistContext = _LOCAL) -> Path | None:
     """The newest intact checkpoint under ``root``; collective.
 
@@ -452,6 +476,12 @@ def resume_point(root: str | Path, ctx: DistContext = _LOCAL) -> Path | None:
     """
     candidates: list[Path] = ctx.broadcast_object(checkpoint_folders(root)[::-1])
     for folder in candidates:
+        if _written_by_an_earlier_version(folder):
+            raise ConfigError(
+                f"checkpoint {folder} was written by an earlier version of the trainer (pickled "
+                "files, which this version never loads: they could run code); finish the run "
+                "with that version, or start a new one in another output_dir"
+            )
         problems = verify_checkpoint(folder, ctx)
         if not problems:
             return folder

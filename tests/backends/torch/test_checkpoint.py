@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from backends.torch import checkpoint as ckpt
 from backends.torch.config import ConfigError
@@ -140,6 +141,48 @@ def test_verification_names_each_damaged_file(
         path.write_bytes(b"x")
     problems = ckpt.verify_checkpoint(folder)
     assert len(problems) == 1 and str(path) in problems[0] and reason in problems[0], problems
+
+
+def relist(folder: Path, name: str) -> None:
+    """Update the manifest entry of ``name`` to its current content."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    data = (folder / name).read_bytes()
+    manifest["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "reason"),
+    [
+        ("train_state.json", b"[]", "malformed (expected step, tensors"),
+        ("config.json", b"{", "not valid json"),
+        ("rank0.safetensors", b"", "not valid safetensors"),  # no RNG/strategy state in it
+        (SHARD, b"\x80\x04K\x01.", "not valid safetensors"),  # a pickle
+    ],
+)
+def test_a_file_listed_with_its_hash_must_still_parse(
+    tmp_path: Path, name: str, content: bytes, reason: str
+) -> None:
+    folder = save(tmp_path, 1)
+    if content:
+        (folder / name).write_bytes(content)
+    else:
+        save_file({"t": torch.zeros(1)}, str(folder / name))
+    relist(folder, name)
+    problems = ckpt.verify_checkpoint(folder)
+    assert len(problems) == 1 and str(folder / name) in problems[0] and reason in problems[0]
+
+
+def test_a_checkpoint_of_the_earlier_pickle_format_is_refused(tmp_path: Path) -> None:
+    old = tmp_path / "step_000004"
+    old.mkdir()
+    (old / "trainer_state.pt").write_bytes(b"pickle")
+    (old / "manifest.json").write_text(
+        '{"step": 4, "world_size": 1, "files": {"trainer_state.pt": 6}}'
+    )
+    with pytest.raises(ConfigError, match="step_000004 was written by an earlier version"):
+        ckpt.resume_point(tmp_path)
+    assert old.is_dir()  # left as it is
 
 
 def test_a_damaged_newest_checkpoint_is_moved_aside_with_a_warning(
