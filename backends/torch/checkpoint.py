@@ -484,6 +484,8 @@ def resume_point(root: str | Path, ctx: DistContext = _LOCAL) -> Path | None:
             )
         problems = verify_checkpoint(folder, ctx)
         if not problems:
+            if folder != candidates[0] and ctx.is_main:
+                log.warning("resuming from %s, the newest intact checkpoint", folder)
             return folder
         if ctx.is_main:
             moved = _move_aside(folder)
@@ -536,9 +538,9 @@ def load_checkpoint(
     saved_world = int(manifest["world_size"])
     if saved_world != ctx.world_size and ctx.is_main:
         log.warning(
-            "checkpoint %s was written by %d processes, resuming with %d: the model, optimizer "
-            "and data position are resharded exactly; rank r takes the RNG and credit-strategy "
-            "state of saved rank r %% %d",
+            "checkpoint %s was written by %d processes, resuming with %d: model and optimizer "
+            "are resharded, the global batch is unchanged; rank r takes the RNG and "
+            "credit-strategy state of saved rank r %% %d",
             folder,
             saved_world,
             ctx.world_size,

@@ -195,6 +195,7 @@ def test_a_damaged_newest_checkpoint_is_moved_aside_with_a_warning(
         with caplog.at_level(logging.WARNING, logger="backends.torch.checkpoint"):
             assert ckpt.resume_point(tmp_path) == tmp_path / "step_000001"
         assert f"step_000002.corrupt-{attempt}" in caplog.text and SHARD in caplog.text
+        assert "resuming from " + str(tmp_path / "step_000001") in caplog.text
         assert (tmp_path / f"step_000002.corrupt-{attempt}").is_dir() and not bad.exists()
 
 
