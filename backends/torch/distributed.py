@@ -11,13 +11,15 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from backends.torch.config import DistributedConfig
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,24 @@ class DistContext:
         if self.active:
             dist.all_reduce(out, op=dist.ReduceOp.MAX)
         return out
+
+    def all_gather_object(self, obj: T) -> list[T]:
+        """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` in one process.
+
+        Only for objects this run's own processes made: they travel pickled."""
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: T) -> T:
+        """Rank 0's ``obj`` on every rank (picklable; other ranks' ``obj`` is ignored)."""
+        if not self.active:
+            return obj
+        box: list[Any] = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return cast(T, box[0])
 
     def all_gather_cat(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenation over ranks along dim 0, in rank order; equal shapes on every rank."""
@@ -173,47 +193,57 @@ def root_gathered(model: torch.nn.Module, *, reshard: bool) -> Iterator[None]:
             model.reshard()  # type: ignore[operator]
 
 
-def full_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext
-) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any] | None]:
-    """Full (unsharded) model and optimizer state dicts on rank 0, None elsewhere; collective."""
+def sharded_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This rank's model and optimizer state dicts as DCP saves and loads them; collective.
+
+    Keys are parameter names (DDP's wrapper prefix removed); under FSDP the tensors are this
+    rank's DTensor shards, so nothing is gathered. The tensors are the live ones: loading
+    into them in place (``dcp.load``) fills the model. An optimizer that has not stepped yet
+    gets its state initialized first (zero-gradient step at lr 0), so the dicts always list
+    every tensor a checkpoint holds.
+    """
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    if _is_fsdp(model):
+        model.reshard()  # type: ignore[operator]  # registered params = the optimizer's shards
+    return dict(get_model_state_dict(model)), dict(get_optimizer_state_dict(model, optimizer))
+
+
+def load_sharded_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    model_state: dict[str, Any],
+    optimizer_state: dict[str, Any],
+) -> None:
+    """Inverse of ``sharded_state``: set the model and optimizer from loaded state dicts."""
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if _is_fsdp(model):
+        model.reshard()  # type: ignore[operator]
+    set_model_state_dict(model, model_state)
+    set_optimizer_state_dict(model, optimizer, optimizer_state)
+
+
+def full_model_state(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch.Tensor] | None:
+    """The full (unsharded) model state dict on rank 0, None elsewhere; collective under FSDP.
+
+    Keys are the ``PolicyModule``'s (DDP's wrapper prefix removed)."""
     if _is_fsdp(model):
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
-            get_optimizer_state_dict,
-        )
-
-        model.reshard()  # type: ignore[operator]  # registered params = the optimizer's shards
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        msd = get_model_state_dict(model, options=opts)
-        osd = get_optimizer_state_dict(model, optimizer, options=opts)
-        if not ctx.is_main:
-            return None, None
-        return cast(dict[str, torch.Tensor], msd), cast(dict[str, Any], osd)
-    if not ctx.is_main:
-        return None, None
-    return unwrap(model).state_dict(), optimizer.state_dict()
-
-
-def load_full_state(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    model_state: dict[str, torch.Tensor],
-    optimizer_state: dict[str, Any],
-) -> None:
-    """Inverse of ``full_state``; every rank passes the full states it loaded."""
-    if _is_fsdp(model):
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
         )
 
         model.reshard()  # type: ignore[operator]
-        opts = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, cast(Any, model_state), options=opts)
-        set_optimizer_state_dict(model, optimizer, optimizer_state, options=opts)
-        return
-    unwrap(model).load_state_dict(model_state)
-    optimizer.load_state_dict(optimizer_state)
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(model, options=opts)
+        return cast(dict[str, torch.Tensor], state) if ctx.is_main else None
+    return dict(unwrap(model).state_dict()) if ctx.is_main else None

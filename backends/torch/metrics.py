@@ -2,7 +2,8 @@
 
 ``metrics.jsonl`` holds one object per logged step: ``{"step": k, "<name>": value, ...}``.
 On resume from step k, records after k are dropped (the interrupted run may have logged
-steps it never checkpointed) and TensorBoard purges events after k.
+steps it never checkpointed; from step 0, all of them) and TensorBoard purges events after k.
+A last line cut short by a kill is left out.
 
 The trainer's metrics (all global: reduced over ranks):
 
@@ -28,12 +29,15 @@ The trainer's metrics (all global: reduced over ranks):
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
+
+log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tensorboard"
@@ -43,13 +47,27 @@ PROGRESS_KEYS = {"reward/mean": "reward", "eval/reward_sampled": "eval", "kl/ref
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Every record of a metrics file, in order."""
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    """Every record of a metrics file, in order.
+
+    A last line that does not parse is a record cut short (the process was killed while
+    writing it): it is left out. A bad line before it raises ``ValueError`` naming it.
+    """
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = [(n, line) for n, line in enumerate(fh, start=1) if line.strip()]
+    records = []
+    for i, (number, line) in enumerate(lines):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if i == len(lines) - 1:
+                log.warning("%s: line %d is cut short (%s); left out", path, number, exc)
+                break
+            raise ValueError(f"{path}: line {number} is not a JSON record ({exc})") from None
+    return records
 
 
 def truncate_jsonl(path: str | Path, last_step: int) -> None:
-    """Keep only records with ``step <= last_step`` (atomically rewritten)."""
+    """Keep only (complete) records with ``step <= last_step`` (atomically rewritten)."""
     file = Path(path)
     if not file.exists():
         return
@@ -83,14 +101,17 @@ class MetricsLogger:
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        truncate_jsonl(self.run_dir / METRICS_FILE, start_step)
+        # records the resumed run logs again go: those after start_step (all from step 0)
+        truncate_jsonl(self.run_dir / METRICS_FILE, start_step if start_step else -1)
         self._file = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
+            purge_all = 0 if (self.run_dir / TB_DIR).exists() else None  # restart from 0
+
             self._writer = SummaryWriter(
                 log_dir=str(self.run_dir / TB_DIR),
-                purge_step=start_step + 1 if start_step else None,
+                purge_step=start_step + 1 if start_step else purge_all,
             )
         self._bar = tqdm(
             total=total_steps,

@@ -44,11 +44,12 @@ from backends.torch.config import (
 from backends.torch.data import Prompt, PromptSampler, shard
 from backends.torch.distributed import (
     DistContext,
-    full_state,
+    full_model_state,
     grad_sync,
     init_distributed,
-    load_full_state,
+    load_sharded_state,
     root_gathered,
+    sharded_state,
     shutdown,
     unwrap,
     wrap_model,
@@ -190,7 +191,8 @@ class GRPORecipe:
         if holds_run and not resume:
             raise ConfigError(
                 f"output_dir: {str(self.run_dir)!r} already holds a run; pass --resume to "
-                "continue it, or choose another output_dir"
+                "continue it from its newest intact checkpoint (from step 0 if it was stopped "
+                "before its first one), or choose another output_dir"
             )
 
     def _build_engine(self) -> RolloutEngine:
@@ -222,13 +224,14 @@ class GRPORecipe:
         )
 
     def _check_same_run(self) -> None:
-        """A resumed run must be the same run: only steps, eval, checkpoint, logging may change."""
+        """A resumed run must be the same run: only steps, eval, checkpoint, logging may change,
+        and output_dir (where the run folder is now, after a move or a copy)."""
         saved_file = self.run_dir / CONFIG_FILE
         if not saved_file.exists():
             return
         saved = load_config(saved_file).model_dump(mode="json")
         now = self.cfg.model_dump(mode="json")
-        free = {"steps", "eval", "checkpoint", "logging"}
+        free = {"steps", "eval", "checkpoint", "logging", "output_dir"}
         changed = sorted(k for k in now if k not in free and now[k] != saved.get(k))
         if changed:
             raise ConfigError(
@@ -237,41 +240,46 @@ class GRPORecipe:
             )
 
     def _resume(self) -> None:
+        """Continue from the newest intact checkpoint (damaged newer ones are moved aside);
+        with none, the run starts again from step 0 (``resume_point`` says so)."""
         self._check_same_run()
-        latest = ckpt.find_latest(self.run_dir / CHECKPOINT_DIR)
+        latest = ckpt.resume_point(self.run_dir / CHECKPOINT_DIR, self.ctx)
         if latest is None:
-            raise ConfigError(
-                f"--resume: no complete checkpoint under {str(self.run_dir / CHECKPOINT_DIR)!r}"
-            )
-        state = ckpt.load_checkpoint(latest, rank=self.ctx.rank, world_size=self.ctx.world_size)
-        model_state = {_INNER + k: v for k, v in state.model_state.items()}
-        load_full_state(self.model, self.optimizer, model_state, state.optimizer_state)
-        self.scheduler.load_state_dict(state.scheduler_state)
-        self.sampler.load_state_dict(state.trainer_state["sampler"])
-        self.strategy.load_state_dict(state.rank_state["strategy"])
-        ckpt.restore_rng(state.rank_state["rng"])
+            return
+        model_state, optim_state = sharded_state(self.model, self.optimizer)
+        state = ckpt.load_checkpoint(latest, model_state, optim_state, self.ctx)
+        load_sharded_state(self.model, self.optimizer, state.model, state.optimizer)
+        self.scheduler.load_state_dict(state.scheduler)
+        self.sampler.load_state_dict(state.trainer["sampler"])
+        self.strategy.load_state_dict(state.rank["strategy"])
+        ckpt.restore_rng(state.rank["rng"])
         self.step = state.step
 
     def save(self) -> Path:
-        """Write a checkpoint of the current step (collective)."""
-        model_state, optim_state = full_state(self.model, self.optimizer, self.ctx)
-        main = self.ctx.is_main
-        hf_state = None
-        if model_state is not None:  # PolicyModule keys -> the HF model's own names
-            hf_state = {k.removeprefix(_INNER): v for k, v in model_state.items()}
+        """Write a checkpoint of the current step (collective; every rank writes its shards)
+        with the policy exported for Hugging Face (gathered on rank 0)."""
+        model_state, optim_state = sharded_state(self.model, self.optimizer)
+        full = full_model_state(self.model, self.ctx)
+        export = None
+        if full is not None:  # PolicyModule keys -> the HF model's own names
+            export = ckpt.ModelExport(
+                weights={k.removeprefix(_INNER): v for k, v in full.items()},
+                files={"config.json": self.policy.model.config.to_json_string()},
+            )
+        state = ckpt.TrainingState(
+            step=self.step,
+            model=model_state,
+            optimizer=optim_state,
+            scheduler=self.scheduler.state_dict(),
+            trainer={"sampler": self.sampler.state_dict()},
+            rank={"rng": ckpt.capture_rng(), "strategy": self.strategy.state_dict()},
+        )
         return ckpt.save_checkpoint(
             self.run_dir / CHECKPOINT_DIR,
-            self.step,
-            model_state=hf_state,
-            optimizer_state=optim_state,
-            scheduler_state=self.scheduler.state_dict() if main else None,
-            trainer_state={"sampler": self.sampler.state_dict()} if main else None,
-            rank_state={"rng": ckpt.capture_rng(), "strategy": self.strategy.state_dict()},
-            rank=self.ctx.rank,
-            world_size=self.ctx.world_size,
-            barrier=self.ctx.barrier,
+            state,
+            export=export,
+            ctx=self.ctx,
             keep_last=self.cfg.checkpoint.keep_last,
-            extra_files={"config.json": self.policy.model.config.to_json_string()},
         )
 
     # ---------------------------------------------------------------------------- rollout

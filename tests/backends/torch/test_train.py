@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ from safetensors.torch import load_file
 
 from adapters.direction import EmbeddingDirectionModel
 from adapters.policy import response_logprobs_and_stats
-from backends.torch.checkpoint import find_latest
+from backends.torch.checkpoint import checkpoint_folders
 from backends.torch.config import ConfigError, config_from_dict, load_config
 from backends.torch.loss import aggregate, ppo_clip_loss
 from backends.torch.metrics import read_jsonl
@@ -172,18 +175,17 @@ def test_a_run_writes_config_metrics_events_and_checkpoints(tmp_path: Path, stra
     assert {"eval/reward_sampled", "eval/reward_greedy"} <= set(records[0])
     events = list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert len(events) == 1 and events[0].stat().st_size > 0
-    latest = find_latest(run / "checkpoints")
-    assert latest is not None and latest.name == "step_000002"
+    latest = checkpoint_folders(run / "checkpoints")[-1]
+    assert latest.name == "step_000002"
     weights = load_file(str(latest / "model.safetensors"))
     assert "model.embed_tokens.weight" in weights  # the HF model's own key names
-    assert {p.name for p in latest.iterdir()} >= {
+    assert {p.name for p in latest.iterdir()} == {
+        "state",  # model + optimizer shards (DCP, safetensors)
+        "train_state.json",
+        "rank0.safetensors",
         "model.safetensors",
-        "optimizer.pt",
-        "scheduler.pt",
-        "trainer_state.pt",
-        "rank0.pt",
-        "manifest.json",
         "config.json",
+        "manifest.json",
     }
 
 
@@ -212,8 +214,8 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
 
 
 def final_weights(run: Path) -> dict[str, torch.Tensor]:
-    latest = find_latest(run / "checkpoints")
-    assert latest is not None and latest.name == "step_000004"
+    latest = checkpoint_folders(run / "checkpoints")[-1]
+    assert latest.name == "step_000004"
     return load_file(str(latest / "model.safetensors"))
 
 
@@ -254,7 +256,7 @@ real_save_file = ckpt.save_file
 
 def save_file_then_die(tensors, filename, **kw):
     real_save_file(tensors, filename, **kw)
-    if "step_000003.tmp" in str(filename):
+    if str(filename).endswith("step_000003.tmp/model.safetensors"):
         os.kill(os.getpid(), signal.SIGKILL)  # mid-checkpoint: weights written, rest not
 
 ckpt.save_file = save_file_then_die
@@ -280,8 +282,7 @@ def test_a_process_killed_while_checkpointing_resumes_from_the_last_complete_one
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     partial = run / "checkpoints" / "step_000003.tmp"
     assert (partial / "model.safetensors").exists() and not (partial / "manifest.json").exists()
-    latest = find_latest(run / "checkpoints")
-    assert latest is not None and latest.name == "step_000002"
+    assert checkpoint_folders(run / "checkpoints")[-1].name == "step_000002"
     resumed = train(cfg, resume=True)
     assert steps_of(resumed.history) == [3, 4]
     assert not partial.exists()
@@ -348,38 +349,53 @@ trainer.train(sys.argv[1])
 """
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_process_torchrun_matches_one_process_on_the_same_global_batch(
-    tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """One step of 2 ranks == one step of 1 process on the same 4 prompts x G=4 (1e-5).
+TWO_RANK_UPDATES: dict[str, Any] = {
+    "steps": 1,
+    "credit": "datc",
+    "data": {"task_params": {"num_prompts": 16, "num_eval_prompts": 3}},
+    # 2 prompts per generate call: the same chunks (and seeds) on 1 rank and on 2 ranks
+    "rollout": {"prompts_per_step": 4, "prompts_per_generate": 2},
+    "algorithm": {"micro_batch_size": 3, "ppo_epochs": 2, "kl_coef": 0.05},
+    # Adam divides by sqrt(v) + eps: with the default 1e-8, parameters whose gradient is
+    # ~1e-9 turn float noise into 1e-6-sized update differences (measured 5.6e-6)
+    "optim": {"lr": 1e-3, "eps": 1e-6},
+    "eval": {"interval": 1},
+    "checkpoint": {"interval": 1},
+}
 
-    Responses end at different lengths on the two ranks (frequent EOS), and the 3 held-out
-    prompts split unevenly: FSDP's collective forwards must stay in step regardless.
-    """
-    updates: dict[str, Any] = {
-        "steps": 1,
-        "credit": "datc",
-        "data": {"task_params": {"num_prompts": 16, "num_eval_prompts": 3}},
-        # 2 prompts per generate call: the same chunks (and seeds) on 1 rank and on 2 ranks
-        "rollout": {"prompts_per_step": 4, "prompts_per_generate": 2},
-        "algorithm": {"micro_batch_size": 3, "ppo_epochs": 2, "kl_coef": 0.05},
-        # Adam divides by sqrt(v) + eps: with the default 1e-8, parameters whose gradient is
-        # ~1e-9 turn float noise into 1e-6-sized update differences (measured 5.6e-6)
-        "optim": {"lr": 1e-3, "eps": 1e-6},
-        "eval": {"interval": 1},
-        "checkpoint": {"interval": 1},
-        "distributed": {"strategy": strategy},
-    }
-    monkeypatch.setattr(f"{TRAINER}.build_policy", build_policy_with_frequent_eos)
-    single = train(tiny_config(tmp_path / "one", **updates))
-    assert single.history[-1]["response/truncated_frac"] < 0.9  # EOS does end responses
-    config_file = tmp_path / "two.yaml"
-    config_file.write_text(yaml.safe_dump(tiny_config(tmp_path / "two", **updates)))
+
+@dataclass(frozen=True)
+class TwoRankRun:
+    """One step of the same config in one process (``one``) and under torchrun (``two``)."""
+
+    strategy: str
+    one: RunResult
+    two: Path
+
+    def config(self, run: Path, **updates: Any) -> dict[str, Any]:
+        return two_rank_config(run, self.strategy, **updates)
+
+
+def two_rank_config(run: Path, strategy: str, **updates: Any) -> dict[str, Any]:
+    return tiny_config(
+        run, **{**TWO_RANK_UPDATES, "distributed": {"strategy": strategy}, **updates}
+    )
+
+
+@pytest.fixture(scope="module", params=["ddp", "fsdp"])
+def two_rank_run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> TwoRankRun:
+    strategy: str = request.param
+    tmp = tmp_path_factory.mktemp(strategy)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(f"{TRAINER}.build_policy", build_policy_with_frequent_eos)
+        single = train(two_rank_config(tmp / "one", strategy))
+    config_file = tmp / "two.yaml"
+    config_file.write_text(yaml.safe_dump(two_rank_config(tmp / "two", strategy)))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     torchrun = Path(sys.executable).with_name("torchrun")
-    driver = tmp_path / "driver.py"
+    driver = tmp / "driver.py"
     driver.write_text(TORCHRUN_DRIVER)
     proc = subprocess.run(
         [
@@ -398,7 +414,21 @@ def test_two_process_torchrun_matches_one_process_on_the_same_global_batch(
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    one, two = single.history[-1], read_jsonl(tmp_path / "two" / "metrics.jsonl")[-1]
+    return TwoRankRun(strategy, single, tmp / "two")
+
+
+@pytest.mark.slow
+def test_two_process_torchrun_matches_one_process_on_the_same_global_batch(
+    two_rank_run: TwoRankRun,
+) -> None:
+    """One step of 2 ranks == one step of 1 process on the same 4 prompts x G=4 (1e-5).
+
+    Responses end at different lengths on the two ranks (frequent EOS), and the 3 held-out
+    prompts split unevenly: FSDP's collective forwards must stay in step regardless.
+    """
+    single = two_rank_run.one
+    assert single.history[-1]["response/truncated_frac"] < 0.9  # EOS does end responses
+    one, two = single.history[-1], read_jsonl(two_rank_run.two / "metrics.jsonl")[-1]
     for key in (
         "loss/total",
         "loss/policy",
@@ -412,16 +442,43 @@ def test_two_process_torchrun_matches_one_process_on_the_same_global_batch(
         "response/length_mean",
     ):
         assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-5), key
-    a = final_weights_at(tmp_path / "one", 1)
-    b = final_weights_at(tmp_path / "two", 1)
+    assert_close_weights(final_weights_at(single.run_dir, 1), final_weights_at(two_rank_run.two, 1))
+
+
+@pytest.mark.slow
+def test_a_two_process_checkpoint_resumes_in_one_process(
+    two_rank_run: TwoRankRun,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The 2-rank run's step-1 checkpoint (one shard per rank), continued to step 2 by one
+    process, ends where an uninterrupted one-process run of 2 steps ends (1e-5)."""
+    monkeypatch.setattr(f"{TRAINER}.build_policy", build_policy_with_frequent_eos)
+    uninterrupted = train(two_rank_run.config(tmp_path / "ref", steps=2))
+    shards = list((two_rank_run.two / "checkpoints" / "step_000001" / "state").iterdir())
+    assert len(shards) == 2  # each rank wrote its own
+    run = tmp_path / "two"
+    shutil.copytree(two_rank_run.two, run)
+    with caplog.at_level(logging.WARNING, logger="backends.torch.checkpoint"):
+        resumed = train(two_rank_run.config(run, steps=2), resume=True)
+    assert "written by 2 processes, resuming with 1" in caplog.text
+    assert steps_of(resumed.history) == [2]
+    for key in ("loss/total", "reward/mean", "optim/grad_norm", "eval/reward_sampled"):
+        want = uninterrupted.history[-1][key]
+        assert resumed.history[-1][key] == pytest.approx(want, rel=1e-5, abs=1e-5), key
+    assert_close_weights(final_weights_at(run, 2), final_weights_at(uninterrupted.run_dir, 2))
+
+
+def assert_close_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert worst < 1e-5
 
 
 def final_weights_at(run: Path, step: int) -> dict[str, torch.Tensor]:
-    latest = find_latest(run / "checkpoints")
-    assert latest is not None and latest.name == f"step_{step:06d}"
+    latest = checkpoint_folders(run / "checkpoints")[-1]
+    assert latest.name == f"step_{step:06d}"
     return load_file(str(latest / "model.safetensors"))
 
 
