@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -370,6 +371,17 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read a YAML config file, apply ``--set`` overrides and validate it."""
     raw, text = read_yaml_config(path)
     return config_from_dict(raw, overrides, source=str(path), yaml_text=text)
+
+
+def check_device(device: str, key: str = "device") -> None:
+    """``ConfigError`` when ``device`` (the value of config key ``key``) asks for CUDA on a
+    machine without it; checked before anything is built, so the run stops at once."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"{key}: 'cuda' was requested (in the config or by --set {key}=cuda), but this "
+            "machine has no usable CUDA device (torch.cuda.is_available() is False); "
+            f"use {key}=cpu, or {key}=auto to take a GPU when there is one"
+        )
 
 
 def dump_config(config: TrainConfig, path: str | Path) -> None:
