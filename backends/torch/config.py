@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from adapters.config import RewardSignalsConfig
 from adapters.tiny import Family
+from backends.torch.data import check_shardable
 from backends.torch.errors import ConfigError as ConfigError
 from backends.torch.errors import FieldError as FieldError
 from backends.torch.errors import format_config_errors
@@ -371,6 +372,20 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read a YAML config file, apply ``--set`` overrides and validate it."""
     raw, text = read_yaml_config(path)
     return config_from_dict(raw, overrides, source=str(path), yaml_text=text)
+
+
+def check_batch_split(cfg: TrainConfig, world_size: int) -> None:
+    """``ConfigError`` unless a step's batch splits over ``world_size`` processes: whole
+    prompt groups per rank (``data.check_shardable``), and
+    ``algorithm.updates_per_epoch`` dividing each rank's responses. Needs the world size,
+    so it runs when the processes exist (the trainer calls it before building anything)."""
+    check_shardable(cfg.rollout.prompts_per_step, world_size)
+    per_rank = cfg.rollout.prompts_per_step // world_size * cfg.rollout.group_size
+    if per_rank % cfg.algorithm.updates_per_epoch:
+        raise ConfigError(
+            f"algorithm.updates_per_epoch={cfg.algorithm.updates_per_epoch} must divide the "
+            f"responses per rank ({per_rank} = prompts_per_step / processes x group_size)"
+        )
 
 
 def check_device(device: str, key: str = "device") -> None:
