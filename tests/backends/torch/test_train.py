@@ -389,7 +389,7 @@ def test_two_process_torchrun_matches_one_process_on_the_same_global_batch(
             "2",
             str(driver),
             str(config_file),
-            str(REPO / "tests"),
+            str(REPO),
         ],
         cwd=REPO,
         env=env,
