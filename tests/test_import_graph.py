@@ -140,6 +140,21 @@ def test_the_project_has_no_import_cycle() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
+def test_credit_core_imports_no_framework() -> None:
+    """credit_core needs torch, pydantic and pluggy only (no transformers, no backend)."""
+    allowed = {"torch", "pydantic", "pluggy", "credit_core", *sys.stdlib_module_names}
+    for name, file in project_modules().items():
+        if not name.startswith("credit_core"):
+            continue
+        for node in _import_nodes(ast.parse(file.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            for imported in names:
+                top = (imported or "").split(".")[0]
+                assert top in allowed, f"{name} imports {imported}"
+
+
 def test_the_checker_finds_a_function_level_cycle(tmp_path: Path) -> None:
     """The check can fail: a cycle closed by an import inside a function is reported."""
     package = tmp_path / "credit_core"
