@@ -110,7 +110,9 @@ class DataConfig(Section):
         if self.task is not None:
             problems = task_problems(self.task, self.task_params)
             if problems:
-                raise problems[0]
+                first, *others = problems
+                also = [f"also {p.field}: {p.message}" for p in others]
+                raise FieldError(first.field, "; ".join([first.message, *also]))
         return self
 
 
