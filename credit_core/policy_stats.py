@@ -18,8 +18,9 @@ measurement (``python -m benchmarks signals``, docs/performance.md).
 
 The statistics are constants of the credit assignment: both functions compute under
 ``torch.no_grad()`` (inputs may require grad; outputs never do). Each tile's row maxima,
-computed anyway, are checked: a NaN or +inf logit (e.g. a float16 matmul overflowing past
-65504) raises ``CreditError`` naming the tile, instead of NaN statistics downstream.
+computed anyway, are checked (a flag per tile, read once per row block): a NaN or +inf
+logit (e.g. a float16 matmul overflowing past 65504) raises ``CreditError`` naming the
+first such tile, instead of NaN statistics downstream.
 """
 
 from __future__ import annotations
@@ -124,6 +125,9 @@ def _stream(
         acc = torch.zeros(2 * n, d, dtype=acc_dtype, device=device)  # [e @ E; e^2 @ E]
         scales = new(2 * n)
         z_y = torch.zeros(n, dtype=acc_dtype, device=device)
+        # Per tile: does its row maximum hold a NaN or +inf (-inf is a masked entry)? Read
+        # once per row block, so a GPU does not wait for the host at every tile.
+        bad_tile = torch.zeros(-(-vocab // chunk), dtype=torch.bool, device=device)
         for v0 in range(0, vocab, chunk):
             v1 = min(vocab, v0 + chunk)
             w = v1 - v0
@@ -134,8 +138,7 @@ def _stream(
             local = (y - v0).clamp(0, w - 1).unsqueeze(1)
             z_y = torch.where(in_chunk, z.gather(1, local).squeeze(1), z_y)
             tile_max = z.amax(dim=1)
-            if not bool((tile_max < float("inf")).all()):  # NaN or +inf; -inf is a masked entry
-                raise _non_finite_tile(z, rows, v0, v1, source, dtype)
+            bad_tile[v0 // chunk] = ~(tile_max < float("inf")).all()
             new_max = torch.maximum(run_max, tile_max)
             # A row that has seen only -inf logits (masked entries) shifts by 0, not by -inf:
             # exp(-inf - (-inf)) would be nan. Its accumulators are still 0, so any scale works.
@@ -150,6 +153,12 @@ def _stream(
                 table = table_buf[: w * d].view(w, d).copy_(table)
             sums.mul_(scales).add_(both.sum(dim=1))
             acc.mul_(scales.unsqueeze(1)).addmm_(both, table)
+        if bool(bad_tile.any()):
+            v0 = int(bad_tile.nonzero()[0]) * chunk
+            v1 = min(vocab, v0 + chunk)
+            z = buf[: n * (v1 - v0)].view(n, v1 - v0)
+            tile(rows, v0, v1, z)
+            raise _non_finite_tile(z, rows, v0, v1, source, dtype)
         inv_l = 1.0 / sums[:n]
         inv_l2 = inv_l * inv_l
         p_sampled[rows] = torch.exp(z_y - run_max) * inv_l

@@ -192,10 +192,12 @@ def test_float16_overflow_is_reported_at_its_tile() -> None:
 
 @pytest.mark.parametrize(("value", "kind"), [(float("nan"), "NaN"), (float("inf"), r"\+inf")])
 def test_non_finite_logits_are_reported_at_their_tile(value: float, kind: str) -> None:
+    """The first bad tile is named: its rows (row blocks of 5 here) and vocabulary chunk."""
     x = _inputs()
     logits = x["hidden"] @ x["weight"].T
-    logits[1, 2, 70] = value  # row 1 * 5 + 2 = 7
+    logits[1, 2, 70] = value  # flat row 1 * 5 + 2 = 7: the second row block
+    logits[2, 4, 3] = value  # a later row block: not reached
     with pytest.raises(
-        CreditError, match=rf"logits: rows 0:15 x vocabulary 64:75: a logit is {kind}"
+        CreditError, match=rf"^logits: rows 5:10 x vocabulary 64:75: a logit is {kind}"
     ):
-        policy_stats_from_logits(logits, x["y"], x["E"], chunk_size=32)
+        policy_stats_from_logits(logits, x["y"], x["E"], chunk_size=32, tile_elements=5 * 32)
