@@ -225,15 +225,28 @@ def test_bench_cuda_without_a_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[
         bench_main([*argv, "--debug"])
 
 
-def test_bench_permission_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("exc", "fragment"),
+    [
+        (PermissionError(13, "Permission denied", "/dev/nvidia0"), "permission denied: '/dev/"),
+        (FileNotFoundError(2, "No such file", "runs/bench"), "no such file or directory: 'runs/"),
+        (CreditError("chunk_size: expected an integer >= 1, got 0"), "chunk_size: expected"),
+    ],
+)
+def test_bench_failures(
+    exc: Exception,
+    fragment: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     import benchmarks.cli
 
-    def denied(name: str) -> torch.device:
-        raise PermissionError(13, "Permission denied", "/dev/nvidia0")
+    def failing(name: str) -> torch.device:
+        raise exc
 
-    monkeypatch.setattr(benchmarks.cli, "_device", denied)
-    status = bench_main(["signals", "--quick", "--out", str(tmp_path)])
-    err = capsys.readouterr().err
-    assert_one_message("credit-bench", status, err, "permission denied: '/dev/nvidia0'")
+    monkeypatch.setattr(benchmarks.cli, "_device", failing)
+    argv = ["signals", "--quick", "--out", str(tmp_path)]
+    assert_one_message("credit-bench", bench_main(argv), capsys.readouterr().err, fragment)
+    with pytest.raises(type(exc)):
+        bench_main([*argv, "--debug"])
