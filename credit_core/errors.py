@@ -1,8 +1,10 @@
-"""The one exception type of credit_core, and the one reader of pydantic validation errors.
+"""credit_core's exception (``CreditError``) and the one reader of pydantic validation errors.
 
-``validation_messages`` turns a pydantic ``ValidationError`` into one ``FieldProblem`` per
-failed check (dotted field, what is wrong, the value given); every package of the project
-prints its config errors from it, each with its own header.
+``CreditError`` is what every credit_core API raises on bad input. ``FieldError`` is raised
+by a pydantic validator (of any package) to blame a sub-field. ``validation_messages``
+turns a pydantic ``ValidationError`` into one ``FieldProblem`` per failed check (dotted
+field, what is wrong, the value given); every package of the project prints its config
+errors from it, each with its own header.
 """
 
 from __future__ import annotations
