@@ -1,10 +1,12 @@
-"""``python -m ablations CONFIG.yaml [--set k=v ...] [--shard i/n]`` and
-``python -m ablations merge CONFIG.yaml --from DIR [DIR ...] [--set ...]``.
+"""``python -m ablations CONFIG.yaml [--set k=v ...] [--shard i/n] [--debug]`` and
+``python -m ablations merge CONFIG.yaml --from DIR [DIR ...] [--set ...] [--debug]``.
 
 The first trains the config's runs (this shard's share with ``--shard``; finished runs are
 skipped) and, for the whole plan, writes report.md, results.csv and the figures, then prints
 their paths. ``merge`` gathers shard output folders into the config's output folder and
-writes the same outputs.
+writes the same outputs. Expected failures (bad config, missing file, package or GPU)
+print one message and exit with status 2 (``credit_core.cli``); a failed run is a bug
+until shown otherwise and raises with its traceback.
 """
 
 from __future__ import annotations
@@ -15,19 +17,28 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from backends.torch.config import ConfigError, add_override_argument
+from backends.torch.config import add_override_argument, check_device
+from backends.torch.errors import ConfigError
+from credit_core.cli import add_debug_argument, run_cli
+
+if TYPE_CHECKING:
+    from ablations.config import AblateConfig
+
+PROG = "credit-ablate"
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="ablation config (YAML), e.g. configs/ablate/quick.yaml")
     add_override_argument(parser, "seeds=[0,1,2]")
+    add_debug_argument(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="credit-ablate",
-        usage="%(prog)s CONFIG [--set KEY=VALUE ...] [--shard I/N]\n"
+        prog=PROG,
+        usage="%(prog)s CONFIG [--set KEY=VALUE ...] [--shard I/N] [--debug]\n"
         "       %(prog)s merge CONFIG --from DIR [DIR ...] [--set KEY=VALUE ...]",
         description="Train the same policy under several credit strategies across settings, "
         "families and seeds; report the comparison. Subcommand 'merge' combines shards.",
@@ -44,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_merge_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="credit-ablate merge",
+        prog=f"{PROG} merge",
         description="Combine the output folders of shards into the config's output folder "
         "and write report.md, results.csv and the figures.",
     )
@@ -60,8 +71,14 @@ def build_merge_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args_in = list(sys.argv[1:] if argv is None else argv)
+def _check_devices(cfg: AblateConfig) -> None:
+    """Stop at once when a ``train`` section asks for CUDA on a machine without it."""
+    check_device(cfg.train.get("device", "auto"), "train.device")
+    for name, spec in cfg.settings.items():
+        check_device(spec.train.get("device", "auto"), f"settings.{name}.train.device")
+
+
+def _ablate(args_in: list[str]) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from transformers.utils import logging as hf_logging
@@ -74,46 +91,46 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     command = "python -m ablations " + shlex.join(args_in)
     outputs: Outputs | None
-    try:
-        if args_in[:1] == ["merge"]:
-            args = build_merge_parser().parse_args(args_in[1:])
-            cfg = load_ablate_config(args.config, args.overrides)
-            outputs = merge(cfg, [Path(p) for p in args.sources], command=command)
+    if args_in[:1] == ["merge"]:
+        args = build_merge_parser().parse_args(args_in[1:])
+        cfg = load_ablate_config(args.config, args.overrides)
+        outputs = merge(cfg, [Path(p) for p in args.sources], command=command)
+    else:
+        args = build_parser().parse_args(args_in)
+        try:
+            index, count = parse_shard(args.shard)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        cfg = load_ablate_config(args.config, args.overrides)
+        _check_devices(cfg)
+        tag = f"[shard {index}/{count}] " if count > 1 else ""
+
+        def log(message: str) -> None:
+            print(tag + message, flush=True)
+
+        if cfg.workers > 1 and count == 1 and not args.assets_only:
+            outputs = run_workers(cfg, command=command, log=log)
         else:
-            args = build_parser().parse_args(args_in)
-            try:
-                index, count = parse_shard(args.shard)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from None
-            cfg = load_ablate_config(args.config, args.overrides)
-            tag = f"[shard {index}/{count}] " if count > 1 else ""
-
-            def log(message: str) -> None:
-                print(tag + message, flush=True)
-
-            if cfg.workers > 1 and count == 1 and not args.assets_only:
-                outputs = run_workers(cfg, command=command, log=log)
-            else:
-                outputs = run_ablation(
-                    cfg,
-                    command=command,
-                    shard_index=index,
-                    shard_count=count,
-                    log=log,
-                    assets_only=args.assets_only,
-                )
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+            outputs = run_ablation(
+                cfg,
+                command=command,
+                shard_index=index,
+                shard_count=count,
+                log=log,
+                assets_only=args.assets_only,
+            )
     if outputs is not None:
         print(f"report:  {outputs.report}")
         print(f"results: {outputs.csv}")
         for fig in outputs.figures:
             print(f"figure:  {fig}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``credit-ablate``; the exit status (2: an expected error, one message;
+    ``--debug`` shows its traceback)."""
+    return run_cli(PROG, _ablate, argv, expected=(ConfigError,))
 
 
 if __name__ == "__main__":

@@ -16,27 +16,29 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ablations.settings import SETTINGS
 from adapters.tiny import Family
 from backends.torch.config import (
-    ConfigError,
+    Section,
     apply_overrides,
     config_from_dict,
+    parse_override,
     read_yaml_config,
+    yaml_key_lines,
 )
-from credit_core import CreditConfig
+from backends.torch.errors import ConfigError, FieldError, format_config_errors
+from credit_core import CreditConfig, errors
+from credit_core.errors import FieldProblem, validation_messages
 
+#: How an unknown key of an ablation config is reported (the trainer's says "unknown key").
+UNKNOWN_KEY = "Extra inputs are not permitted: unknown key"
 #: Trainer keys that the runner sets per run; a ``train`` section may not set them.
 RUN_OWNED_KEYS = frozenset({"seed", "credit", "policy", "reward", "output_dir"})
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class StrategyConfig(_Section):
+class StrategyConfig(Section):
     """One strategy of the comparison: its label and its ``CreditConfig``."""
 
     label: str
@@ -55,7 +57,7 @@ class StrategyConfig(_Section):
         raise ValueError(f"expected a strategy name or mapping, got {type(value).__name__}")
 
 
-class SettingConfig(_Section):
+class SettingConfig(Section):
     """One built-in setting with its parameters and training overrides."""
 
     params: dict[str, Any] = Field(default_factory=dict, description="the setting's params")
@@ -66,7 +68,7 @@ class SettingConfig(_Section):
     )
 
 
-class ReportConfig(_Section):
+class ReportConfig(Section):
     """How runs are summarized."""
 
     final_window: int = Field(
@@ -77,7 +79,7 @@ class ReportConfig(_Section):
     heatmap_responses: int = Field(default=4, ge=1, description="responses in the credit heat-map")
 
 
-class AblateConfig(_Section):
+class AblateConfig(Section):
     """The whole ablation; see configs/ablate/*.yaml."""
 
     name: str = "ablation"
@@ -146,14 +148,11 @@ class AblateConfig(_Section):
             if label is not None and label not in labels:
                 raise ValueError(f"{role}: {label!r} is not one of the strategies {labels}")
         for name, spec in self.settings.items():
+            model = SETTINGS[name].params
             try:
-                SETTINGS[name].params.model_validate(spec.params)
+                model.model_validate(spec.params)
             except ValidationError as exc:
-                where = "; ".join(
-                    f"settings.{name}.params.{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                    for e in exc.errors()
-                )
-                raise ValueError(where) from None
+                raise _params_error(name, validation_messages(exc, model)) from None
         if len(set(self.seeds)) != len(self.seeds) or len(set(self.families)) != len(self.families):
             raise ValueError("seeds and families must not repeat")
         return self
@@ -182,6 +181,18 @@ class AblateConfig(_Section):
         return data
 
 
+def _params_error(setting: str, problems: list[FieldProblem]) -> FieldError:
+    """The first problem of setting ``setting``'s params, blamed on its key, the others
+    appended."""
+    first, *others = problems
+    message = first.message
+    if first.kind == "unknown":
+        message = UNKNOWN_KEY + message.removeprefix(errors.UNKNOWN_KEY)
+    if others:
+        message += "; also " + "; ".join(f"params.{p}" for p in others)
+    return FieldError(".".join(filter(None, ["settings", setting, "params", first.field])), message)
+
+
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     """``base`` with ``over`` merged in, mappings recursively, everything else replaced."""
     out = dict(base)
@@ -200,19 +211,24 @@ def load_ablate_config(path: str | Path, overrides: Sequence[str] = ()) -> Ablat
     stand-in policy and task), so a typo fails before anything is built.
     """
     file = Path(path)
-    raw, _ = read_yaml_config(file)
+    raw, text = read_yaml_config(file)
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{file}: expected a mapping at the top level")
     merged = apply_overrides(raw, overrides)
     try:
         cfg = AblateConfig.model_validate(merged)
     except ValidationError as exc:
-        lines = [
-            f"  {'.'.join(map(str, e['loc'])) or '<root>'}: "
-            + e["msg"].removeprefix("Value error, ")
-            for e in exc.errors()
-        ]
-        raise ConfigError(f"invalid ablation config {file}:\n" + "\n".join(lines)) from None
+        overridden = {tuple(parse_override(t)[0]): t for t in overrides}
+        message = format_config_errors(
+            exc,
+            AblateConfig,
+            str(file),
+            yaml_key_lines(text),
+            overridden,
+            what="ablation config",
+            unknown_key=UNKNOWN_KEY,
+        )
+        raise ConfigError(message) from None
     for name, spec in cfg.settings.items():
         stand_in = deep_merge(
             deep_merge(cfg.train, spec.train),

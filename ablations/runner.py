@@ -46,7 +46,7 @@ from ablations.results import (
 )
 from ablations.settings import SETTINGS, SettingAssets
 from ablations.summary import SettingSpec, SummarySpec, summarize
-from backends.torch.config import ConfigError
+from backends.torch.errors import ConfigError
 
 #: Bumped when what a run computes changes, so that older results are redone.
 RESULT_VERSION = 1

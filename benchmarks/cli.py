@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +22,9 @@ from typing import Any
 import torch
 
 from benchmarks import report
+from credit_core.cli import CommandError, add_debug_argument, run_cli
+
+PROG = "credit-bench"
 
 BENCHMARKS = ("signals", "reward", "step")
 #: Run only when named: the tile-size sweep behind ``policy_stats``' defaults, and
@@ -34,7 +36,7 @@ DEFAULT_MODE_BUDGET_S = 600.0
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks",
+        prog=PROG,
         description="Cost of token credit assignment over plain GRPO: signals, reward "
         "gradient, full step. Writes results.json, results.md and vocab.png to --out.",
     )
@@ -70,6 +72,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "ops are too small to split, and on a shared CPU every split op waits for its worker)",
     )
     parser.add_argument("--no-memory", action="store_true", help="skip peak-memory measurements")
+    add_debug_argument(parser)
     args = parser.parse_args(list(argv))
     args.benchmarks = list(dict.fromkeys(args.benchmarks)) or list(BENCHMARKS)
     for name in ("threads", "repeats", "pairs", "step_threads"):
@@ -84,7 +87,10 @@ def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: CUDA is not available on this machine")
+        raise CommandError(
+            "--device cuda: this machine has no usable CUDA device "
+            "(torch.cuda.is_available() is False); use --device cpu or --device auto"
+        )
     return torch.device(name)
 
 
@@ -107,7 +113,12 @@ def _load() -> float | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Entry point of ``credit-bench``; the exit status (2: an expected error such as a
+    missing GPU or package, one message; ``--debug`` shows its traceback)."""
+    return run_cli(PROG, _bench, argv)
+
+
+def _bench(argv: list[str]) -> int:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

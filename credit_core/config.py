@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from credit_core.errors import CreditError
+from credit_core.errors import CreditError, validation_messages
 
 
 class CreditConfig(BaseModel):
@@ -15,12 +15,20 @@ class CreditConfig(BaseModel):
     Accepts ``"datc"`` (so a YAML line ``credit: datc`` works) or a mapping
     ``{"name": "datc", "beta": 2.0, "lam": 0.5}``. Parameters other than ``name`` are
     validated against the strategy's ``Params``; an unknown strategy, an unknown key or an
-    out-of-range value fails validation with a message naming it.
+    out-of-range value raises ``CreditError`` naming it, from the constructor and from
+    ``parse``. Inside another pydantic model the same error surfaces as that model's
+    ``ValidationError`` on the ``credit`` field.
     """
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
     name: str = "uniform"
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _credit_error(exc) from None
 
     @model_validator(mode="before")
     @classmethod
@@ -50,16 +58,15 @@ class CreditConfig(BaseModel):
             return value
         try:
             return cls.model_validate(value)
-        except ValueError as exc:
-            cause = _credit_cause(exc)
-            raise (cause or CreditError(f"credit config: {exc}")) from exc
+        except ValidationError as exc:
+            raise _credit_error(exc) from None
 
 
-def _credit_cause(exc: ValueError) -> CreditError | None:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        for err in errors():
-            inner = err.get("ctx", {}).get("error")
-            if isinstance(inner, CreditError):
-                return inner
-    return None
+def _credit_error(exc: ValidationError) -> CreditError:
+    """One ``CreditError`` for a failed ``CreditConfig`` validation. The registry's own
+    errors (unknown strategy, bad parameter) keep their message, which names the field."""
+    problems = validation_messages(exc, CreditConfig)
+    text = "; ".join(str(p) for p in problems)
+    if all(p.kind == "raised" for p in problems):
+        return CreditError(text)
+    return CreditError(f"credit config: {text}")

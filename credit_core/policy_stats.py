@@ -15,6 +15,12 @@ One fused pass per tile: the logits are written into a buffer allocated once per
 overwrites them in place, e2 is written below e, and a single matmul ``[e; e2] @ E_chunk``
 updates both accumulators (stacked as one (2 x rows, d) tensor). Tile sizes were chosen by
 measurement (``python -m benchmarks signals``, docs/performance.md).
+
+The statistics are constants of the credit assignment: both functions compute under
+``torch.no_grad()`` (inputs may require grad; outputs never do). Each tile's row maxima,
+computed anyway, are checked (a flag per tile, read once per row block): a NaN or +inf
+logit (e.g. a float16 matmul overflowing past 65504) raises ``CreditError`` naming the
+first such tile, instead of NaN statistics downstream.
 """
 
 from __future__ import annotations
@@ -59,6 +65,20 @@ def _check_common(
     check_streaming(temperature, chunk_size)
 
 
+def _non_finite_tile(
+    z: torch.Tensor, rows: slice, v0: int, v1: int, source: str, dtype: torch.dtype
+) -> CreditError:
+    """The error for a logits tile ``z`` holding a NaN or +inf (only built on failure)."""
+    where = f"{source}: rows {rows.start}:{rows.stop} x vocabulary {v0}:{v1}"
+    if dtype == torch.float16 and bool(torch.isposinf(z).any()):
+        return CreditError(
+            f"{where}: logits overflow float16 (largest finite value 65504); compute them "
+            "in float32 or bfloat16 (e.g. pass hidden and the LM head weight as .float())"
+        )
+    kind = "+inf" if bool(torch.isposinf(z).any()) else "NaN"
+    return CreditError(f"{where}: a logit is {kind}; expected finite logits (or -inf)")
+
+
 def _stream(
     tile: LogitsTile,
     token_ids: torch.Tensor,
@@ -66,9 +86,13 @@ def _stream(
     vocab: int,
     chunk_size: int,
     tile_elements: int,
+    source: str = "logits",
+    dtype: torch.dtype = torch.float32,
 ) -> PolicyStats:
     """Fold logits tiles into PolicyStats; ``tile(rows, v0, v1, out)`` writes the logits of
     ``rows`` x [v0, v1) into ``out`` (n_rows, v1 - v0), a contiguous accumulation-dtype view.
+    ``source`` names the logits and ``dtype`` the dtype they are computed in, for the error
+    raised when a tile holds a NaN or +inf logit.
 
     Working memory: one buffer of 2 x rows x chunk accumulation-dtype elements (the tile's
     ``e`` stacked on ``e^2``, so one matmul with E_chunk serves m1 and m2), reused for every
@@ -101,6 +125,9 @@ def _stream(
         acc = torch.zeros(2 * n, d, dtype=acc_dtype, device=device)  # [e @ E; e^2 @ E]
         scales = new(2 * n)
         z_y = torch.zeros(n, dtype=acc_dtype, device=device)
+        # Per tile: does its row maximum hold a NaN or +inf (-inf is a masked entry)? Read
+        # once per row block, so a GPU does not wait for the host at every tile.
+        bad_tile = torch.zeros(-(-vocab // chunk), dtype=torch.bool, device=device)
         for v0 in range(0, vocab, chunk):
             v1 = min(vocab, v0 + chunk)
             w = v1 - v0
@@ -110,7 +137,9 @@ def _stream(
             in_chunk = (y >= v0) & (y < v1)
             local = (y - v0).clamp(0, w - 1).unsqueeze(1)
             z_y = torch.where(in_chunk, z.gather(1, local).squeeze(1), z_y)
-            new_max = torch.maximum(run_max, z.amax(dim=1))
+            tile_max = z.amax(dim=1)
+            bad_tile[v0 // chunk] = ~(tile_max < float("inf")).all()
+            new_max = torch.maximum(run_max, tile_max)
             # A row that has seen only -inf logits (masked entries) shifts by 0, not by -inf:
             # exp(-inf - (-inf)) would be nan. Its accumulators are still 0, so any scale works.
             shift = torch.where(new_max == float("-inf"), 0.0, new_max)
@@ -124,6 +153,12 @@ def _stream(
                 table = table_buf[: w * d].view(w, d).copy_(table)
             sums.mul_(scales).add_(both.sum(dim=1))
             acc.mul_(scales.unsqueeze(1)).addmm_(both, table)
+        if bool(bad_tile.any()):
+            v0 = int(bad_tile.nonzero()[0]) * chunk
+            v1 = min(vocab, v0 + chunk)
+            z = buf[: n * (v1 - v0)].view(n, v1 - v0)
+            tile(rows, v0, v1, z)
+            raise _non_finite_tile(z, rows, v0, v1, source, dtype)
         inv_l = 1.0 / sums[:n]
         inv_l2 = inv_l * inv_l
         p_sampled[rows] = torch.exp(z_y - run_max) * inv_l
@@ -164,6 +199,9 @@ def policy_stats(
 
     The matmul runs in the inputs' dtype (bf16 allowed), everything after it in float32
     (float64 if ``reward_embedding`` is float64). Output fields have that accumulation dtype.
+    Computed under ``torch.no_grad()``: the inputs may require grad, the outputs do not.
+    Raises ``CreditError`` naming the tile when a logit is NaN or +inf (a float16 matmul
+    overflows above 65504: use float32 or bfloat16).
     """
     h, W = check_lm_head(hidden, lm_head_weight, lm_head_bias)
     B, T, H = h.shape
@@ -192,7 +230,17 @@ def policy_stats(
             bias = lm_head_bias[v0:v1].to(acc).unsqueeze(0)
             torch.addmm(bias, h_rows, w_t, beta=inv_temp, alpha=inv_temp, out=out)
 
-    return _stream(tile, token_ids, reward_embedding, V, chunk_size, tile_elements)
+    with torch.no_grad():
+        return _stream(
+            tile,
+            token_ids,
+            reward_embedding,
+            V,
+            chunk_size,
+            tile_elements,
+            source="logits (hidden @ lm_head_weight.T)",
+            dtype=h.dtype,
+        )
 
 
 def policy_stats_from_logits(
@@ -204,7 +252,8 @@ def policy_stats_from_logits(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     tile_elements: int = DEFAULT_TILE_ELEMENTS,
 ) -> PolicyStats:
-    """``PolicyStats`` from materialized logits (B, T, V); same contract as ``policy_stats``."""
+    """``PolicyStats`` from materialized logits (B, T, V); same contract as ``policy_stats``
+    (no-grad; ``CreditError`` naming the tile of a NaN or +inf logit)."""
     z_all = check_tensor("logits", logits, (None, None, None), floating=True)
     B, T, V = z_all.shape
     _check_common(token_ids, reward_embedding, V, (B, T), z_all.device, temperature, chunk_size)
@@ -216,4 +265,7 @@ def policy_stats_from_logits(
         if inv_temp != 1.0:
             out.mul_(inv_temp)
 
-    return _stream(tile, token_ids, reward_embedding, V, chunk_size, tile_elements)
+    with torch.no_grad():
+        return _stream(
+            tile, token_ids, reward_embedding, V, chunk_size, tile_elements, dtype=z_all.dtype
+        )

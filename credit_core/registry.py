@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from credit_core import builtin_strategies, hookspecs
 from credit_core.batch import SIGNALS
-from credit_core.errors import CreditError
+from credit_core.errors import CreditError, validation_messages
 from credit_core.strategy import CreditStrategy
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_\-.]*$")
@@ -233,11 +233,11 @@ def validate_params(name: str, params: dict[str, Any]) -> BaseModel:
 
 def _format_param_errors(name: str, model: type[BaseModel], exc: ValidationError) -> str:
     lines = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "<params>"
-        if err["type"] == "extra_forbidden":
-            allowed = sorted(model.model_fields)
+    for problem in validation_messages(exc, model):
+        field = problem.field or "<params>"
+        if problem.kind == "unknown":
+            allowed = list(problem.allowed)
             lines.append(f"unknown parameter {field!r}; allowed parameters: {allowed}")
         else:
-            lines.append(f"parameter {field!r}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"parameter {field!r}: {problem.message}")
     return f"strategy {name!r}: " + "; ".join(lines)

@@ -22,16 +22,18 @@ from credit_core.errors import CreditError
 class NoParams(BaseModel):
     """Parameters of a strategy that takes none; any key is rejected."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ScoreParams(BaseModel):
-    """Parameters shared by every score-based strategy.
+    """Parameters shared by every score-based strategy (docs/design.md, "From one advantage
+    to many").
 
-    docs/design.md, "From one advantage to many".
+    Strict: a float takes a float or an int, never a bool or a string (``beta=True`` or
+    ``beta="2"`` is a mistake, not a 1.0 or a 2.0); an int takes an int only.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     beta: float = Field(1.0, gt=0.0, allow_inf_nan=False, description="softmax temperature")
     lam: float = Field(0.5, ge=0.0, le=1.0, description="mixing weight with uniform")

@@ -2,13 +2,16 @@
 
     credit-openrlhf [--credit NAME | --credit.config FILE] [--credit.<param> VALUE ...]
                     [--credit.direction.<field> VALUE ...] [--credit.placement P]
-                    [--credit.stats_chunk_size N]  <every train_ppo_ray flag, unchanged>
+                    [--credit.stats_chunk_size N] [--debug]
+                    <every train_ppo_ray flag, unchanged>
 
 The ``--credit`` flags are taken out of the command line; every other argument is handed to
 ``openrlhf.cli.train_ppo_ray`` exactly as given (same tokens, same order), which runs as if
 started with ``python -m openrlhf.cli.train_ppo_ray``, with the token-credit experience maker
 injected into its trainer actor (``backends.openrlhf.injection``). Bad credit flags and an
-unsupported OpenRLHF version stop the launcher before Ray starts, with exit status 2.
+unsupported OpenRLHF version stop the launcher before Ray starts, with exit status 2; so
+does a missing package (flash_attn, vllm...) or file, with one message (``--debug``: the
+traceback).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from backends.openrlhf.settings import OpenRLHFCreditConfig, build_config, read_config_file
 from backends.openrlhf.version import SUPPORTED_TEXT, check_openrlhf_version
 from credit_core import CreditError, list_strategies
+from credit_core.cli import DEBUG_FLAG, run_cli
 
 PROG = "credit-openrlhf"
 OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
@@ -60,6 +64,8 @@ credit options:
   --credit.placement P        auto | reward | policy: the actors that host the direction
                               model (auto: reward-model actors if any, else policy actors)
   --credit.stats_chunk_size N vocabulary tile of the streamed policy statistics (4096)
+  {DEBUG_FLAG}                     on an expected error (bad flag, missing package or file),
+                              show the traceback instead of the one-line message
 
 Strategies other than uniform need a response-level advantage: e.g.
   --algo.advantage.estimator group_norm --algo.kl.use_loss
@@ -158,6 +164,18 @@ def _print_help() -> None:
         print(f"  (OpenRLHF's options cannot be listed here: {exc})")
 
 
+def _launch(args: list[str], train: Callable[[OpenRLHFCreditConfig, Sequence[str]], None]) -> int:
+    cfg, passthrough = parse_credit(args)
+    if "-h" in passthrough or "--help" in passthrough:
+        _print_help()
+        return 0
+    version = check_openrlhf_version()
+    params = ", ".join(f"{k}={v}" for k, v in cfg.credit.params.items())
+    print(f"{PROG}: OpenRLHF {version}, credit strategy {cfg.credit.name}({params})")
+    train(cfg, passthrough)
+    return 0
+
+
 def main(
     argv: Sequence[str] | None = None,
     *,
@@ -165,24 +183,9 @@ def main(
 ) -> int:
     """Entry point of ``credit-openrlhf`` / ``python -m backends.openrlhf``; exit status.
 
-    ``train`` runs the training (replaced in tests). Returns 0 on success, 2 on a credit or
-    version error (message on stderr, nothing started).
+    ``train`` runs the training (replaced in tests). Returns 0 on success, 2 on an expected
+    failure: a credit or version error (nothing started), a missing package such as
+    flash_attn or a missing file (one message on stderr; ``--debug`` shows the traceback,
+    ``credit_core.cli``).
     """
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        cfg, passthrough = parse_credit(args)
-        if "-h" in passthrough or "--help" in passthrough:
-            _print_help()
-            return 0
-        version = check_openrlhf_version()
-    except CreditError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    params = ", ".join(f"{k}={v}" for k, v in cfg.credit.params.items())
-    print(f"{PROG}: OpenRLHF {version}, credit strategy {cfg.credit.name}({params})")
-    try:
-        train(cfg, passthrough)
-    except CreditError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return run_cli(PROG, lambda args: _launch(args, train), argv)

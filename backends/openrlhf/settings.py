@@ -24,6 +24,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from credit_core import CreditConfig, CreditError, CreditStrategy, get_strategy
+from credit_core.errors import validation_messages
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
 from credit_core.registry import validate_params
 
@@ -110,7 +111,8 @@ def build_config(
 ) -> OpenRLHFCreditConfig:
     """Merge a config file's mapping with command-line values and validate the result.
 
-    ``name`` is ``--credit NAME``; ``params`` the ``--credit.<param>`` values; ``direction``
+    ``name`` is ``--credit NAME``; ``params`` the ``--credit.<param>`` values (read as YAML
+    scalars, so ``2`` is an int and ``0.5`` a float, as in a config file); ``direction``
     the ``--credit.direction.<field>`` values; ``backend`` ``placement``/``stats_chunk_size``.
     A flag overrides the file. When ``--credit NAME`` selects another strategy than the file,
     the file's strategy parameters are not carried over (a note says so on stderr).
@@ -127,7 +129,7 @@ def build_config(
                 file=sys.stderr,
             )
         credit = {"name": name}
-    credit.update(params)
+    credit.update({key: flag_value(text) for key, text in params.items()})
     data["credit"] = credit
     if direction:
         data["direction"] = {**(data.get("direction") or {}), **direction}
@@ -140,17 +142,26 @@ def build_config(
     return cfg.model_copy(update={"credit": CreditConfig.parse({"name": cfg.credit.name, **typed})})
 
 
+def flag_value(text: str) -> Any:
+    """A command-line value as a YAML file would hold it: ``2`` -> 2, ``0.5`` -> 0.5,
+    ``true`` -> True, ``uniform`` -> "uniform"; ``1e-3`` (a string to YAML 1.1) -> 0.001."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
 def _format_errors(exc: ValidationError) -> str:
     lines = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "<config>"
-        inner = err.get("ctx", {}).get("error")
-        if isinstance(inner, CreditError):
-            lines.append(f"{field}: {inner}")
-        elif err["type"] == "extra_forbidden":
-            lines.append(
-                f"unknown key {field!r}; allowed keys: {sorted(OpenRLHFCreditConfig.model_fields)}"
-            )
+    for problem in validation_messages(exc, OpenRLHFCreditConfig):
+        if problem.kind == "unknown":
+            lines.append(f"unknown key {problem.field!r}; allowed keys: {list(problem.allowed)}")
         else:
-            lines.append(f"{field}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(str(problem))
     return "invalid token-credit settings:\n  " + "\n  ".join(lines)

@@ -1,6 +1,9 @@
-"""``credit-train CONFIG.yaml [--set key=value ...] [--resume]``, or ``python -m backends.torch``.
+"""``credit-train CONFIG.yaml [--set key=value ...] [--resume] [--debug]``, or
+``python -m backends.torch``.
 
 Under ``torchrun --nproc_per_node N -m backends.torch CONFIG.yaml`` every rank runs it.
+Expected failures (bad config, missing file, package or GPU) print one message and exit
+with status 2 (``credit_core.cli``); ``--debug`` shows their traceback.
 """
 
 from __future__ import annotations
@@ -9,13 +12,16 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from backends.torch.config import ConfigError, add_override_argument, load_config
-from backends.torch.trainer import train
+from backends.torch.config import add_override_argument, check_device, load_config
+from backends.torch.errors import ConfigError
+from credit_core.cli import add_debug_argument, run_cli
+
+PROG = "credit-train"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="credit-train",
+        prog=PROG,
         description="GRPO with token-level credit assignment (native PyTorch trainer).",
     )
     parser.add_argument("config", help="YAML config file (see configs/torch/)")
@@ -25,18 +31,25 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="continue the run in output_dir from its latest checkpoint",
     )
+    add_debug_argument(parser)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _train(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        result = train(load_config(args.config, args.overrides), resume=args.resume)
-    except ConfigError as exc:
-        print(f"credit-train: {exc}", file=sys.stderr)
-        return 2
-    print(f"credit-train: {result.last_step} steps done; run folder {result.run_dir}")
+    cfg = load_config(args.config, args.overrides)
+    check_device(cfg.device)
+    # Imported here, under run_cli: a missing package (transformers...) is a message.
+    from backends.torch.trainer import train
+
+    result = train(cfg, resume=args.resume)
+    print(f"{PROG}: {result.last_step} steps done; run folder {result.run_dir}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``credit-train``; the exit status."""
+    return run_cli(PROG, _train, argv, expected=(ConfigError,))
 
 
 if __name__ == "__main__":

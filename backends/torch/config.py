@@ -14,35 +14,29 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from adapters.config import RewardSignalsConfig
 from adapters.tiny import Family
+from backends.torch.data import check_shardable
+from backends.torch.errors import ConfigError, FieldError, format_config_errors
+from backends.torch.tasks import task_problems
 from credit_core import CreditConfig, strategy_class
 
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
 
 
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names every offending key and its source."""
+class Section(BaseModel):
+    """Base of every config section (trainer and ablation): unknown keys are errors, and a
+    validated config is immutable."""
 
-
-class FieldError(ValueError):
-    """Raised by a validator to blame ``field`` (dotted, relative to the model validated)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-
-class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class PresetConfig(_Section):
+class PresetConfig(Section):
     """A built-in tiny policy (random init, built from a config, no download)."""
 
     family: Family = "llama"
@@ -55,7 +49,7 @@ class PresetConfig(_Section):
     seed: int | None = Field(default=None, description="weight-init seed; default: the run's seed")
 
 
-class PolicyConfig(_Section):
+class PolicyConfig(Section):
     """The policy: a local Hugging Face model folder, or a built-in tiny preset."""
 
     path: str | None = Field(default=None, description="local folder with config.json and weights")
@@ -83,7 +77,7 @@ class PolicyConfig(_Section):
         return self
 
 
-class DataConfig(_Section):
+class DataConfig(Section):
     """Prompts: a built-in task, or JSONL files with a ``prompt`` field and optional ``label``."""
 
     task: str | None = Field(default=None, description="a built-in task (backends.torch.tasks)")
@@ -109,18 +103,15 @@ class DataConfig(_Section):
         if self.task_params and self.task is None:
             raise FieldError("task_params", "only valid together with 'task'")
         if self.task is not None:
-            from backends.torch.tasks import TASKS, parse_task_params
-
-            if self.task not in TASKS:
-                raise FieldError("task", f"unknown task; built-in tasks: {sorted(TASKS)}")
-            try:
-                parse_task_params(self.task, self.task_params)
-            except ConfigError as exc:
-                raise FieldError("task_params", str(exc)) from None
+            problems = task_problems(self.task, self.task_params)
+            if problems:
+                first, *others = problems
+                also = [f"also {p.field}: {p.message}" for p in others]
+                raise FieldError(first.field, "; ".join([first.message, *also]))
         return self
 
 
-class VLLMConfig(_Section):
+class VLLMConfig(Section):
     """Settings of the optional vLLM rollout engine (GPU only)."""
 
     gpu_memory_utilization: float = Field(default=0.4, gt=0.0, le=1.0)
@@ -128,7 +119,7 @@ class VLLMConfig(_Section):
     enforce_eager: bool = True
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     """Sampling G responses per prompt.
 
     ``top_k = 0`` and ``top_p = 1.0`` mean off and are passed to the engine explicitly, so a
@@ -158,7 +149,7 @@ class RolloutConfig(_Section):
         return value
 
 
-class AlgorithmConfig(_Section):
+class AlgorithmConfig(Section):
     """Advantages, PPO epochs and the clipped loss with KL against a frozen reference."""
 
     estimator: Literal["group_norm", "dr_grpo", "rloo"] = "group_norm"
@@ -175,7 +166,7 @@ class AlgorithmConfig(_Section):
     loss_agg: LossAgg = "token_mean"
 
 
-class OptimConfig(_Section):
+class OptimConfig(Section):
     """AdamW with a warmup + constant/linear/cosine learning-rate schedule."""
 
     lr: float = Field(default=1e-5, gt=0.0)
@@ -188,7 +179,7 @@ class OptimConfig(_Section):
     grad_clip: float | None = Field(default=1.0, gt=0.0, description="max grad norm; null = off")
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     """Held-out reward: sampled (G samples at the training temperature) and greedy."""
 
     interval: int = Field(
@@ -198,22 +189,22 @@ class EvalConfig(_Section):
     greedy: bool = True
 
 
-class CheckpointConfig(_Section):
+class CheckpointConfig(Section):
     interval: int = Field(default=0, ge=0, description="every N steps (and the last); 0 = off")
     keep_last: int = Field(default=2, ge=1)
 
 
-class DistributedConfig(_Section):
+class DistributedConfig(Section):
     strategy: Literal["ddp", "fsdp"] = "ddp"
     backend: Literal["auto", "gloo", "nccl"] = "auto"
 
 
-class LoggingConfig(_Section):
+class LoggingConfig(Section):
     progress: bool = True
     tensorboard: bool = True
 
 
-class TrainConfig(_Section):
+class TrainConfig(Section):
     """The whole run. See configs/torch/*.yaml for annotated examples."""
 
     seed: int = 0
@@ -321,7 +312,7 @@ def _deepcopy(value: Any) -> Any:
     return value
 
 
-def _yaml_lines(text: str) -> dict[tuple[str, ...], int]:
+def yaml_key_lines(text: str) -> dict[tuple[str, ...], int]:
     """1-based line of every key in a YAML mapping tree, by its path of keys."""
     lines: dict[tuple[str, ...], int] = {}
 
@@ -338,63 +329,6 @@ def _yaml_lines(text: str) -> dict[tuple[str, ...], int]:
     return lines
 
 
-def _allowed_keys(loc: Sequence[str | int]) -> list[str] | None:
-    model: Any = TrainConfig
-    for part in loc:
-        field = model.model_fields.get(part) if isinstance(part, str) else None
-        if field is None:
-            return None
-        annotation = field.annotation
-        candidates = [annotation, *getattr(annotation, "__args__", ())]
-        model = next(
-            (c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None
-        )
-        if model is None or model is CreditConfig:
-            return None
-    return sorted(model.model_fields)
-
-
-def _format_errors(
-    exc: ValidationError,
-    source: str,
-    lines: Mapping[tuple[str, ...], int],
-    overridden: Mapping[tuple[str, ...], str],
-) -> str:
-    out = []
-    for err in exc.errors():
-        loc = tuple(str(p) for p in err["loc"])
-        inner = err.get("ctx", {}).get("error")
-        if isinstance(inner, FieldError):
-            loc = (*loc, *inner.field.split("."))
-            err = {**err, "msg": inner.message}
-        dotted = ".".join(loc) or "<root>"
-        where = next(
-            (
-                f"--set {overridden[loc[:i]]}"
-                for i in range(len(loc), 0, -1)
-                if loc[:i] in overridden
-            ),
-            None,
-        )
-        if where is None:
-            known = next((loc[:i] for i in range(len(loc), 0, -1) if loc[:i] in lines), None)
-            where = f"{source}:{lines[known]}" if known else source
-            below = [f"--set {t}" for k, t in overridden.items() if k[: len(loc)] == loc]
-            where = ", ".join([where, *below])
-        if err["type"] == "extra_forbidden":
-            allowed = _allowed_keys(err["loc"][:-1])
-            hint = f" (allowed keys: {', '.join(allowed)})" if allowed else ""
-            message = f"unknown key{hint}"
-        elif err["type"] == "missing":
-            message = "required key is missing"
-        else:
-            message = err["msg"].removeprefix("Value error, ")
-            if "input" in err and err["type"] not in ("value_error", "assertion_error"):
-                message += f" (got {err['input']!r})"
-        out.append(f"  {dotted}: {message}  [{where}]")
-    return f"invalid config {source}:\n" + "\n".join(out)
-
-
 def config_from_dict(
     raw: Mapping[str, Any],
     overrides: Sequence[str] = (),
@@ -409,11 +343,13 @@ def config_from_dict(
         )
     merged = apply_overrides(raw, overrides)
     overridden = {tuple(parse_override(t)[0]): t for t in overrides}
-    lines = _yaml_lines(yaml_text) if yaml_text else {}
+    lines = yaml_key_lines(yaml_text) if yaml_text else {}
     try:
         return TrainConfig.model_validate(merged)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, source, lines, overridden)) from None
+        raise ConfigError(
+            format_config_errors(exc, TrainConfig, source, lines, overridden)
+        ) from None
 
 
 def read_yaml_config(path: str | Path) -> tuple[Any, str]:
@@ -433,6 +369,31 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read a YAML config file, apply ``--set`` overrides and validate it."""
     raw, text = read_yaml_config(path)
     return config_from_dict(raw, overrides, source=str(path), yaml_text=text)
+
+
+def check_batch_split(cfg: TrainConfig, world_size: int) -> None:
+    """``ConfigError`` unless a step's batch splits over ``world_size`` processes: whole
+    prompt groups per rank (``data.check_shardable``), and
+    ``algorithm.updates_per_epoch`` dividing each rank's responses. Needs the world size,
+    so it runs when the processes exist (the trainer calls it before building anything)."""
+    check_shardable(cfg.rollout.prompts_per_step, world_size)
+    per_rank = cfg.rollout.prompts_per_step // world_size * cfg.rollout.group_size
+    if per_rank % cfg.algorithm.updates_per_epoch:
+        raise ConfigError(
+            f"algorithm.updates_per_epoch={cfg.algorithm.updates_per_epoch} must divide the "
+            f"responses per rank ({per_rank} = prompts_per_step / processes x group_size)"
+        )
+
+
+def check_device(device: str, key: str = "device") -> None:
+    """``ConfigError`` when ``device`` (the value of config key ``key``) asks for CUDA on a
+    machine without it; checked before anything is built, so the run stops at once."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"{key}: 'cuda' was requested (in the config or by --set {key}=cuda), but this "
+            "machine has no usable CUDA device (torch.cuda.is_available() is False); "
+            f"use {key}=cpu, or {key}=auto to take a GPU when there is one"
+        )
 
 
 def dump_config(config: TrainConfig, path: str | Path) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from backends.torch.config import ConfigError
+from backends.torch.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -105,12 +105,19 @@ class PromptSampler:
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
 
 
-def shard(items: list[Any], rank: int, world_size: int) -> list[Any]:
-    """Rank ``rank``'s contiguous share of ``items``; ``len(items)`` must divide evenly."""
-    if len(items) % world_size:
+def check_shardable(count: int, world_size: int) -> None:
+    """``ConfigError`` unless ``count`` prompts (``rollout.prompts_per_step``) split into
+    whole, equal shares over ``world_size`` processes; a prompt's group never straddles
+    ranks. The one check of it: ``shard`` and ``config.check_batch_split`` call it."""
+    if count % world_size:
         raise ConfigError(
-            f"rollout.prompts_per_step={len(items)} must be a multiple of the number of "
+            f"rollout.prompts_per_step={count} must be a multiple of the number of "
             f"processes ({world_size}), so that every rank gets whole prompt groups"
         )
+
+
+def shard(items: list[Any], rank: int, world_size: int) -> list[Any]:
+    """Rank ``rank``'s contiguous share of ``items``; ``len(items)`` must divide evenly."""
+    check_shardable(len(items), world_size)
     per = len(items) // world_size
     return items[rank * per : (rank + 1) * per]

@@ -17,8 +17,9 @@ from adapters.config import build_reward_signals
 from adapters.direction import DirectionModel, RewardOutput
 from adapters.policy import lm_head_of
 from adapters.scorers import ModelScorer, RewardSignals
-from backends.torch.config import ConfigError, TrainConfig
+from backends.torch.config import TrainConfig
 from backends.torch.data import Prompt, load_jsonl
+from backends.torch.errors import ConfigError
 from backends.torch.rollout import RolloutBatch, pad_responses
 from backends.torch.tasks import get_task
 

@@ -25,8 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adapters.direction import DirectionModel
 from adapters.reward_models import ModuleRM
 from adapters.tiny import TINY_CORPUS
-from backends.torch.config import ConfigError
 from backends.torch.data import Prompt
+from backends.torch.errors import ConfigError, FieldError
+from credit_core.errors import validation_messages
 
 
 @dataclass(frozen=True)
@@ -133,17 +134,30 @@ TASKS: dict[str, tuple[type[BaseModel], Callable[[Any, int], Task]]] = {
 }
 
 
+def task_problems(name: str, params: dict[str, Any]) -> list[FieldError]:
+    """What is wrong with task ``name`` and its ``params``: one ``FieldError`` per problem,
+    its field relative to the ``data`` section (``task`` or ``task_params.<param>``); empty
+    when both are valid. The one check of a task; the config validation reports it too."""
+    if name not in TASKS:
+        return [FieldError("task", f"unknown task {name!r}; built-in tasks: {sorted(TASKS)}")]
+    model = TASKS[name][0]
+    try:
+        model.model_validate(params)
+    except ValidationError as exc:
+        return [
+            FieldError(".".join(filter(None, ["task_params", p.field])), p.message)
+            for p in validation_messages(exc, model)
+        ]
+    return []
+
+
 def parse_task_params(name: str, params: dict[str, Any]) -> BaseModel:
     """Validated parameters of task ``name``; ``ConfigError`` naming the task or parameter."""
-    if name not in TASKS:
-        raise ConfigError(f"data.task: unknown task {name!r}; built-in tasks: {sorted(TASKS)}")
-    try:
-        return TASKS[name][0].model_validate(params)
-    except ValidationError as exc:
-        lines = [
-            f"  data.task_params.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
-        ]
-        raise ConfigError(f"invalid parameters of task {name!r}:\n" + "\n".join(lines)) from None
+    problems = task_problems(name, params)
+    if problems:
+        lines = [f"  data.{p.field}: {p.message}" for p in problems]
+        raise ConfigError(f"invalid task {name!r} or its parameters:\n" + "\n".join(lines))
+    return TASKS[name][0].model_validate(params)
 
 
 def get_task(name: str, params: dict[str, Any], vocab_size: int) -> Task:

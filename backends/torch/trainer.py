@@ -35,8 +35,8 @@ import torch
 from adapters.policy import response_logprobs_and_stats
 from backends.torch import checkpoint as ckpt
 from backends.torch.config import (
-    ConfigError,
     TrainConfig,
+    check_batch_split,
     config_from_dict,
     dump_config,
     load_config,
@@ -54,6 +54,7 @@ from backends.torch.distributed import (
     unwrap,
     wrap_model,
 )
+from backends.torch.errors import ConfigError
 from backends.torch.kl import kl_estimate
 from backends.torch.loss import LossNormalizer, aggregate, ppo_clip_loss
 from backends.torch.metrics import METRICS_FILE, MetricsLogger
@@ -120,7 +121,7 @@ class GRPORecipe:
         self.ctx: DistContext = init_distributed(cfg.distributed, cfg.device)
         self.run_dir = Path(cfg.output_dir)
         self._check_run_dir(resume)
-        self._check_batch_split()
+        check_batch_split(cfg, self.ctx.world_size)
         torch.manual_seed(cfg.seed)
         dev = self.ctx.device
 
@@ -168,21 +169,6 @@ class GRPORecipe:
         )
 
     # ------------------------------------------------------------------------------ setup
-
-    def _check_batch_split(self) -> None:
-        """Whole prompt groups per rank; whole optimizer updates per rank's responses."""
-        cfg, world = self.cfg, self.ctx.world_size
-        if cfg.rollout.prompts_per_step % world:
-            raise ConfigError(
-                f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be a multiple of "
-                f"the number of processes ({world}): a prompt's group never straddles ranks"
-            )
-        per_rank = cfg.rollout.prompts_per_step // world * cfg.rollout.group_size
-        if per_rank % cfg.algorithm.updates_per_epoch:
-            raise ConfigError(
-                f"algorithm.updates_per_epoch={cfg.algorithm.updates_per_epoch} must divide the "
-                f"responses per rank ({per_rank} = prompts_per_step / processes x group_size)"
-            )
 
     def _check_run_dir(self, resume: bool) -> None:
         holds_run = (self.run_dir / METRICS_FILE).exists() or (

@@ -12,7 +12,7 @@ from ablations.ablation_config import AblateConfig, deep_merge, load_ablate_conf
 from ablations.results import RunKey, parse_shard, shard_runs
 from ablations.runner import plan_runs, run_train_config
 from ablations.settings import SettingAssets
-from backends.torch.config import ConfigError
+from backends.torch.errors import ConfigError
 from tests.helpers.paths import REPO as ROOT
 
 QUICK = ROOT / "configs" / "ablate" / "quick.yaml"

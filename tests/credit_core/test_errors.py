@@ -489,6 +489,42 @@ def test_invalid_configs(value: Any, message: str) -> None:
         CreditConfig.parse(value)
 
 
+def test_the_constructor_raises_credit_error_naming_the_parameter() -> None:
+    with pytest.raises(
+        CreditError, match=r"strategy 'datc': parameter 'beta': Input should be greater than 0"
+    ) as info:
+        CreditConfig(name="datc", beta=-1)
+    assert not isinstance(info.value, pydantic.ValidationError)
+    with pytest.raises(CreditError, match=r"credit config: name: Input should be a valid string"):
+        CreditConfig(name=3)  # type: ignore[arg-type]
+    with pytest.raises(CreditError, match=r"unknown credit strategy 'nope'"):
+        CreditConfig(name="nope")
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"beta": True}, r"parameter 'beta': Input should be a valid number \(got True\)"),
+        ({"beta": "2"}, r"parameter 'beta': Input should be a valid number \(got '2'\)"),
+        ({"lam": False}, r"parameter 'lam': Input should be a valid number \(got False\)"),
+        ({"seed": True}, r"parameter 'seed': Input should be a valid integer \(got True\)"),
+        ({"seed": 1.0}, r"parameter 'seed': Input should be a valid integer \(got 1.0\)"),
+    ],
+)
+def test_strategy_parameters_are_strict(params: dict[str, Any], message: str) -> None:
+    """No bool or string stands for a number: ``beta: "2"`` is a mistake, not a 2.0."""
+    with pytest.raises(CreditError, match=message):
+        CreditConfig(name="datc_shuffled", **params)
+    with pytest.raises(CreditError, match=message):
+        get_strategy("datc_shuffled", **params)
+
+
+def test_an_int_is_a_valid_float_parameter() -> None:
+    assert CreditConfig(name="datc", beta=2).params == {"beta": 2}
+    beta = get_strategy("datc", beta=2, lam=1).params.beta
+    assert beta == 2.0 and isinstance(beta, float)
+
+
 def test_config_is_immutable() -> None:
     config = CreditConfig.parse("datc")
     with pytest.raises(pydantic.ValidationError):

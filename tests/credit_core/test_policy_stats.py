@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from credit_core import PolicyStats, policy_stats, policy_stats_from_logits
+from credit_core import CreditError, PolicyStats, policy_stats, policy_stats_from_logits
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -141,3 +141,63 @@ def test_empty_batch_gives_empty_stats() -> None:
     x = _inputs(seed=7)
     stats = policy_stats(x["hidden"][:, :0], x["weight"], x["y"][:, :0], x["E"])
     assert stats.p_sampled.shape == (3, 0) and stats.m1.shape == (3, 0, 8)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_inputs_that_require_grad_give_the_same_constant_statistics(with_bias: bool) -> None:
+    """No-grad by contract: an nn.Linear LM head and hidden states in the autograd graph are
+    accepted; the statistics equal those of the detached inputs and carry no graph."""
+    x = _inputs()
+    lm_head = torch.nn.Linear(16, 75, bias=with_bias)
+    hidden = (x["hidden"] * 1.0).requires_grad_()
+    bias = lm_head.bias if with_bias else None
+    got = policy_stats(hidden, lm_head.weight, x["y"], x["E"], lm_head_bias=bias, chunk_size=32)
+    detached = policy_stats(
+        hidden.detach(),
+        lm_head.weight.detach(),
+        x["y"],
+        x["E"],
+        lm_head_bias=None if bias is None else bias.detach(),
+        chunk_size=32,
+    )
+    _assert_stats_close(got, detached, rtol=0.0, atol=0.0)
+    assert not any(getattr(got, f).requires_grad for f in FIELDS)
+    logits = lm_head(hidden)
+    from_logits = policy_stats_from_logits(logits, x["y"], x["E"], chunk_size=32)
+    assert not any(getattr(from_logits, f).requires_grad for f in FIELDS)
+    assert torch.is_grad_enabled()
+
+
+def test_float16_overflow_is_reported_at_its_tile() -> None:
+    """A float16 LM-head matmul above 65504 is +inf: named where it happens, not later as
+    non-finite DATC scores."""
+    x = _inputs()
+    hidden = torch.full((3, 5, 16), 100.0, dtype=torch.float16)
+    weight = x["weight"].half()
+    weight[40] = 100.0  # logit 100 * 100 * 16 = 160000 for vocabulary entry 40 only
+    with pytest.raises(
+        CreditError,
+        match=r"logits \(hidden @ lm_head_weight\.T\): rows 0:15 x vocabulary 32:64: "
+        r"logits overflow float16 .*65504.*float32 or bfloat16",
+    ):
+        policy_stats(hidden, weight, x["y"], x["E"], chunk_size=32)
+    fine = policy_stats(hidden.float(), weight.float(), x["y"], x["E"], chunk_size=32)
+    assert torch.isfinite(fine.m1).all()
+    logits = (hidden.float() @ weight.float().T).half()  # +inf where it overflowed
+    with pytest.raises(
+        CreditError, match=r"^logits: rows 0:15 x vocabulary 32:64: logits overflow"
+    ):
+        policy_stats_from_logits(logits, x["y"], x["E"], chunk_size=32)
+
+
+@pytest.mark.parametrize(("value", "kind"), [(float("nan"), "NaN"), (float("inf"), r"\+inf")])
+def test_non_finite_logits_are_reported_at_their_tile(value: float, kind: str) -> None:
+    """The first bad tile is named: its rows (row blocks of 5 here) and vocabulary chunk."""
+    x = _inputs()
+    logits = x["hidden"] @ x["weight"].T
+    logits[1, 2, 70] = value  # flat row 1 * 5 + 2 = 7: the second row block
+    logits[2, 4, 3] = value  # a later row block: not reached
+    with pytest.raises(
+        CreditError, match=rf"^logits: rows 5:10 x vocabulary 64:75: a logit is {kind}"
+    ):
+        policy_stats_from_logits(logits, x["y"], x["E"], chunk_size=32, tile_elements=5 * 32)

@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from backends.torch.__main__ import main
 from backends.torch.config import (
     ConfigError,
     apply_overrides,
+    check_batch_split,
+    check_device,
     config_from_dict,
     dump_config,
     load_config,
@@ -165,3 +168,30 @@ def test_task_and_task_parameters_are_checked_with_the_config(tmp_path: Path) ->
     text = BASE.replace("task: positional", "task: positional\n  task_params: {embed_dimm: 4}")
     msg = error_of(write(tmp_path, text))
     assert "data.task_params" in msg and "embed_dimm" in msg and "run.yaml:8" in msg
+
+
+def test_the_batch_split_over_processes_is_checked_with_the_world_size() -> None:
+    cfg = config_from_dict(
+        {
+            "policy": {"preset": {}},
+            "data": {"task": "positional"},
+            "rollout": {"prompts_per_step": 6, "group_size": 4},
+            "algorithm": {"updates_per_epoch": 3},
+        }
+    )
+    check_batch_split(cfg, 1)
+    check_batch_split(cfg, 2)  # 3 prompts x 4 responses per rank, 3 updates of 4
+    with pytest.raises(ConfigError, match=r"prompts_per_step=6 must be a multiple .* \(4\)"):
+        check_batch_split(cfg, 4)
+    with pytest.raises(ConfigError, match=r"updates_per_epoch=3 must divide .* \(4 = "):
+        check_batch_split(cfg, 6)
+
+
+def test_cuda_is_checked_against_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    check_device("cpu")
+    check_device("auto")
+    with pytest.raises(ConfigError, match=r"device: 'cuda' was requested .* use device=cpu"):
+        check_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_device("cuda")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.torch.config import ConfigError
 from backends.torch.data import PromptSampler, load_jsonl, shard
+from backends.torch.errors import ConfigError
 from backends.torch.tasks import get_task
 
 

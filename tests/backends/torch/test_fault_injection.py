@@ -21,7 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from backends.torch.config import ConfigError, load_config
+from backends.torch.config import load_config
+from backends.torch.errors import ConfigError
 from backends.torch.metrics import read_jsonl
 from backends.torch.trainer import RunResult, train
 from tests.helpers.torch_tiny import comparable, tiny_config

@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 from adapters.direction import EmbeddingDirectionModel
 from adapters.policy import response_logprobs_and_stats
 from backends.torch.checkpoint import checkpoint_folders
-from backends.torch.config import ConfigError, config_from_dict, load_config
+from backends.torch.config import config_from_dict, load_config
+from backends.torch.errors import ConfigError
 from backends.torch.loss import aggregate, ppo_clip_loss
 from backends.torch.metrics import read_jsonl
 from backends.torch.trainer import GRPORecipe, RunResult, train

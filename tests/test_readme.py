@@ -1,0 +1,167 @@
+"""The README's code runs as written.
+
+- Every ```python block runs with the inputs it names but does not define (``rewards,
+  hidden, lm_head, tokens, rm_embedding, mask, g``: a batch of two groups of responses
+  with a real ``nn.Linear`` LM head), once with the hidden states in the autograd graph
+  (as they are inside a training step) and once without.
+- Every command of a ```bash block either runs, in README order, or is listed in ``SKIPPED``
+  with the reason. The commands run unchanged in a scratch folder that holds the
+  repository's ``configs/`` and a ``.venv/bin`` that is the running interpreter's; so
+  ``runs/...`` folders land in the scratch folder, and the project imported is this
+  checkout (``PYTHONPATH``).
+- The demo's duration is stated once, the same way, in the README, the Makefile and the
+  quick ablation config.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from credit_core import CreditBatch
+from tests.helpers.paths import REPO
+
+README = (REPO / "README.md").read_text()
+
+#: README commands that the tests do not run, by how they start, with the reason.
+SKIPPED = {
+    "make demo": "builds .venv and runs the quick ablation (minutes); tests/ablations runs "
+    "the same runner on tiny settings",
+    "make test": "the whole test suite, which includes this test",
+    ".venv/bin/credit-ablate configs/ablate/quick.yaml": "what `make demo` runs (minutes)",
+    ".venv/bin/credit-ablate configs/ablate/full.yaml": "the full comparison (hours; shards "
+    "meant for two machines)",
+    ".venv/bin/credit-ablate merge": "merges the output folders of the full run's shards",
+    "credit-openrlhf": "OpenRLHF on 8 GPUs with Ray and vLLM",
+}
+
+
+def blocks(language: str) -> list[str]:
+    """The text of every fenced ``language`` block of the README, in order."""
+    return re.findall(rf"^```{language}\n(.*?)^```", README, flags=re.MULTILINE | re.DOTALL)
+
+
+def commands(block: str) -> list[str]:
+    """The commands of a shell block: continuation lines joined, comments dropped."""
+    joined = block.replace("\\\n", " ")
+    return [" ".join(shlex.split(line, comments=True)) for line in joined.splitlines()]
+
+
+def skip_reason(command: str) -> str | None:
+    return next((why for start, why in SKIPPED.items() if command.startswith(start)), None)
+
+
+# ------------------------------------------------------------------------------- Python
+
+
+def api_inputs(requires_grad: bool) -> dict[str, Any]:
+    """The snippet's free variables: 2 prompts x 8 responses of up to 6 tokens, H = 12,
+    vocabulary 40, reward-model embedding width 5."""
+    gen = torch.Generator().manual_seed(0)
+    B, T, H, V, d = 16, 6, 12, 40, 5
+    lengths = torch.randint(1, T + 1, (B,), generator=gen)
+    hidden = torch.randn(B, T, H, generator=gen)
+    lm_head = torch.nn.Linear(H, V, bias=False)
+    return {
+        "rewards": torch.randn(B, generator=gen),
+        "hidden": hidden.requires_grad_(requires_grad),
+        "lm_head": lm_head.requires_grad_(requires_grad),
+        "tokens": torch.randint(0, V, (B, T), generator=gen),
+        "rm_embedding": torch.randn(V, d, generator=gen),
+        "mask": torch.arange(T) < lengths.unsqueeze(1),
+        "g": torch.randn(B, T, d, generator=gen),
+    }
+
+
+def test_there_is_a_python_block_and_it_uses_the_inputs_provided() -> None:
+    [api] = blocks("python")
+    for name in api_inputs(False):
+        assert re.search(rf"\b{name}\b", api), name
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["no-grad", "grad"])
+def test_the_python_blocks_run(requires_grad: bool) -> None:
+    for block in blocks("python"):
+        namespace = api_inputs(requires_grad)
+        exec(compile(block, "README.md (python block)", "exec"), namespace)
+        batch: CreditBatch = namespace["batch"]
+        token_adv: torch.Tensor = namespace["token_adv"]
+        assert token_adv.shape == batch.mask.shape and token_adv.dtype == torch.float32
+        assert (token_adv[~batch.mask] == 0).all() and torch.isfinite(token_adv).all()
+        assert not namespace["stats"].m1.requires_grad
+        assert namespace["strategy"].requires == {"reward_grad", "policy_stats"}
+
+
+# -------------------------------------------------------------------------------- shell
+
+
+def test_every_shell_command_runs_or_is_skipped_with_a_reason() -> None:
+    listed = [c for block in blocks("bash") for c in commands(block) if c]
+    assert listed, "the README has no shell commands"
+    for start in SKIPPED:
+        assert any(c.startswith(start) for c in listed), f"SKIPPED names no command: {start}"
+    torchrun = [c for c in listed if "torchrun" in c]
+    assert torchrun and all(c.startswith(".venv/bin/torchrun ") for c in torchrun)
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    """A folder where README commands run as in the repository (see the module docstring)."""
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "bin").symlink_to(Path(sys.executable).parent)
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_the_shell_commands_run(scratch: Path) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    ran = []
+    for block in blocks("bash"):
+        for command in commands(block):
+            if not command or skip_reason(command):
+                continue
+            done = subprocess.run(
+                ["bash", "-c", command],
+                cwd=scratch,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
+            ran.append(command)
+    assert len(ran) == 4  # the four credit-train lines
+    for run in ("tiny_datc", "tiny_uniform", "ddp"):
+        assert (scratch / "runs" / run / "metrics.jsonl").is_file(), run
+
+
+# --------------------------------------------------------------------------- demo time
+
+
+def test_the_demo_time_is_stated_once_the_same_way() -> None:
+    """README, Makefile and configs/ablate/quick.yaml give the same duration of the demo."""
+    pattern = r"[Aa]bout (\d+) minutes on 2 cores"
+    sources = {
+        "README.md": README,
+        "Makefile": (REPO / "Makefile").read_text(),
+        "configs/ablate/quick.yaml": (REPO / "configs" / "ablate" / "quick.yaml").read_text(),
+    }
+    stated = {name: re.findall(pattern, text) for name, text in sources.items()}
+    assert all(len(found) == 1 for found in stated.values()), stated
+    assert len({found[0] for found in stated.values()}) == 1, stated
+    for name, text in sources.items():
+        assert not re.search(r"\d+ min(?:utes)? \d+ s|~\d+ min", text), name
