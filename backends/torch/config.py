@@ -192,6 +192,11 @@ class EvalConfig(Section):
 class CheckpointConfig(Section):
     interval: int = Field(default=0, ge=0, description="every N steps (and the last); 0 = off")
     keep_last: int = Field(default=2, ge=1)
+    hf_export: Literal["final", "every"] = Field(
+        default="final",
+        description="where the policy is also written as a Hugging Face model (gathered on "
+        "rank 0): the last step's checkpoint only, or every checkpoint",
+    )
 
 
 class DistributedConfig(Section):

@@ -242,10 +242,12 @@ class GRPORecipe:
         self.step = state.step
 
     def save(self) -> Path:
-        """Write a checkpoint of the current step (collective; every rank writes its shards)
-        with the policy exported for Hugging Face (gathered on rank 0)."""
+        """Write a checkpoint of the current step (collective; every rank writes its shards);
+        the last step's (or, with ``checkpoint.hf_export: every``, each one) also holds the
+        policy as a Hugging Face model, gathered on rank 0."""
         model_state, optim_state = sharded_state(self.model, self.optimizer)
-        full = full_model_state(self.model, self.ctx)
+        exporting = self.cfg.checkpoint.hf_export == "every" or self.step == self.cfg.steps
+        full = full_model_state(self.model, self.ctx) if exporting else None
         export = None
         if full is not None:  # PolicyModule keys -> the HF model's own names
             export = ckpt.ModelExport(

@@ -190,6 +190,21 @@ def test_a_run_writes_config_metrics_events_and_checkpoints(tmp_path: Path, stra
     }
 
 
+@pytest.mark.parametrize(("hf_export", "exported"), [("final", [2]), ("every", [1, 2])])
+def test_the_hugging_face_export_is_written_where_asked(
+    tmp_path: Path, hf_export: str, exported: list[int]
+) -> None:
+    run = tmp_path / "run"
+    cfg = tiny_config(run, steps=2, checkpoint={"interval": 1, "hf_export": hf_export})
+    train(cfg)
+    folders = checkpoint_folders(run / "checkpoints")
+    assert [f.name for f in folders] == ["step_000001", "step_000002"]
+    assert [
+        int(f.name.removeprefix("step_")) for f in folders if (f / "model.safetensors").is_file()
+    ] == exported
+    assert all((f / "state").is_dir() for f in folders)  # training state in every checkpoint
+
+
 def test_a_fresh_run_refuses_a_folder_holding_a_run(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path / "run", steps=1)
     train(cfg)
@@ -205,7 +220,7 @@ RESUME_UPDATES: dict[str, Any] = {
     "algorithm": {"kl_coef": 0.05, "ppo_epochs": 2, "updates_per_epoch": 2, "micro_batch_size": 3},
     "optim": {"lr": 3e-3, "schedule": "linear", "warmup_steps": 1},
     "eval": {"interval": 2},
-    "checkpoint": {"interval": 1, "keep_last": 3},
+    "checkpoint": {"interval": 1, "keep_last": 3, "hf_export": "every"},
 }
 
 
