@@ -4,6 +4,7 @@ Public API::
 
     from credit_core import (
         CreditBatch, PolicyStats, policy_stats, policy_stats_from_logits,
+        unsigned_work, unsigned_work_from_logits, streamed_unsigned_work, choose_work_path,
         get_strategy, list_strategies, register_plugin, hookimpl,
         CreditConfig, group_advantages, CreditError,
     )
@@ -24,6 +25,10 @@ from credit_core.registry import (
     strategy_class,
     unregister_plugin,
 )
+from credit_core.streamed_work import (
+    streamed_unsigned_work,
+    streamed_unsigned_work_from_logits,
+)
 from credit_core.strategy import (
     CreditResult,
     CreditStrategy,
@@ -32,11 +37,18 @@ from credit_core.strategy import (
     ScoreStrategy,
 )
 from credit_core.work import token_work
+from credit_core.work_path import (
+    TWO_MATMUL_MIN_EMBED_DIM,
+    choose_work_path,
+    unsigned_work,
+    unsigned_work_from_logits,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ESTIMATORS",
     "SIGNALS",
+    "TWO_MATMUL_MIN_EMBED_DIM",
     "CreditBatch",
     "CreditConfig",
     "CreditDiagnostics",
@@ -48,6 +60,7 @@ __all__ = [
     "ScoreParams",
     "ScoreStrategy",
     "allocate_weights",
+    "choose_work_path",
     "get_strategy",
     "group_advantages",
     "hookimpl",
@@ -57,6 +70,10 @@ __all__ = [
     "policy_stats_from_logits",
     "register_plugin",
     "strategy_class",
+    "streamed_unsigned_work",
+    "streamed_unsigned_work_from_logits",
     "token_work",
     "unregister_plugin",
+    "unsigned_work",
+    "unsigned_work_from_logits",
 ]
