@@ -25,16 +25,16 @@ from credit_core.registry import (
     strategy_class,
     unregister_plugin,
 )
-from credit_core.streamed_work import (
-    streamed_unsigned_work,
-    streamed_unsigned_work_from_logits,
-)
 from credit_core.strategy import (
     CreditResult,
     CreditStrategy,
     NoParams,
     ScoreParams,
     ScoreStrategy,
+)
+from credit_core.streamed_work import (
+    streamed_unsigned_work,
+    streamed_unsigned_work_from_logits,
 )
 from credit_core.work import token_work
 from credit_core.work_path import (

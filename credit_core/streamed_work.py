@@ -59,9 +59,7 @@ def check_work_inputs(
     E = check_tensor(
         "reward_embedding", reward_embedding, (vocab, None), floating=True, device=device
     )
-    check_tensor(
-        "reward_grad", reward_grad, (*leading, E.shape[1]), floating=True, device=device
-    )
+    check_tensor("reward_grad", reward_grad, (*leading, E.shape[1]), floating=True, device=device)
     check_streaming(temperature, chunk_size)
     if not isinstance(tile_elements, int) or tile_elements < 1:
         raise CreditError(f"tile_elements: expected an integer >= 1, got {tile_elements!r}")

@@ -35,17 +35,19 @@ WorkPath = Literal["two_matmul", "stats"]
 WORK_PATHS: tuple[str, ...] = ("auto", "two_matmul", "stats")
 
 #: Smallest reward-embedding width d at which the two-matmul kernel is used by ``auto``.
-#: Indicative CPU measurement (2 threads, loaded machine, 4 x 1024 rows, V = 32k; to be
-#: re-measured with ``python -m benchmarks signals``): the two-matmul kernel is slower at
-#: d = 64 and faster from d = 256 on (docs/performance.md).
-TWO_MATMUL_MIN_EMBED_DIM = 256
+#: Indicative CPU measurement (H = d, V = 32k, 0.5-4 k rows, 1-2 threads on a shared machine;
+#: to be re-measured with ``python -m benchmarks signals``): the two-matmul kernel is about
+#: 5% slower at d = 64 and 25-40% faster from d = 128 on (docs/performance.md).
+TWO_MATMUL_MIN_EMBED_DIM = 128
 
 
 def choose_work_path(embed_dim: int, path: str = "auto") -> WorkPath:
     """The kernel for reward-embedding width ``embed_dim``: ``path`` unless it is "auto",
     then "two_matmul" when ``embed_dim >= TWO_MATMUL_MIN_EMBED_DIM``, else "stats"."""
-    if path == "two_matmul" or path == "stats":
-        return path
+    if path == "two_matmul":
+        return "two_matmul"
+    if path == "stats":
+        return "stats"
     if path != "auto":
         raise CreditError(f"path: expected one of {list(WORK_PATHS)}, got {path!r}")
     return "two_matmul" if embed_dim >= TWO_MATMUL_MIN_EMBED_DIM else "stats"
@@ -135,4 +137,5 @@ def unsigned_work_from_logits(
 
 def _checked_grad(reward_grad: torch.Tensor, m1: torch.Tensor) -> torch.Tensor:
     """g, checked to be (B, T, d) like ``m1`` and on its device."""
-    return check_tensor("reward_grad", reward_grad, tuple(m1.shape), floating=True, device=m1.device)
+    shape = tuple(m1.shape)
+    return check_tensor("reward_grad", reward_grad, shape, floating=True, device=m1.device)
