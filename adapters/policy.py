@@ -24,8 +24,16 @@ from typing import Any
 import torch
 
 from adapters.logprobs import token_logprobs
-from credit_core import CreditError, PolicyStats, policy_stats, unsigned_work
+from credit_core import (
+    CreditError,
+    PolicyStats,
+    choose_work_path,
+    policy_stats,
+    streamed_work_and_logprobs,
+    unsigned_work,
+)
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE, DEFAULT_TILE_ELEMENTS
+from credit_core.streamed_work import work_dtype
 from credit_core.tensor_checks import check_tensor
 
 #: Config attributes of model families whose logits are not ``hidden @ W.T + b``.
@@ -290,23 +298,34 @@ def response_logprobs_and_work(
     - W0 = p_y (u_y - ubar) - (S - ubar q) (docs/design.md), float32 (float64 for float64
       E or g), never differentiable, exactly 0 at padding. ``path`` picks the kernel
       (``credit_core.choose_work_path``: "auto" by the width d, "two_matmul", "stats").
+    - Cost: one model forward up to the final hidden states. Under ``no_grad`` (the old
+      policy) with the two-matmul kernel, one streamed LM-head pass gives both the
+      log-probs and W0; otherwise the differentiable log-probs take their own pass.
     """
     x = response_hidden(model, input_ids, attention_mask, response_len, reward_embedding)
     B, R = x.tokens.shape
     check_tensor("reward_grad", reward_grad, (B, R, reward_embedding.shape[1]), floating=True)
-    logp = _response_logprobs(x, temperature, chunk_size, tile_elements)
     device = x.hidden.device
-    with torch.no_grad():
-        w0 = unsigned_work(
-            x.hidden.detach(),
-            x.weight.detach(),
-            x.tokens,
-            reward_embedding.detach().to(device),
-            reward_grad.detach().to(device),
-            temperature=temperature,
-            chunk_size=chunk_size,
-            lm_head_bias=None if x.bias is None else x.bias.detach(),
-            tile_elements=tile_elements,
-            path=path,
-        )
-    return logp, torch.where(x.real, w0, torch.zeros((), dtype=w0.dtype, device=device))
+    E = reward_embedding.detach().to(device)
+    g = reward_grad.detach().to(device)
+    kw: dict[str, Any] = {
+        "temperature": temperature,
+        "chunk_size": chunk_size,
+        "lm_head_bias": None if x.bias is None else x.bias.detach(),
+        "tile_elements": tile_elements,
+    }
+    fused = (
+        not torch.is_grad_enabled()
+        and choose_work_path(E.shape[1], path) == "two_matmul"
+        and work_dtype(E, g) == torch.promote_types(x.hidden.dtype, torch.float32)
+    )
+    if fused:  # old-policy log-probs: one streamed LM-head pass gives both
+        w0, logp = streamed_work_and_logprobs(x.hidden, x.weight, x.tokens, E, g, **kw)
+    else:
+        logp = _response_logprobs(x, temperature, chunk_size, tile_elements)
+        with torch.no_grad():
+            w0 = unsigned_work(
+                x.hidden.detach(), x.weight.detach(), x.tokens, E, g, path=path, **kw
+            )
+    zero = torch.zeros((), dtype=w0.dtype, device=device)
+    return torch.where(x.real, logp, zero.to(logp.dtype)), torch.where(x.real, w0, zero)

@@ -4,7 +4,8 @@ Public API::
 
     from credit_core import (
         CreditBatch, PolicyStats, policy_stats, policy_stats_from_logits,
-        unsigned_work, unsigned_work_from_logits, streamed_unsigned_work, choose_work_path,
+        unsigned_work, unsigned_work_from_logits, streamed_unsigned_work,
+        streamed_work_and_logprobs, choose_work_path,
         get_strategy, list_strategies, register_plugin, hookimpl,
         CreditConfig, group_advantages, CreditError,
     )
@@ -35,6 +36,7 @@ from credit_core.strategy import (
 from credit_core.streamed_work import (
     streamed_unsigned_work,
     streamed_unsigned_work_from_logits,
+    streamed_work_and_logprobs,
 )
 from credit_core.work import token_work
 from credit_core.work_path import (
@@ -72,6 +74,7 @@ __all__ = [
     "strategy_class",
     "streamed_unsigned_work",
     "streamed_unsigned_work_from_logits",
+    "streamed_work_and_logprobs",
     "token_work",
     "unregister_plugin",
     "unsigned_work",

@@ -15,6 +15,9 @@ u_y = u[y] (read from the tile that holds y), and
 
     W0 = p_y (u_y - ubar) - (S - ubar q)        (DATC's W = sign(A) W0)
 
+The same pass gives log p_y = z_y - m - log l for free (``streamed_work_and_logprobs``), so
+a caller that needs the old policy's log-probs without gradient runs the LM head once.
+
 Chunking, tile-size defaults, dtype rules, validation and the memory bound are those of
 ``credit_core.policy_stats``: one (2 x rows x chunk) buffer (the tile's e stacked on u),
 never a (B, T, V) tensor and no (B, T, d) tensor besides the caller's g.
@@ -73,9 +76,10 @@ def _stream_work(
     vocab: int,
     chunk_size: int,
     tile_elements: int,
-) -> torch.Tensor:
-    """Fold logits tiles into W0 (B, T); ``tile(rows, v0, v1, out)`` writes the logits of
-    ``rows`` x [v0, v1) into ``out`` (n_rows, v1 - v0), a contiguous accumulation-dtype view.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fold logits tiles into W0 (B, T) and log p_y (B, T); ``tile(rows, v0, v1, out)``
+    writes the logits of ``rows`` x [v0, v1) into ``out`` (n_rows, v1 - v0), a contiguous
+    accumulation-dtype view.
 
     Working memory: one buffer of 2 x rows x chunk elements (e stacked on u), a cast copy of
     one E chunk if E is not in the accumulation dtype, (rows, d) of g, and O(rows) vectors.
@@ -94,7 +98,7 @@ def _stream_work(
     def new(*shape: int) -> torch.Tensor:
         return torch.empty(shape, dtype=acc, device=device)
 
-    work = new(N)
+    work, logp = new(N), new(N)
     buf = new(2 * row_block * chunk)
     table_buf = new(chunk * d) if cast_table else None
     for r0 in range(0, N, row_block):
@@ -140,7 +144,45 @@ def _stream_work(
         q = second[:n] * inv_l2
         p_y = torch.exp(z_y - run_max) * inv_l
         work[rows] = p_y * (u_y - ubar) - (S - ubar * q)
-    return work.reshape(B, T)
+        logp[rows] = z_y - run_max - torch.log(first[:n])
+    return work.reshape(B, T), logp.reshape(B, T)
+
+
+def streamed_work_and_logprobs(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    token_ids: torch.Tensor,
+    reward_embedding: torch.Tensor,
+    reward_grad: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    lm_head_bias: torch.Tensor | None = None,
+    tile_elements: int = DEFAULT_TILE_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W0, log p_y), both (B, T) in the accumulation dtype, from one streamed pass; the
+    contract of ``streamed_unsigned_work``. log p_y = log softmax(logits / temperature)[y]
+    (as ``adapters.logprobs.token_logprobs``, but never differentiable)."""
+    h, W = check_lm_head(hidden, lm_head_weight, lm_head_bias)
+    B, T, H = h.shape
+    V = W.shape[0]
+    check_work_inputs(
+        token_ids,
+        reward_embedding,
+        reward_grad,
+        V,
+        (B, T),
+        h.device,
+        temperature,
+        chunk_size,
+        tile_elements,
+    )
+    acc = work_dtype(reward_embedding, reward_grad)
+    with torch.no_grad():
+        tile = lm_head_tiles(h.reshape(B * T, H), W, lm_head_bias, temperature, acc)
+        return _stream_work(
+            tile, token_ids, reward_embedding, reward_grad, V, chunk_size, tile_elements
+        )
 
 
 def streamed_unsigned_work(
@@ -168,26 +210,18 @@ def streamed_unsigned_work(
       ``u = g E^T`` and everything after it in the accumulation dtype.
     - Memory: one (2 x rows x chunk) buffer; no (B, T, V) and no (B, T, d) tensor is made.
     """
-    h, W = check_lm_head(hidden, lm_head_weight, lm_head_bias)
-    B, T, H = h.shape
-    V = W.shape[0]
-    check_work_inputs(
+    work, _ = streamed_work_and_logprobs(
+        hidden,
+        lm_head_weight,
         token_ids,
         reward_embedding,
         reward_grad,
-        V,
-        (B, T),
-        h.device,
-        temperature,
-        chunk_size,
-        tile_elements,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        lm_head_bias=lm_head_bias,
+        tile_elements=tile_elements,
     )
-    acc = work_dtype(reward_embedding, reward_grad)
-    with torch.no_grad():
-        tile = lm_head_tiles(h.reshape(B * T, H), W, lm_head_bias, temperature, acc)
-        return _stream_work(
-            tile, token_ids, reward_embedding, reward_grad, V, chunk_size, tile_elements
-        )
+    return work
 
 
 def streamed_unsigned_work_from_logits(
@@ -217,6 +251,7 @@ def streamed_unsigned_work_from_logits(
     )
     with torch.no_grad():
         tile = logits_tiles(z_all.reshape(B * T, V), temperature)
-        return _stream_work(
+        work, _ = _stream_work(
             tile, token_ids, reward_embedding, reward_grad, V, chunk_size, tile_elements
         )
+    return work

@@ -272,3 +272,33 @@ def test_logprobs_and_work_run_the_decoder_once() -> None:
         response_logprobs_and_work(model, ids, mask, R, reward_embedding=E, reward_grad=g[:, :3])
     with pytest.raises(CreditError, match="reward_embedding: expected 97 rows"):
         response_logprobs_and_work(model, ids, mask, R, reward_embedding=E[1:], reward_grad=g)
+
+
+def test_old_policy_logprobs_and_work_share_one_lm_head_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under no_grad with the two-matmul kernel the log-probs come from the W0 pass itself."""
+    import adapters.policy as policy_module
+
+    model = tiny_causal_lm("llama", V, hidden=32, dtype=torch.float64, seed=7)
+    ids, mask, R = build_batch("right")
+    gen = torch.Generator().manual_seed(8)
+    E = torch.randn(V, 5, dtype=torch.float64, generator=gen)
+    g = torch.randn(len(PROMPTS), R, 5, dtype=torch.float64, generator=gen)
+    kw = {"temperature": TEMPERATURE, "reward_embedding": E, "reward_grad": g, "chunk_size": 24}
+    with torch.no_grad():
+        want_logp, want_w0 = response_logprobs_and_work(model, ids, mask, R, path="stats", **kw)
+
+    def no_second_pass(*args: object, **kwargs: object) -> torch.Tensor:
+        raise AssertionError("token_logprobs ran: a second LM-head pass")
+
+    monkeypatch.setattr(policy_module, "token_logprobs", no_second_pass)
+    with torch.no_grad():
+        logp, w0 = response_logprobs_and_work(model, ids, mask, R, path="two_matmul", **kw)
+    assert logp.dtype == want_logp.dtype == torch.float64
+    torch.testing.assert_close(logp, want_logp, rtol=0, atol=1e-12)
+    torch.testing.assert_close(w0, want_w0, rtol=0, atol=1e-12)
+    real = mask[:, -R:].bool()
+    assert bool((logp[~real] == 0).all()) and bool((w0[~real] == 0).all())
+    with pytest.raises(AssertionError, match="second LM-head pass"):  # with grad: its own pass
+        response_logprobs_and_work(model, ids, mask, R, path="two_matmul", **kw)

@@ -16,6 +16,7 @@ from credit_core import (
     policy_stats,
     streamed_unsigned_work,
     streamed_unsigned_work_from_logits,
+    streamed_work_and_logprobs,
     token_work,
     unsigned_work,
     unsigned_work_from_logits,
@@ -251,3 +252,24 @@ def test_kernel_is_chosen_by_the_embedding_width_and_both_agree() -> None:
         torch.testing.assert_close(got, two, rtol=0, atol=1e-12)
     with pytest.raises(CreditError, match=r"reward_grad: expected shape \(3, 4, 6\)"):
         unsigned_work(*args[:4], x["g"][:, :2], path="stats")
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_the_same_pass_gives_the_log_probabilities(temperature: float) -> None:
+    x = _problem(8, V=50)
+    w0, logp = streamed_work_and_logprobs(
+        x["hidden"],
+        x["weight"],
+        x["y"],
+        x["E"],
+        x["g"],
+        temperature=temperature,
+        lm_head_bias=x["bias"],
+        chunk_size=7,
+        tile_elements=21,
+    )
+    want = torch.log_softmax(x["logits"] / temperature, -1).gather(2, x["y"][..., None])[..., 0]
+    torch.testing.assert_close(logp, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        w0, _autograd_w0(x["logits"], x["E"], x["g"], x["y"], temperature), rtol=0, atol=1e-10
+    )
