@@ -1,7 +1,7 @@
 """W0 by the cheaper of the two kernels, chosen by shape.
 
-- ``two_matmul`` (``credit_core.streamed_work``): LM head + u = g E^T per tile, then four
-  elementwise passes over the tile; no (B, T, d) statistics.
+- ``two_matmul`` (``credit_core.streamed_work``): LM head + u = g E^T per tile, then exp,
+  three in-place products and two stacked row sums over the tile; no (B, T, d) statistics.
 - ``stats`` (``policy_stats`` + ``token_work``): LM head + [e; e^2] @ E per tile (a matmul
   of twice the rows), then W0 from the (B, T, d) statistics.
 
@@ -36,8 +36,9 @@ WORK_PATHS: tuple[str, ...] = ("auto", "two_matmul", "stats")
 
 #: Smallest reward-embedding width d at which the two-matmul kernel is used by ``auto``.
 #: Indicative CPU measurement (H = d, V = 32k, 0.5-4 k rows, 1-2 threads on a shared machine;
-#: to be re-measured with ``python -m benchmarks signals``): the two-matmul kernel is about
-#: 5% slower at d = 64 and 25-40% faster from d = 128 on (docs/performance.md).
+#: to be re-measured with ``python -m benchmarks signals``): at d = 64 the two kernels are
+#: within 15% of each other (the current one ahead with 2 threads), from d = 128 on the
+#: two-matmul kernel is 35-70% faster (docs/performance.md, section 1b).
 TWO_MATMUL_MIN_EMBED_DIM = 128
 
 
