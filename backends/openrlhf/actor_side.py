@@ -408,10 +408,10 @@ def _signals_around_forward(
         raise CreditError(
             f"policy forward: expected one call of the actor with an action mask, got {len(found)}"
         )
-    keep_grad = grad is not None and "reward_grad" in state.computes
+    kept_grad = grad if "reward_grad" in state.computes else None
     signals = replace(
         found[0],
-        reward_grad=grad.cpu() if keep_grad and grad is not None else None,
+        reward_grad=None if kept_grad is None else kept_grad.cpu(),
         direction_reward=None if reward is None else reward.cpu(),
     )
     return result, signals
