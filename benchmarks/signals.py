@@ -86,11 +86,14 @@ def _grid(
     return [SignalCase(b, t, v, w, w) for b, t in shapes for v in vocabs for w in widths]
 
 
-#: The issue's sweep, plus extra vocabulary sizes at 1 x 512 for the time/memory-vs-V plot.
+#: The issue's sweep, plus extra vocabulary sizes at 1 x 512 for the time/memory-vs-V plot,
+#: plus H = d = 128 and 256 at 4 x 1024, V = 32k: where the two-matmul W0 overtakes
+#: ``policy_stats`` (``credit_core.TWO_MATMUL_MIN_EMBED_DIM``).
 FULL_CASES: tuple[SignalCase, ...] = tuple(
     sorted(
         _grid([(1, 512), (4, 1024), (8, 2048)], [32768, 151936], [64, 896])
-        + _grid([(1, 512)], [8192, 65536], [64, 896]),
+        + _grid([(1, 512)], [8192, 65536], [64, 896])
+        + _grid([(4, 1024)], [32768], [128, 256]),
         key=lambda c: (c.tokens, c.hidden, c.vocab),
     )
 )
