@@ -3,8 +3,8 @@
 Public API::
 
     # policy side (adapters.policy, adapters.logprobs)
-    response_logprobs_and_stats, token_logprobs, final_hidden_states, lm_head_of,
-    position_ids_from_mask
+    response_logprobs_and_stats, response_logprobs_and_work, token_logprobs,
+    final_hidden_states, lm_head_of, position_ids_from_mask
     # reward side (adapters.direction, adapters.reward_models, adapters.scorers)
     RewardOutput, DirectionModel, EmbeddingDirectionModel, SeqClassificationRM,
     EncoderSimilarityRM, ModuleRM, TextScorer, Scorer, CallableScorer, ModelScorer,
@@ -41,6 +41,7 @@ from adapters.policy import (
     lm_head_of,
     position_ids_from_mask,
     response_logprobs_and_stats,
+    response_logprobs_and_work,
 )
 from adapters.reward_models import EncoderSimilarityRM, ModuleRM, SeqClassificationRM
 from adapters.scorers import (
@@ -89,6 +90,7 @@ __all__ = [
     "minilm_model_dir",
     "position_ids_from_mask",
     "response_logprobs_and_stats",
+    "response_logprobs_and_work",
     "tiny_causal_lm",
     "tiny_encoder",
     "tiny_seq_classifier",

@@ -1,8 +1,9 @@
 """Render benchmark results: one JSON file, one Markdown report, one PNG plot.
 
 The JSON holds everything measured (``results.json``); the Markdown (``results.md``) is the
-table published in ``docs/performance.md``; the plot shows ``policy_stats``' time and peak
-memory against the vocabulary size next to the LM head and the naive version.
+table published in ``docs/performance.md``; the plot shows ``policy_stats``' and the
+two-matmul W0's time and peak memory against the vocabulary size next to the LM head and the
+naive version.
 """
 
 from __future__ import annotations
@@ -53,8 +54,13 @@ def signals_table(section: dict[str, Any]) -> list[str]:
         "policy_stats ms",
         "x LM head (paired median [IQR])",
         "x FLOP floor",
+        "two-matmul W0 ms",
+        "x LM head (paired median [IQR])",
+        "x FLOP floor",
+        "policy_stats / two-matmul (paired median [IQR])",
+        "W0 rel. diff",
         "naive ms",
-        "peak MiB stream / naive",
+        "peak MiB stream / two-matmul / naive",
         "share exp / matmul",
     ]
     rows = []
@@ -62,12 +68,13 @@ def signals_table(section: dict[str, Any]) -> list[str]:
         c = row["case"]
         dims = [f"{c['batch']}x{c['seq']}", str(c["vocab"]), str(c["hidden"])]
         if "skipped" in row:
-            rows.append([*dims, "-", "-", "-", "-", "-", f"skipped: {row['skipped']}", "-"])
+            rows.append([*dims, *["-"] * 10, f"skipped: {row['skipped']}", "-"])
             continue
         peak = row.get("peak_extra_bytes", {})
-        mem = f"{_mib(peak.get('stream'))} / {_mib(peak.get('naive'))}"
+        streamed = f"{_mib(peak.get('stream'))} / {_mib(peak.get('two_matmul'))}"
+        mem = f"{streamed} / {_mib(peak.get('naive'))}"
         if "naive_skipped" in row:
-            mem = f"{_mib(peak.get('stream'))} / ({row['naive_skipped']})"
+            mem = f"{streamed} / ({row['naive_skipped']})"
         share = row.get("time_share")
         rows.append(
             [
@@ -76,6 +83,11 @@ def signals_table(section: dict[str, Any]) -> list[str]:
                 _ms(row, "stream"),
                 _ratio(row["ratio_to_lm_head"].get("stream")),
                 f"{row['floor_ratio']:.2f}",
+                _ms(row, "two_matmul"),
+                _ratio(row["ratio_to_lm_head"].get("two_matmul")),
+                f"{row['two_matmul_floor_ratio']:.2f}",
+                _ratio(row.get("stream_over_two_matmul")),
+                f"{row['work_rel_err']:.1e}",
                 _ms(row, "naive"),
                 mem,
                 f"{share['exp']:.0%} / {share['matmul']:.0%}" if share else "-",
@@ -191,7 +203,11 @@ def markdown(results: dict[str, Any]) -> str:
         [[t["target"], t["measured"], "yes" if t["holds"] else "**no**"] for t in tgt],
     )
     if "signals" in results:
-        lines += ["", "## 1. Signals: `policy_stats` vs the LM-head matmul", ""]
+        lines += [
+            "",
+            "## 1. Signals: `policy_stats` and the two-matmul W0 vs the LM-head matmul",
+            "",
+        ]
         lines += signals_table(results["signals"])
     if "tiles" in results:
         lines += ["", "## Tile sizes: `policy_stats` at (chunk_size / tile_elements)", ""]
@@ -234,9 +250,14 @@ def plot_vocab(section: dict[str, Any], path: Path) -> bool:
     rows = [r for r in timed if (r["case"]["batch"], r["case"]["seq"]) == (batch, seq)]
     widths = sorted({r["case"]["hidden"] for r in rows})
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
-    colors = {"lm_head": "C0", "stream": "C1", "naive": "C2"}
-    lines = {"lm_head": ":", "stream": "-", "naive": "--"}
-    names = {"lm_head": "LM head matmul", "stream": "policy_stats (streamed)", "naive": "naive"}
+    colors = {"lm_head": "C0", "stream": "C1", "two_matmul": "C3", "naive": "C2"}
+    lines = {"lm_head": ":", "stream": "-", "two_matmul": "-.", "naive": "--"}
+    names = {
+        "lm_head": "LM head matmul",
+        "stream": "policy_stats (streamed)",
+        "two_matmul": "two-matmul W0 (streamed)",
+        "naive": "naive",
+    }
     markers = "os^vD"
     for i, width in enumerate(widths):
         sel = sorted(
@@ -268,7 +289,7 @@ def plot_vocab(section: dict[str, Any], path: Path) -> bool:
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"policy_stats at B x T = {batch} x {seq}")
+    fig.suptitle(f"policy_stats and two-matmul W0 at B x T = {batch} x {seq}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -7,10 +7,10 @@ phase of the machine hits every strategy alike. A step is the whole step: rollou
 (generation), rewards, advantages, the strategy's signals, credit, the clipped-loss update.
 
 Signal computation is measured, not assumed: while the steps run, ``adapters.policy``'s
-``policy_stats`` and every recipe's direction-model ``score(..., with_grad=True)`` are
-wrapped with timers (``SignalSpy``), and the trainer's own counters
-(``signals/policy_stats_rows``, ``signals/reward_grad_rows``) are read from its step
-metrics. ``uniform`` passes when both are zero; the check is void unless ``datc``'s are not.
+policy-side statistics (``POLICY_SIDE``) and every recipe's direction-model
+``score(..., with_grad=True)`` are wrapped with timers (``SignalSpy``), and the trainer's
+own counters (``signals/policy_stats_rows``, ``signals/reward_grad_rows``) are read from its
+step metrics. ``uniform`` passes when both are zero; the check is void unless ``datc``'s are not.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ from benchmarks import timing
 
 STRATEGIES = ("uniform", "datc", "saliency")
 REPO = Path(__file__).resolve().parents[1]
+#: What ``adapters.policy`` calls for the old policy's statistics: ``PolicyStats``, or DATC's
+#: W0 streamed from the reward gradient (fused with the log-probs, or on its own).
+POLICY_SIDE = ("policy_stats", "streamed_work_and_logprobs", "unsigned_work")
 #: Target on the full step: datc / uniform ratio of medians.
 STEP_TARGET = 1.15
 
@@ -111,11 +114,13 @@ class SignalSpy:
 
     @contextlib.contextmanager
     def installed(self, recipes: dict[str, Any]) -> Iterator[None]:
-        """Wrap ``adapters.policy.policy_stats`` and each recipe's direction model."""
+        """Wrap the policy-side statistics ``adapters.policy`` calls (``policy_stats`` and
+        the streamed W0 kernels) and each recipe's direction model."""
         import adapters.policy as policy_mod
 
-        original = getattr(policy_mod, "policy_stats")  # noqa: B009 (not re-exported)
-        setattr(policy_mod, "policy_stats", self._timed(original, "policy_stats"))  # noqa: B010
+        originals = {name: getattr(policy_mod, name) for name in POLICY_SIDE}
+        for name, fn in originals.items():
+            setattr(policy_mod, name, self._timed(fn, "policy_stats"))
         wrapped = []
         for recipe in recipes.values():
             dm = recipe.reward.direction
@@ -125,7 +130,8 @@ class SignalSpy:
         try:
             yield
         finally:
-            setattr(policy_mod, "policy_stats", original)  # noqa: B010
+            for name, fn in originals.items():
+                setattr(policy_mod, name, fn)
             for dm in wrapped:
                 del dm.score
 

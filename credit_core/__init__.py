@@ -5,6 +5,8 @@ Public API::
     from credit_core import (
         CreditBatch, PolicyStats, policy_stats, policy_stats_from_logits,
         CreditSignals, assign_credit,
+        unsigned_work, unsigned_work_from_logits, streamed_unsigned_work,
+        streamed_work_and_logprobs, choose_work_path,
         get_strategy, list_strategies, register_plugin, hookimpl,
         CreditConfig, group_advantages, CreditError,
     )
@@ -33,12 +35,24 @@ from credit_core.strategy import (
     ScoreParams,
     ScoreStrategy,
 )
+from credit_core.streamed_work import (
+    streamed_unsigned_work,
+    streamed_unsigned_work_from_logits,
+    streamed_work_and_logprobs,
+)
 from credit_core.work import token_work
+from credit_core.work_path import (
+    TWO_MATMUL_MIN_EMBED_DIM,
+    choose_work_path,
+    unsigned_work,
+    unsigned_work_from_logits,
+)
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ESTIMATORS",
     "SIGNALS",
+    "TWO_MATMUL_MIN_EMBED_DIM",
     "CreditBatch",
     "CreditConfig",
     "CreditDiagnostics",
@@ -52,6 +66,7 @@ __all__ = [
     "ScoreStrategy",
     "allocate_weights",
     "assign_credit",
+    "choose_work_path",
     "get_strategy",
     "group_advantages",
     "hookimpl",
@@ -61,6 +76,11 @@ __all__ = [
     "policy_stats_from_logits",
     "register_plugin",
     "strategy_class",
+    "streamed_unsigned_work",
+    "streamed_unsigned_work_from_logits",
+    "streamed_work_and_logprobs",
     "token_work",
     "unregister_plugin",
+    "unsigned_work",
+    "unsigned_work_from_logits",
 ]

@@ -10,8 +10,8 @@ import torch
 from credit_core.errors import CreditError
 from credit_core.tensor_checks import check_tensor
 
-Signal = Literal["reward_grad", "policy_stats"]
-SIGNALS: frozenset[str] = frozenset({"reward_grad", "policy_stats"})
+Signal = Literal["reward_grad", "policy_stats", "unsigned_work"]
+SIGNALS: frozenset[str] = frozenset({"reward_grad", "policy_stats", "unsigned_work"})
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,10 @@ class CreditBatch:
     - ``reward_grad`` (B, T, d) floating, optional: dR_i / d(RM input embedding at t),
       already moved to policy positions. May hold non-finite values; strategies decide.
     - ``policy_stats`` optional ``PolicyStats`` of shape (B, T[, d]).
+    - ``unsigned_work`` (B, T) floating, optional: DATC's W0_t = p_y (u_y - ubar) -
+      (S - ubar q), the work without sign(A) (docs/design.md), computed by a backend that
+      knew g before the policy statistics (``credit_core.unsigned_work``). Equals
+      ``token_work(policy_stats, reward_grad, None)``; may hold non-finite values.
 
     Everything lives on one device. Construction validates all of it and raises
     ``CreditError`` naming the field with expected and actual shapes.
@@ -126,6 +130,7 @@ class CreditBatch:
     token_ids: torch.Tensor
     reward_grad: torch.Tensor | None = None
     policy_stats: PolicyStats | None = None
+    unsigned_work: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         adv = check_tensor("CreditBatch.advantages", self.advantages, (None,), floating=True)
@@ -163,6 +168,10 @@ class CreditBatch:
                     f"CreditBatch.policy_stats.m1: expected embedding width d={d} "
                     f"(from reward_grad), got {ps.embed_dim}"
                 )
+        if self.unsigned_work is not None:
+            check_tensor(
+                "CreditBatch.unsigned_work", self.unsigned_work, (B, T), floating=True, device=dev
+            )
 
     @property
     def batch_size(self) -> int:

@@ -16,13 +16,22 @@ from credit_core.strategy import CreditStrategy, ScoreParams, ScoreStrategy, Uni
 from credit_core.work import token_work
 
 DATC_SIGNALS = frozenset({"reward_grad", "policy_stats"})
+DATC_WORK_SIGNALS = frozenset({"unsigned_work"})
 
 
 def _work(batch: CreditBatch, signed: bool) -> torch.Tensor:
-    stats: PolicyStats | None = batch.policy_stats
-    grad = batch.reward_grad
-    assert stats is not None and grad is not None  # guaranteed by batch.require
-    return token_work(stats, grad, batch.advantages if signed else None)
+    """W (B, T) = sign(A) W0 (``signed``) or W0, from ``batch.unsigned_work`` if present,
+    else from ``policy_stats`` and ``reward_grad`` (``token_work``); float32 or wider."""
+    w0 = batch.unsigned_work
+    if w0 is None:
+        stats: PolicyStats | None = batch.policy_stats
+        grad = batch.reward_grad
+        assert stats is not None and grad is not None  # guaranteed by batch.require
+        w0 = token_work(stats, grad, None)
+    w0 = w0.to(torch.promote_types(w0.dtype, torch.float32))
+    if not signed:
+        return w0
+    return w0 * torch.sign(batch.advantages).to(w0.dtype).unsqueeze(1)
 
 
 class DATCStrategy(ScoreStrategy):
@@ -30,6 +39,7 @@ class DATCStrategy(ScoreStrategy):
 
     name = "datc"
     requires = DATC_SIGNALS
+    work_requires = DATC_WORK_SIGNALS
 
     def scores(self, batch: CreditBatch) -> torch.Tensor:
         return _work(batch, signed=True)
@@ -40,6 +50,7 @@ class DATCUnsignedStrategy(ScoreStrategy):
 
     name = "datc_unsigned"
     requires = DATC_SIGNALS
+    work_requires = DATC_WORK_SIGNALS
 
     def scores(self, batch: CreditBatch) -> torch.Tensor:
         return _work(batch, signed=True).abs()
@@ -50,6 +61,7 @@ class DATCNoSignStrategy(ScoreStrategy):
 
     name = "datc_nosign"
     requires = DATC_SIGNALS
+    work_requires = DATC_WORK_SIGNALS
 
     def scores(self, batch: CreditBatch) -> torch.Tensor:
         return _work(batch, signed=False)
@@ -60,6 +72,7 @@ class DATCInverseStrategy(ScoreStrategy):
 
     name = "datc_inverse"
     requires = DATC_SIGNALS
+    work_requires = DATC_WORK_SIGNALS
 
     def scores(self, batch: CreditBatch) -> torch.Tensor:
         return -_work(batch, signed=True)

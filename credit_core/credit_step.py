@@ -1,9 +1,10 @@
 """The credit step every backend calls: advantages + signals -> strategy -> token credit.
 
 A backend computes the response advantages A (``group_advantages``) and only the signals the
-strategy requires (``strategy.requires``), then calls ``assign_credit``. Computing a signal
-the strategy does not read is an error here, not silent waste; a missing one is an error
-naming it (``CreditBatch.require``).
+strategy reads (``signals_to_compute``: ``requires``, or ``work_requires`` when the backend
+knows the reward gradient first and streams DATC's unsigned work), then calls
+``assign_credit``. Passing a signal the strategy does not read is an error here, not silent
+waste; a missing one is an error naming it (``CreditBatch.require``).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ class CreditSignals:
 
     - ``reward_grad`` (B, T, d): dR / d(RM input embedding), at policy response positions.
     - ``policy_stats``: ``PolicyStats`` (B, T[, d]) of the policy that sampled the batch.
+    - ``unsigned_work`` (B, T): DATC's W0 (docs/design.md), streamed when g is known first.
     """
 
     reward_grad: torch.Tensor | None = None
     policy_stats: PolicyStats | None = None
+    unsigned_work: torch.Tensor | None = None
 
     @property
     def computed(self) -> frozenset[str]:
@@ -38,6 +41,7 @@ class CreditSignals:
         return CreditSignals(
             reward_grad=None if self.reward_grad is None else self.reward_grad[rows],
             policy_stats=None if self.policy_stats is None else self.policy_stats.select(rows),
+            unsigned_work=None if self.unsigned_work is None else self.unsigned_work[rows],
         )
 
 
@@ -52,20 +56,22 @@ def assign_credit(
 
     ``advantages`` (B,), ``mask`` (B, T) bool, ``token_ids`` (B, T) int64 and ``signals`` as
     ``CreditBatch`` validates them. Raises ``CreditError`` when ``signals`` holds a signal the
-    strategy does not require, or lacks one it requires.
+    strategy does not read (``strategy.signals_for``), or lacks one it needs.
     """
     signals = signals or CreditSignals()
-    unread = sorted(signals.computed - strategy.requires)
-    if unread:
-        raise CreditError(
-            f"strategy {strategy.name!r} does not read {unread}; a backend computes only the "
-            f"signals in strategy.requires ({sorted(strategy.requires)})"
-        )
     batch = CreditBatch(
         advantages=advantages,
         mask=mask,
         token_ids=token_ids,
         reward_grad=signals.reward_grad,
         policy_stats=signals.policy_stats,
+        unsigned_work=signals.unsigned_work,
     )
+    reads = strategy.signals_for(batch)
+    unread = sorted(signals.computed - reads)
+    if unread:
+        raise CreditError(
+            f"strategy {strategy.name!r} does not read {unread}; a backend computes only the "
+            f"signals the strategy reads ({sorted(reads)}; see signals_to_compute)"
+        )
     return strategy.assign_with_diagnostics(batch)

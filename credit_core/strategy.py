@@ -15,7 +15,7 @@ from credit_core.allocation import (
     NonFinitePolicy,
     allocate_weights,
 )
-from credit_core.batch import CreditBatch
+from credit_core.batch import SIGNALS, CreditBatch
 from credit_core.errors import CreditError
 
 
@@ -60,8 +60,12 @@ class CreditStrategy(ABC):
     Class attributes a subclass sets:
 
     - ``name``: the registry key (unique across all plugins).
-    - ``requires``: the signals ``assign`` reads, a subset of {"reward_grad", "policy_stats"};
-      backends compute only these.
+    - ``requires``: the signals ``assign`` reads, a subset of {"reward_grad", "policy_stats",
+      "unsigned_work"}; backends compute only these.
+    - ``work_requires``: None, or the signals that suffice instead of ``requires`` when the
+      backend computes DATC's unsigned work W0 directly (it must contain "unsigned_work");
+      DATC-family strategies declare ``{"unsigned_work"}`` next to ``requires =
+      {"reward_grad", "policy_stats"}``. Backends ask ``signals_to_compute``.
     - ``Params``: a pydantic model of the parameters (unknown keys rejected).
 
     Subclasses implement ``assign_with_diagnostics``; ``assign`` returns its tensor. A
@@ -71,10 +75,41 @@ class CreditStrategy(ABC):
 
     name: ClassVar[str]
     requires: ClassVar[frozenset[str]] = frozenset()
+    work_requires: ClassVar[frozenset[str] | None] = None
     Params: ClassVar[type[BaseModel]] = NoParams
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        alt = cls.work_requires
+        if alt is not None and not (
+            isinstance(alt, frozenset) and "unsigned_work" in alt and alt <= SIGNALS
+        ):
+            raise CreditError(
+                f"strategy class {cls.__qualname__}: 'work_requires' must be None or a "
+                f"frozenset within {sorted(SIGNALS)} containing 'unsigned_work', got {alt!r}"
+            )
 
     def __init__(self, params: BaseModel | None = None) -> None:
         self.params = params if params is not None else self.Params()
+
+    @classmethod
+    def signals_to_compute(cls, *, reward_grad_first: bool) -> frozenset[str]:
+        """The signals a backend computes for this strategy.
+
+        ``work_requires`` when the backend has the reward gradient before it takes the policy
+        statistics (so it can stream W0 instead of ``PolicyStats``) and the strategy accepts
+        W0; ``requires`` otherwise.
+        """
+        if reward_grad_first and cls.work_requires is not None:
+            return cls.work_requires
+        return cls.requires
+
+    def signals_for(self, batch: CreditBatch) -> frozenset[str]:
+        """The signals this strategy reads from ``batch``: ``work_requires`` if the batch
+        carries ``unsigned_work`` and the strategy accepts it, ``requires`` otherwise."""
+        if batch.unsigned_work is not None and self.work_requires is not None:
+            return self.work_requires
+        return self.requires
 
     def assign(self, batch: CreditBatch) -> torch.Tensor:
         """Token advantages (B, T) float32 for ``batch``; 0 where ``batch.mask`` is False."""
@@ -138,7 +173,7 @@ class ScoreStrategy(CreditStrategy):
         )
 
     def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
-        batch.require(self.requires, self.name)
+        batch.require(self.signals_for(batch), self.name)
         w, diag = self.weights(batch)
         adv = batch.advantages.to(w.dtype).unsqueeze(1) * w
         return CreditResult(adv.to(torch.float32), diag)

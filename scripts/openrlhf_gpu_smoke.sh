@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# GPU smoke run of the OpenRLHF integration: a few GRPO steps of OpenRLHF 0.11 (Ray,
+# GPU smoke run of the OpenRLHF integration: first the signals benchmark in GPU mode
+# (`python -m benchmarks signals --device cuda`: policy_stats and the two-matmul W0, both in
+# bf16, each against the LM head in the same run), then a few GRPO steps of OpenRLHF 0.11 (Ray,
 # DeepSpeed, vLLM rollouts) with `--credit uniform`, then with `--credit datc`, on a tiny
 # Qwen2 policy and a tiny Llama reward model created from configs (no download). Checks
 # that both runs finish, that the token-credit experience maker was installed in the
@@ -11,7 +13,8 @@
 # Usage:  bash scripts/openrlhf_gpu_smoke.sh            (about 5-10 minutes on one GPU)
 # Env:    PYTHON (python), WORK (a fresh temp dir), POLICY / RM (existing local HF folders
 #         instead of the tiny ones; the RM must load as a one-label sequence classifier
-#         and share the policy's tokenizer), ATTN (sdpa), RUN_TIMEOUT (seconds per run, 1200)
+#         and share the policy's tokenizer), ATTN (sdpa), RUN_TIMEOUT (seconds per run, 1200),
+#         BENCH (1; 0 skips the benchmark), BENCH_ARGS (extra benchmark flags, e.g. --quick)
 set -euo pipefail
 
 PYTHON=${PYTHON:-python}
@@ -19,6 +22,8 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 WORK=${WORK:-$(mktemp -d /tmp/openrlhf_smoke.XXXXXX)}
 ATTN=${ATTN:-sdpa}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1200}
+BENCH=${BENCH:-1}
+BENCH_ARGS=${BENCH_ARGS:-}
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 cd "$REPO"
@@ -38,6 +43,15 @@ assert torch.cuda.is_available(), "torch sees no CUDA device"
 from backends.openrlhf.version import check_openrlhf_version
 print("openrlhf", check_openrlhf_version(), "| torch", torch.__version__, "| cuda ok")
 EOF
+
+if [[ "$BENCH" == 1 ]] && nvidia-smi -L >/dev/null 2>&1; then
+  echo "== benchmark: signals in GPU mode (bf16), results in $WORK/bench"
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+  timeout "$RUN_TIMEOUT" "$PYTHON" -m benchmarks signals --device cuda --dtype bfloat16 \
+    --out "$WORK/bench" $BENCH_ARGS >"$WORK/bench.log" 2>&1 \
+    || { tail -n 40 "$WORK/bench.log"; exit 1; }
+  sed -n '/^## Targets/,/^## 2\./p' "$WORK/bench/results.md"
+fi
 
 if [[ -z "${POLICY:-}" || -z "${RM:-}" ]]; then
   echo "== creating a tiny policy, reward model and tokenizer in $WORK"

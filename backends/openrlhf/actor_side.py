@@ -1,16 +1,31 @@
 """Code that runs inside OpenRLHF's model actors (policy and reward-model Ray actors).
 
 The experience maker only sees log-probs of sampled tokens; the full next-token distribution
-exists only inside the policy actor's forward. So the policy statistics are reduced there,
-on the actor's device, and only (B, A, d) tensors travel back through Ray.
+exists only inside the policy actor's forward. So the policy-side signals are reduced there,
+on the actor's device, from OpenRLHF's own log-prob forward (``make_experience`` dispatches
+``forward`` to the policy actors; ``bind_credit_methods`` wraps it), and kept until
+``compute_advantages_and_returns`` gathers them: a DATC step runs exactly as many policy
+forwards as stock OpenRLHF. Which signal is reduced depends on where the direction model is:
 
-- ``reduce_policy_stats``: ``PolicyStats`` (B, A, d) of an OpenRLHF ``Actor`` for one
-  micro-batch, from the same forward (and so the same temperature-scaled float32 logits) that
-  gives OpenRLHF's action log-probs, streamed over the vocabulary one row at a time.
+- on the policy actors (placement ``policy``): the reward gradient g is computed first, in
+  the wrapped forward, and the logits are reduced straight to DATC's unsigned work W0
+  (B, A) (``credit_core.unsigned_work_from_logits``, the strategy's ``work_requires``);
+- on the reward-model actors (placement ``reward``): g is not on the policy actor when its
+  forward runs, so the logits are reduced to ``PolicyStats`` (B, A, d) and W is formed in the
+  experience maker from those and the reward actors' g.
+
+Functions:
+
+- ``stats_from_logits`` / ``work_from_logits``: ``PolicyStats`` / W0 of one micro-batch from
+  an OpenRLHF ``Actor``'s logits (float32, already divided by the sampling temperature),
+  streamed over the vocabulary one sample's action span at a time.
+- ``reduce_policy_stats``: an ``Actor`` forward plus ``stats_from_logits`` (the fallback, one
+  extra forward, when a micro-batch's log-prob forward was not seen).
 - ``reward_grad_for_actions``: the direction model's reward and input-embedding gradient,
   moved to action coordinates.
 - ``bind_credit_methods``: installs ``credit_policy_signals`` / ``credit_reward_signals`` on
-  a live actor; run through ``handle.__ray_call__`` so that OpenRLHF's own
+  a live actor, and on a policy actor wraps ``forward``; run through
+  ``handle.__ray_call__`` so that OpenRLHF's own
   ``RayActorGroup.async_run_method_batch("credit_policy_signals", ...)`` dispatches it
   across the data-parallel ranks exactly like ``forward``. ``export_reward_embedding`` /
   ``import_reward_embedding`` move the direction model's embedding table to the policy
@@ -21,18 +36,25 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
+from backends.openrlhf.forward_capture import CaptureStore, keeping_logits
 from backends.openrlhf.layout import (
     action_token_ids,
     check_layout,
     response_to_action_coords,
     split_prompt_response,
 )
-from credit_core import CreditError, PolicyStats, policy_stats_from_logits
+from credit_core import (
+    CreditError,
+    PolicyStats,
+    policy_stats_from_logits,
+    unsigned_work_from_logits,
+)
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
 
 if TYPE_CHECKING:
@@ -46,23 +68,35 @@ class CreditSignals:
     - ``policy_stats``: ``PolicyStats`` of the rollout policy, 0 where ``action_mask`` is False.
     - ``reward_grad`` (B, A, d) float32: dR/d(RM input embedding), 0 off the action tokens.
     - ``direction_reward`` (B,) float32: the direction model's own reward (for logging).
+    - ``unsigned_work`` (B, A) float32: DATC's W0, 0 off the action tokens.
+    - ``extra_policy_forwards``: policy forwards run for these signals beyond OpenRLHF's own
+      log-prob forward (0 when they were taken from it, 1 for the fallback).
     """
 
     policy_stats: PolicyStats | None = None
     reward_grad: torch.Tensor | None = None
     direction_reward: torch.Tensor | None = None
+    unsigned_work: torch.Tensor | None = None
+    extra_policy_forwards: int = 0
 
     def merged(self, other: CreditSignals) -> CreditSignals:
-        """Fields of ``self``, with the ones it lacks taken from ``other``."""
+        """Fields of ``self``, with the ones it lacks taken from ``other``; forwards add up."""
+
+        def pick(name: str) -> Any:
+            mine = getattr(self, name)
+            return mine if mine is not None else getattr(other, name)
+
         return CreditSignals(
-            policy_stats=self.policy_stats if self.policy_stats is not None else other.policy_stats,
-            reward_grad=self.reward_grad if self.reward_grad is not None else other.reward_grad,
-            direction_reward=(
-                self.direction_reward
-                if self.direction_reward is not None
-                else other.direction_reward
-            ),
+            policy_stats=pick("policy_stats"),
+            reward_grad=pick("reward_grad"),
+            direction_reward=pick("direction_reward"),
+            unsigned_work=pick("unsigned_work"),
+            extra_policy_forwards=self.extra_policy_forwards + other.extra_policy_forwards,
         )
+
+
+#: Signals reduced from the policy's logits (the others come from the direction model).
+LOGITS_SIGNALS = frozenset({"policy_stats", "unsigned_work"})
 
 
 def stats_to(stats: PolicyStats, device: torch.device | str) -> PolicyStats:
@@ -88,6 +122,108 @@ def match_vocab(reward_embedding: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.cat([reward_embedding, pad])
 
 
+def _action_spans(
+    logits: torch.Tensor, sequences: torch.Tensor, action_mask: torch.Tensor
+) -> Iterator[tuple[int, int, int, torch.Tensor, torch.Tensor]]:
+    """Per sample with action tokens: (b, j0, j1, logits rows (1, j1 - j0, V), tokens
+    (1, j1 - j0)) of the span [j0, j1) of action columns from its first to its last action
+    token. Rows are views of ``logits``: the row at sequence position i predicts token i + 1.
+    """
+    B, T = sequences.shape
+    A = action_mask.shape[1]
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != (B, T):
+        raise CreditError(
+            f"actor logits: expected shape (B={B}, T={T}, V), got {tuple(logits.shape)}"
+        )
+    acts = action_mask.bool()
+    tokens = action_token_ids(sequences, action_mask)
+    offset = T - A
+    for b in range(B):
+        cols = torch.nonzero(acts[b]).flatten()
+        if cols.numel() == 0:
+            continue
+        j0, j1 = int(cols[0]), int(cols[-1]) + 1
+        rows = logits[b, offset - 1 + j0 : offset - 1 + j1].unsqueeze(0)
+        yield b, j0, j1, rows, tokens[b, j0:j1].unsqueeze(0)
+
+
+@torch.no_grad()
+def stats_from_logits(
+    logits: torch.Tensor,
+    sequences: torch.Tensor,
+    action_mask: torch.Tensor,
+    attention_mask: torch.Tensor,
+    reward_embedding: torch.Tensor,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> PolicyStats:
+    """``PolicyStats`` (B, A, d) from an OpenRLHF ``Actor``'s logits (B, T, V) of one
+    micro-batch (float32, already divided by the sampling temperature), reduced per sample
+    over its action span with ``credit_core.policy_stats_from_logits`` (vocabulary streamed in
+    ``chunk_size`` tiles); no (B, A, V) copy is made. 0 where ``action_mask`` is False."""
+    check_layout(sequences, attention_mask, action_mask)
+    E = match_vocab(reward_embedding, logits.shape[2])
+    B, A, d = sequences.shape[0], action_mask.shape[1], E.shape[1]
+    acc = torch.promote_types(E.dtype, torch.float32)
+    p_sampled = logits.new_zeros(B, A, dtype=acc)
+    p_sq = logits.new_zeros(B, A, dtype=acc)
+    m1 = logits.new_zeros(B, A, d, dtype=acc)
+    m2 = logits.new_zeros(B, A, d, dtype=acc)
+    emb = logits.new_zeros(B, A, d, dtype=acc)
+    for b, j0, j1, rows, tokens in _action_spans(logits, sequences, action_mask):
+        part = policy_stats_from_logits(rows, tokens, E, temperature=1.0, chunk_size=chunk_size)
+        p_sampled[b, j0:j1] = part.p_sampled[0]
+        p_sq[b, j0:j1] = part.p_sq[0]
+        m1[b, j0:j1] = part.m1[0]
+        m2[b, j0:j1] = part.m2[0]
+        emb[b, j0:j1] = part.sampled_emb[0]
+    gaps = ~action_mask.bool()  # observation tokens inside a multi-turn span, prompt, padding
+    for per_token in (p_sampled, p_sq):
+        per_token.masked_fill_(gaps, 0.0)
+    for per_dim in (m1, m2, emb):
+        per_dim.masked_fill_(gaps.unsqueeze(2), 0.0)
+    return PolicyStats(p_sampled=p_sampled, p_sq=p_sq, m1=m1, m2=m2, sampled_emb=emb)
+
+
+@torch.no_grad()
+def work_from_logits(
+    logits: torch.Tensor,
+    sequences: torch.Tensor,
+    action_mask: torch.Tensor,
+    attention_mask: torch.Tensor,
+    reward_embedding: torch.Tensor,
+    reward_grad: torch.Tensor,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> torch.Tensor:
+    """DATC's unsigned work W0 (B, A) from an OpenRLHF ``Actor``'s logits (as
+    ``stats_from_logits``) and the reward gradient g (B, A, d) in action coordinates, reduced
+    per sample with ``credit_core.unsigned_work_from_logits`` (kernel chosen by d); float32
+    (float64 for float64 E or g), 0 where ``action_mask`` is False."""
+    check_layout(sequences, attention_mask, action_mask)
+    E = match_vocab(reward_embedding, logits.shape[2])
+    B, A = action_mask.shape
+    if tuple(reward_grad.shape) != (B, A, E.shape[1]):
+        raise CreditError(
+            f"reward_grad: expected shape (B={B}, A={A}, d={E.shape[1]}), "
+            f"got {tuple(reward_grad.shape)}"
+        )
+    acc = torch.promote_types(torch.promote_types(E.dtype, reward_grad.dtype), torch.float32)
+    work = logits.new_zeros(B, A, dtype=acc)
+    for b, j0, j1, rows, tokens in _action_spans(logits, sequences, action_mask):
+        g = reward_grad[b, j0:j1].unsqueeze(0).to(logits.device)
+        part = unsigned_work_from_logits(rows, tokens, E, g, chunk_size=chunk_size)
+        work[b, j0:j1] = part[0]
+    return work.masked_fill_(~action_mask.bool(), 0.0)
+
+
+def _check_unpacked(actor: Any) -> None:
+    if getattr(actor, "packing_samples", False):
+        raise CreditError(
+            "policy statistics: packed samples (--ds.packing_samples) are not supported"
+        )
+
+
 @torch.no_grad()
 def reduce_policy_stats(
     actor: Any,
@@ -99,20 +235,13 @@ def reduce_policy_stats(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     ring_attn_group: Any = None,
 ) -> PolicyStats:
-    """``PolicyStats`` (B, A, d) of an OpenRLHF ``Actor`` on one micro-batch.
-
-    Runs ``actor(sequences, action_mask, attention_mask, return_output=True)`` (the forward
-    that yields OpenRLHF's action log-probs: its logits are float32 and already divided by the
-    sampling temperature), then reduces, per sample, the logits rows of its action span with
-    ``credit_core.policy_stats_from_logits`` (vocabulary streamed in ``chunk_size`` tiles).
-    Rows are views of the logits, so no (B, A, V) copy is made. Values at positions where
-    ``action_mask`` is False are 0. Packed samples (``actor.packing_samples``) are rejected.
+    """``PolicyStats`` (B, A, d) of an OpenRLHF ``Actor`` on one micro-batch, with a forward
+    of its own: ``actor(sequences, action_mask, attention_mask, return_output=True)`` (the
+    forward that yields OpenRLHF's action log-probs), then ``stats_from_logits``. Values at
+    positions where ``action_mask`` is False are 0. Packed samples
+    (``actor.packing_samples``) are rejected.
     """
-    if getattr(actor, "packing_samples", False):
-        raise CreditError(
-            "policy statistics: packed samples (--ds.packing_samples) are not supported"
-        )
-    check_layout(sequences, attention_mask, action_mask)
+    _check_unpacked(actor)
     _, output = actor(
         sequences,
         action_mask,
@@ -120,44 +249,14 @@ def reduce_policy_stats(
         return_output=True,
         ring_attn_group=ring_attn_group,
     )
-    logits = output["logits"]
-    B, T = sequences.shape
-    A = action_mask.shape[1]
-    if logits.dim() != 3 or tuple(logits.shape[:2]) != (B, T):
-        raise CreditError(
-            f"actor logits: expected shape (B={B}, T={T}, V), got {tuple(logits.shape)}"
-        )
-    E = match_vocab(reward_embedding, logits.shape[2])
-    d = E.shape[1]
-    acts = action_mask.bool()
-    tokens = action_token_ids(sequences, action_mask)
-    offset = T - A
-    acc = torch.promote_types(E.dtype, torch.float32)
-    p_sampled = logits.new_zeros(B, A, dtype=acc)
-    p_sq = logits.new_zeros(B, A, dtype=acc)
-    m1 = logits.new_zeros(B, A, d, dtype=acc)
-    m2 = logits.new_zeros(B, A, d, dtype=acc)
-    emb = logits.new_zeros(B, A, d, dtype=acc)
-    for b in range(B):
-        cols = torch.nonzero(acts[b]).flatten()
-        if cols.numel() == 0:
-            continue
-        j0, j1 = int(cols[0]), int(cols[-1]) + 1
-        rows = logits[b, offset - 1 + j0 : offset - 1 + j1].unsqueeze(0)
-        part = policy_stats_from_logits(
-            rows, tokens[b, j0:j1].unsqueeze(0), E, temperature=1.0, chunk_size=chunk_size
-        )
-        p_sampled[b, j0:j1] = part.p_sampled[0]
-        p_sq[b, j0:j1] = part.p_sq[0]
-        m1[b, j0:j1] = part.m1[0]
-        m2[b, j0:j1] = part.m2[0]
-        emb[b, j0:j1] = part.sampled_emb[0]
-    gaps = ~acts  # observation tokens inside a multi-turn span, prompt, padding
-    for per_token in (p_sampled, p_sq):
-        per_token.masked_fill_(gaps, 0.0)
-    for per_dim in (m1, m2, emb):
-        per_dim.masked_fill_(gaps.unsqueeze(2), 0.0)
-    return PolicyStats(p_sampled=p_sampled, p_sq=p_sq, m1=m1, m2=m2, sampled_emb=emb)
+    return stats_from_logits(
+        output["logits"],
+        sequences,
+        action_mask,
+        attention_mask,
+        reward_embedding,
+        chunk_size=chunk_size,
+    )
 
 
 def reward_grad_for_actions(
@@ -191,11 +290,14 @@ def reward_grad_for_actions(
 class ActorCreditState:
     """What ``bind_credit_methods`` leaves on an actor for one role.
 
-    - ``computes``: signals this actor produces ("policy_stats" on policy actors,
-      "reward_grad" on the actors hosting the direction model).
+    - ``computes``: signals this actor produces ("policy_stats" or "unsigned_work" on policy
+      actors, "reward_grad" on the actors hosting the direction model); "unsigned_work"
+      needs the direction model on the same actor (g is computed before the logits exist).
     - ``direction``: ``RewardModelConfig`` fields of the direction model, if hosted here.
     - ``tokenizer``: the policy tokenizer (the direction model is built in its vocabulary).
     - ``stats_chunk_size``: vocabulary tile of the streamed statistics.
+    - ``captured``: the signals taken from the policy's log-prob forwards, per micro-batch,
+      until ``credit_signals`` collects them.
     The direction model and the reward embedding are created on first use.
     """
 
@@ -205,6 +307,14 @@ class ActorCreditState:
     stats_chunk_size: int
     direction_model: DirectionModel | None = None
     reward_embedding: torch.Tensor | None = None
+    captured: CaptureStore[CreditSignals] = field(default_factory=CaptureStore)
+
+    def __post_init__(self) -> None:
+        if "unsigned_work" in self.computes and self.direction is None:
+            raise CreditError(
+                "unsigned_work: the reward gradient must be computed on the policy actor "
+                "before its forward, but this actor does not host the direction model"
+            )
 
 
 def _device() -> torch.device:
@@ -245,6 +355,120 @@ def signals_method(role: Role) -> str:
     return f"credit_{role}_signals"
 
 
+Result = TypeVar("Result")
+
+
+def _signals_around_forward(
+    actor_self: Any,
+    state: ActorCreditState,
+    sequences: torch.Tensor,
+    action_mask: torch.Tensor,
+    attention_mask: torch.Tensor,
+    run_forward: Callable[[], Result],
+) -> tuple[Result, CreditSignals]:
+    """Run ``run_forward`` (a call of ``actor_self.actor`` on this micro-batch) with its
+    logits reduced to the logits signals in ``state.computes``; return its result and them.
+
+    For "unsigned_work" the direction model's g is computed first (its memory is freed
+    before the policy forward runs) and W0 is reduced from the logits; for "policy_stats"
+    the logits are reduced to ``PolicyStats``. Outputs go to the CPU.
+    """
+    _check_unpacked(actor_self.actor)
+    device = _device()
+    grad = reward = None
+    if "unsigned_work" in state.computes:
+        grad, reward = reward_grad_for_actions(
+            _direction_model(state, device),
+            sequences.to(device),
+            attention_mask.to(device),
+            action_mask.to(device),
+        )
+    E = _reward_embedding(state, device)
+    chunk = state.stats_chunk_size
+    found: list[CreditSignals] = []
+
+    def on_logits(
+        logits: torch.Tensor, seqs: torch.Tensor, acts: torch.Tensor, attn: torch.Tensor
+    ) -> None:
+        stats = work = None
+        if "policy_stats" in state.computes:
+            stats = stats_from_logits(logits, seqs, acts, attn, E, chunk_size=chunk)
+        if grad is not None:
+            work = work_from_logits(logits, seqs, acts, attn, E, grad, chunk_size=chunk)
+        found.append(
+            CreditSignals(
+                policy_stats=None if stats is None else stats_to(stats, "cpu"),
+                unsigned_work=None if work is None else work.cpu(),
+            )
+        )
+
+    with keeping_logits(actor_self.actor, on_logits):
+        result = run_forward()
+    if len(found) != 1:
+        raise CreditError(
+            f"policy forward: expected one call of the actor with an action mask, got {len(found)}"
+        )
+    kept_grad = grad if "reward_grad" in state.computes else None
+    signals = replace(
+        found[0],
+        reward_grad=None if kept_grad is None else kept_grad.cpu(),
+        direction_reward=None if reward is None else reward.cpu(),
+    )
+    return result, signals
+
+
+def policy_forward_with_credit(
+    actor_self: Any,
+    state: ActorCreditState,
+    stock_forward: Callable[..., Any],
+    sequences: torch.Tensor,
+    action_mask: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> Any:
+    """OpenRLHF's policy-actor ``forward`` (``stock_forward``), unchanged in what it returns,
+    with the credit signals of the micro-batch taken from its logits and kept in
+    ``state.captured`` (bound by ``bind_credit_methods`` as the actor's ``forward``)."""
+    if action_mask is None or attention_mask is None:
+        return stock_forward(sequences, action_mask, attention_mask, **kwargs)
+    result, signals = _signals_around_forward(
+        actor_self,
+        state,
+        sequences,
+        action_mask,
+        attention_mask,
+        lambda: stock_forward(sequences, action_mask, attention_mask, **kwargs),
+    )
+    state.captured.put(sequences, action_mask, signals)
+    return result
+
+
+def _extra_forward_signals(
+    actor_self: Any,
+    state: ActorCreditState,
+    sequences: torch.Tensor,
+    action_mask: torch.Tensor,
+    attention_mask: torch.Tensor,
+) -> CreditSignals:
+    """The logits signals with a forward of their own (eval mode, no grad): the fallback for
+    a micro-batch whose log-prob forward was not seen."""
+    device = _device()
+    actor = actor_self.actor
+    ring = getattr(actor_self.strategy, "ring_attn_group", None)
+    seqs, acts, attn = sequences.to(device), action_mask.to(device), attention_mask.to(device)
+
+    def run() -> Any:
+        with torch.no_grad():
+            return actor(seqs, acts, attn, ring_attn_group=ring)
+
+    actor.eval()
+    try:
+        _, signals = _signals_around_forward(actor_self, state, seqs, acts, attn, run)
+    finally:
+        actor.train()
+    return replace(signals, extra_policy_forwards=1)
+
+
 def credit_signals(
     actor_self: Any,
     state: ActorCreditState,
@@ -256,37 +480,30 @@ def credit_signals(
 
     Bound (with ``actor_self`` and ``state``) as ``actor.credit_<role>_signals`` and called by
     OpenRLHF's ``execute_batch`` with the micro-batch's tensors, on the CPU like ``forward``'s;
-    the outputs go back on the CPU. Policy statistics use ``actor_self.actor`` (OpenRLHF's
-    ``Actor``); the reward gradient uses the direction model built on first use.
+    the outputs go back on the CPU. Logits signals ("policy_stats", "unsigned_work") are the
+    ones kept from this micro-batch's log-prob forward, or, if that forward was not seen,
+    computed with one extra forward of ``actor_self.actor`` (counted in
+    ``extra_policy_forwards``); the reward gradient uses the direction model built on first
+    use, unless the W0 path already computed it.
     """
-    device = _device()
-    seqs = sequences.to(device)
-    acts = action_mask.to(device)
-    attn = attention_mask.to(device)
-    grad = reward = None
-    if "reward_grad" in state.computes:
-        grad, reward = reward_grad_for_actions(_direction_model(state, device), seqs, attn, acts)
-    stats = None
-    if "policy_stats" in state.computes:
-        E = _reward_embedding(state, device)
-        actor_self.actor.eval()
-        try:
-            stats = reduce_policy_stats(
-                actor_self.actor,
-                seqs,
-                acts,
-                attn,
-                E,
-                chunk_size=state.stats_chunk_size,
-                ring_attn_group=getattr(actor_self.strategy, "ring_attn_group", None),
+    signals = CreditSignals()
+    if state.computes & LOGITS_SIGNALS:
+        taken = state.captured.take(sequences, action_mask)
+        if taken is None:
+            taken = _extra_forward_signals(
+                actor_self, state, sequences, action_mask, attention_mask
             )
-        finally:
-            actor_self.actor.train()
-    return CreditSignals(
-        policy_stats=None if stats is None else stats_to(stats, "cpu"),
-        reward_grad=None if grad is None else grad.cpu(),
-        direction_reward=None if reward is None else reward.cpu(),
-    )
+        signals = taken
+    if "reward_grad" in state.computes and signals.reward_grad is None:
+        device = _device()
+        grad, reward = reward_grad_for_actions(
+            _direction_model(state, device),
+            sequences.to(device),
+            attention_mask.to(device),
+            action_mask.to(device),
+        )
+        signals = replace(signals, reward_grad=grad.cpu(), direction_reward=reward.cpu())
+    return signals
 
 
 def _state(actor_self: Any, role: Role) -> ActorCreditState:
@@ -316,10 +533,21 @@ def bind_credit_methods(actor_self: Any, role: Role, state: ActorCreditState) ->
 
     Sets ``actor_self._credit_states[role] = state`` and the attribute
     ``signals_method(role)``, a callable taking ``sequences``, ``action_mask``,
-    ``attention_mask`` (what ``RayActorGroup.async_run_method_batch`` passes). One actor
-    may hold both roles. Returns "ClassName@pid", where the binding happened.
+    ``attention_mask`` (what ``RayActorGroup.async_run_method_batch`` passes). When the
+    state computes logits signals and the actor has a ``forward`` (OpenRLHF's policy actor),
+    that ``forward`` is wrapped by ``policy_forward_with_credit`` (binding again re-wraps
+    the stock one). One actor may hold both roles. Returns "ClassName@pid", where the binding
+    happened.
     """
     states = actor_self.__dict__.setdefault("_credit_states", {})
     states[role] = state
     setattr(actor_self, signals_method(role), functools.partial(credit_signals, actor_self, state))
+    stock = actor_self.__dict__.get(_STOCK_FORWARD) or getattr(actor_self, "forward", None)
+    if state.computes & LOGITS_SIGNALS and callable(stock):
+        actor_self.__dict__[_STOCK_FORWARD] = stock
+        actor_self.forward = functools.partial(policy_forward_with_credit, actor_self, state, stock)
     return f"{type(actor_self).__name__}@{os.getpid()}"
+
+
+#: Where ``bind_credit_methods`` keeps the actor's own ``forward`` once it has wrapped it.
+_STOCK_FORWARD = "_credit_stock_forward"

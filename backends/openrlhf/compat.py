@@ -7,10 +7,15 @@ of ``train_ppo_ray``: ``args.algo.advantage.estimator`` ...) and returns a
 ``uniform`` (stock OpenRLHF) fits every setting. Other strategies split a *response-level*
 advantage over tokens, so they need one: every estimator but ``gae``, ``reinforce`` only
 with gamma 1, and no KL penalty inside the reward (use ``--algo.kl.use_loss`` or
-``--algo.kl.init_coef 0``). Policy statistics are reduced on unpacked micro-batches, so
-packed samples (``--ds.packing_samples``, ``--train.dynamic_batch_enable``), ring attention
-and DeepSpeed tensor parallelism are rejected for strategies that need them; so are
-vision-language inputs.
+``--algo.kl.init_coef 0``). Policy statistics (and DATC's W0) are reduced on unpacked
+micro-batches, so packed samples (``--ds.packing_samples``, ``--train.dynamic_batch_enable``),
+ring attention and DeepSpeed tensor parallelism are rejected for strategies that need them;
+so are vision-language inputs.
+
+What the actors compute (``ResolvedCredit.requires``) is the strategy's
+``signals_to_compute``: with the direction model on the policy actors its gradient is
+known before the policy's log-prob forward, so a strategy with ``work_requires`` gets W0
+("unsigned_work") instead of ``PolicyStats`` + ``reward_grad``.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ class ResolvedCredit:
     """Credit settings bound to one OpenRLHF run.
 
     - ``config``: the validated settings.
-    - ``requires``: signals the strategy needs.
+    - ``requires``: signals the actors compute for the strategy (its ``signals_to_compute``
+      for this placement).
     - ``placement``: "reward" or "policy" (the actors hosting the direction model), None when
       the strategy needs no signal.
     - ``direction``: the direction model's ``RewardModelConfig`` fields, None when unused.
@@ -102,7 +108,8 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
         problems.append(
             "--data.max_images_per_prompt > 0: vision-language inputs are not supported"
         )
-    if "policy_stats" in requires:
+    either_plan = requires | (strategy.work_requires or frozenset())
+    if either_plan & {"policy_stats", "unsigned_work"}:  # reduced from the policy's logits
         if _get(args, "ds.packing_samples", False) or _get(args, "train.dynamic_batch_enable"):
             problems.append(
                 "--ds.packing_samples / --train.dynamic_batch_enable: policy statistics are "
@@ -115,7 +122,7 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
 
     placement: Literal["reward", "policy"] | None = None
     direction = cfg.direction
-    if requires & {"reward_grad", "policy_stats"}:
+    if requires & {"reward_grad", "policy_stats", "unsigned_work"}:
         # policy statistics need the direction model's embedding table as well
         remote = bool(_get(args, "reward.remote_url") or _get(args, "train.agent_func_path"))
         rm_path = _get(args, "reward.model_name_or_path")
@@ -146,4 +153,5 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
         )
     if direction is not None and cfg.direction is None:
         direction = OpenRLHFCreditConfig.model_validate({"direction": direction}).direction
-    return ResolvedCredit(cfg, requires, placement, direction, duplicate_factor, colocate)
+    plan = strategy.signals_to_compute(reward_grad_first=placement == "policy")
+    return ResolvedCredit(cfg, plan, placement, direction, duplicate_factor, colocate)

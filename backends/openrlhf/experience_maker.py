@@ -6,7 +6,8 @@
 1. reads the response-level advantage A_i (the advantage of any action token: the
    estimators the strategy accepts give one value per response; checked);
 2. gathers the signals the strategy requires from the actors that hold them (policy
-   statistics from the policy actors, the reward gradient from the actors hosting the
+   statistics or DATC's W0 from the policy actors, which took them from OpenRLHF's own
+   log-prob forward in ``make_experience``; the reward gradient from the actors hosting the
    direction model), dispatched with OpenRLHF's ``RayActorGroup.async_run_method_batch``
    over the same micro-batches as the log-prob forward;
 3. calls ``strategy.assign_with_diagnostics`` and writes the token advantages into
@@ -34,6 +35,7 @@ from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
 from backends.openrlhf.actor_side import (
+    LOGITS_SIGNALS,
     ActorCreditState,
     CreditSignals,
     Role,
@@ -93,7 +95,8 @@ def apply_token_credit(
     """Replace ``experience.advantages`` by ``strategy``'s token advantages; return diagnostics.
 
     The strategy sees the responses that have at least one action token, with
-    ``mask = action_mask``, ``token_ids`` the action tokens and the gathered ``signals``; its
+    ``mask = action_mask``, ``token_ids`` the action tokens and the gathered ``signals``
+    (``reward_grad``, ``policy_stats``, ``unsigned_work``, whichever were computed); its
     (B, A) float32 output (0 where the mask is False) is cast to the advantages' dtype.
     Responses without action tokens keep all-zero advantages. ``returns`` is not touched.
     """
@@ -111,6 +114,7 @@ def apply_token_credit(
         token_ids=action_token_ids(experience.sequences, experience.action_mask)[rows],
         reward_grad=None if signals.reward_grad is None else signals.reward_grad[rows],
         policy_stats=None if signals.policy_stats is None else signals.policy_stats.select(rows),
+        unsigned_work=None if signals.unsigned_work is None else signals.unsigned_work[rows],
     )
     result = strategy.assign_with_diagnostics(batch)
     token_advantages[rows] = result.token_advantages.to(advantages.dtype)
@@ -138,7 +142,6 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self.credit = credit
         self.credit_strategy = credit.config.strategy()
-        self._embedding_shared = False
         self._gather_signals: SignalGatherer = gather_signals or self._gather_from_actors
         if credit.requires and gather_signals is None:
             self._bind_actor_methods()
@@ -184,18 +187,24 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         elapsed = time.perf_counter() - start
         for experience, signal in zip(experiences, signals, strict=True):
             diagnostics = apply_token_credit(experience, self.credit_strategy, signal)
-            values = {**diagnostics.to_dict(), "credit/signal_time_s": elapsed}
+            values = {
+                **diagnostics.to_dict(),
+                "credit/signal_time_s": elapsed,
+                "credit/extra_policy_forwards": float(signal.extra_policy_forwards),
+            }
             log_diagnostics(experience, values)
             if signal.direction_reward is not None:
                 experience.info["credit/direction_reward"] = signal.direction_reward.float()
         return experiences
 
     def _bind_actor_methods(self) -> None:
+        """Bind the signal methods (and, on the policy actors, the forward wrapper that keeps
+        the logits signals); share the embedding table before the first forward needs it."""
         credit = self.credit
         chunk = credit.config.stats_chunk_size
         on_policy = credit.placement == "policy"
         policy_state = ActorCreditState(
-            computes=(credit.requires & {"policy_stats"})
+            computes=(credit.requires & LOGITS_SIGNALS)
             | (credit.requires & {"reward_grad"} if on_policy else frozenset()),
             direction=credit.direction if on_policy else None,
             tokenizer=self.tokenizer if on_policy else None,
@@ -218,13 +227,13 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                     "__ray_call__", bind_credit_methods, "reward", reward_state
                 )
             )
+            if credit.requires & LOGITS_SIGNALS:
+                self._share_reward_embedding()
 
     def _gather_from_actors(self, experiences: Sequence[Experience]) -> list[CreditSignals]:
         credit = self.credit
-        if credit.placement == "reward" and "policy_stats" in credit.requires:
-            self._share_reward_embedding()
         roles: list[tuple[Any, Role]] = []
-        if "policy_stats" in credit.requires or credit.placement == "policy":
+        if credit.requires & LOGITS_SIGNALS or credit.placement == "policy":
             roles.append((self.actor_model_group, "policy"))
         if credit.placement == "reward" and "reward_grad" in credit.requires:
             roles.append((self.reward_model_group, "reward"))
@@ -249,8 +258,6 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         return signals
 
     def _share_reward_embedding(self) -> None:
-        if self._embedding_shared:
-            return
         # One copy of the (V, d) table, from the first reward-model actor (RayActorGroup has
         # no public per-actor call in OpenRLHF 0.11).
         first = self.reward_model_group._actor_handlers[0]
@@ -258,4 +265,3 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         ray.get(
             self.actor_model_group.async_run_method("__ray_call__", import_reward_embedding, ref)
         )
-        self._embedding_shared = True

@@ -70,7 +70,8 @@ class OpenRLHFCreditConfig(BaseModel):
 
     @property
     def requires(self) -> frozenset[str]:
-        """The signals the strategy needs (subset of {"reward_grad", "policy_stats"})."""
+        """The signals the strategy reads in its classic form (its ``requires``, within
+        ``credit_core.SIGNALS``); what the actors compute is ``ResolvedCredit.requires``."""
         return self.strategy().requires
 
 

@@ -31,8 +31,9 @@ class StepSignals:
     - ``kl_ref`` (B, R) or None: the KL estimate of old against reference policy.
     - ``reward_diagnostics``: the reward adapters' counters (``rm/...``, ``bridge/...``),
       averaged over this rank's micro-batches.
-    - ``reward_grad_rows`` / ``policy_stats_rows``: responses for which each signal was
-      computed (0 when the strategy does not require it).
+    - ``reward_grad_rows`` / ``policy_stats_rows``: responses whose reward gradient / old
+      policy statistics (as ``PolicyStats``, or streamed into DATC's W0) were computed; 0
+      when the strategy reads neither.
     """
 
     batch: RolloutBatch

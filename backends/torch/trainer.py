@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from adapters.policy import response_logprobs_and_stats
+from adapters.policy import response_logprobs_and_stats, response_logprobs_and_work
 from backends.torch import checkpoint as ckpt
 from backends.torch.config import (
     TrainConfig,
@@ -103,6 +103,17 @@ class RunResult:
         return [(int(r["step"]), r[name]) for r in self.history if name in r]
 
 
+@dataclass(frozen=True)
+class PolicyPass:
+    """One no-grad pass of a policy over a rollout batch: log-probs (B, R) at the rollout
+    temperature and, when asked, ``PolicyStats`` (B, R[, d]) or DATC's W0 (B, R); 0 at
+    padding."""
+
+    logp: torch.Tensor
+    stats: PolicyStats | None = None
+    work: torch.Tensor | None = None
+
+
 def _labels(batch: RolloutBatch, pool: Sequence[Prompt]) -> list[Any]:
     """The label of each row's prompt (``batch.group`` indexes ``pool``)."""
     return [pool[g].label for g in batch.group.tolist()]
@@ -132,8 +143,10 @@ class GRPORecipe:
             else None
         )
         self.strategy: CreditStrategy = get_strategy(cfg.credit)
-        self.need_reward_grad = "reward_grad" in self.strategy.requires
-        self.need_policy_stats = "policy_stats" in self.strategy.requires
+        # rewards are scored before the old policy's pass: W0 can be streamed (work_requires)
+        self.reads = type(self.strategy).signals_to_compute(reward_grad_first=True)
+        self.need_reward_grad = bool(self.reads & {"reward_grad", "unsigned_work"})
+        self.need_policy_stats = bool(self.reads & {"policy_stats", "unsigned_work"})
         self.train_prompts, self.eval_prompts, self.reward = build_prompts_and_reward(
             cfg, self.policy.model, self.policy.tokenizer, device=dev
         )
@@ -315,28 +328,52 @@ class GRPORecipe:
 
     # ---------------------------------------------------------------------------- signals
 
-    def _logprobs(
-        self, model: torch.nn.Module, batch: RolloutBatch, *, with_stats: bool
-    ) -> tuple[torch.Tensor, PolicyStats | None]:
-        """No-grad log-probs (B, R) at the rollout temperature (+ PolicyStats), micro-batched."""
-        emb = self.reward.embedding if with_stats else None
+    def _old_policy_pass(
+        self,
+        model: torch.nn.Module,
+        batch: RolloutBatch,
+        *,
+        stats: bool = False,
+        reward_grad: torch.Tensor | None = None,
+    ) -> PolicyPass:
+        """No-grad log-probs (B, R) at the rollout temperature, micro-batched, with
+        ``PolicyStats`` (``stats``) or DATC's W0 from ``reward_grad`` (B, R, d), in the same
+        forward."""
+        cfg = self.cfg
+        emb = self.reward.embedding
         R = batch.response_len
-        logps, stats = [], []
+        logps, parts, works = [], [], []
         with torch.no_grad():
-            for _, mb in batch.micro_batches(self.cfg.algorithm.micro_batch_size):
+            for rows, mb in batch.micro_batches(cfg.algorithm.micro_batch_size):
                 with root_gathered(model, reshard=False):
-                    logp, st = response_logprobs_and_stats(
-                        model,
-                        mb.input_ids,
-                        mb.attention_mask,
-                        mb.response_len,
-                        temperature=self.cfg.rollout.temperature,
-                        reward_embedding=emb,
-                    )
+                    if reward_grad is not None and emb is not None:
+                        logp, w0 = response_logprobs_and_work(
+                            model,
+                            mb.input_ids,
+                            mb.attention_mask,
+                            mb.response_len,
+                            temperature=cfg.rollout.temperature,
+                            reward_embedding=emb,
+                            reward_grad=reward_grad[rows, : mb.response_len],
+                        )
+                        works.append(pad_responses(w0, R))
+                    else:
+                        logp, st = response_logprobs_and_stats(
+                            model,
+                            mb.input_ids,
+                            mb.attention_mask,
+                            mb.response_len,
+                            temperature=cfg.rollout.temperature,
+                            reward_embedding=emb if stats else None,
+                        )
+                        if st is not None:
+                            parts.append(st.pad_to(R))
                 logps.append(pad_responses(logp, R))
-                if st is not None:
-                    stats.append(st.pad_to(R))
-        return torch.cat(logps), PolicyStats.cat(stats) if stats else None
+        return PolicyPass(
+            torch.cat(logps),
+            PolicyStats.cat(parts) if parts else None,
+            torch.cat(works) if works else None,
+        )
 
     def signals(self, batch: RolloutBatch, pool: Sequence[Prompt]) -> StepSignals:
         """The credit path: rewards, advantages, old/ref log-probs, the strategy's signals
@@ -355,29 +392,38 @@ class GRPORecipe:
         advantages = group_advantages(
             reward.rewards, cfg.rollout.group_size, cfg.algorithm.estimator, cfg.algorithm.adv_eps
         )
-        old_logp, stats = self._logprobs(self.model, batch, with_stats=self.need_policy_stats)
+        old = self._old_policy_pass(
+            self.model,
+            batch,
+            stats="policy_stats" in self.reads,
+            reward_grad=reward.reward_grad if "unsigned_work" in self.reads else None,
+        )
         ref_logp = kl_ref = None
         if self.ref_model is not None:
-            ref_logp, _ = self._logprobs(self.ref_model, batch, with_stats=False)
-            kl_ref = kl_estimate(old_logp, ref_logp, cfg.algorithm.kl_estimator)
+            ref_logp = self._old_policy_pass(self.ref_model, batch).logp
+            kl_ref = kl_estimate(old.logp, ref_logp, cfg.algorithm.kl_estimator)
         credit = assign_credit(
             self.strategy,
             advantages,
             batch.response_mask,
             batch.response_ids,
-            CreditSignals(reward_grad=reward.reward_grad, policy_stats=stats),
+            CreditSignals(
+                reward_grad=reward.reward_grad if "reward_grad" in self.reads else None,
+                policy_stats=old.stats,
+                unsigned_work=old.work,
+            ),
         )
         return StepSignals(
             batch=batch,
             rewards=reward.rewards,
             advantages=advantages,
-            old_logp=old_logp,
+            old_logp=old.logp,
             ref_logp=ref_logp,
             credit=credit,
             kl_ref=kl_ref,
             reward_diagnostics=reward.diagnostics,
             reward_grad_rows=batch.size if reward.reward_grad is not None else 0,
-            policy_stats_rows=batch.size if stats is not None else 0,
+            policy_stats_rows=batch.size if old.stats is not None or old.work is not None else 0,
         )
 
     # ----------------------------------------------------------------------------- update

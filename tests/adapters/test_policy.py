@@ -9,9 +9,14 @@ import pytest
 import torch
 
 from adapters.logprobs import token_logprobs
-from adapters.policy import final_hidden_states, lm_head_of, response_logprobs_and_stats
+from adapters.policy import (
+    final_hidden_states,
+    lm_head_of,
+    response_logprobs_and_stats,
+    response_logprobs_and_work,
+)
 from adapters.tiny import tiny_causal_lm
-from credit_core import CreditError, policy_stats_from_logits
+from credit_core import CreditError, policy_stats_from_logits, token_work
 from tests.helpers.paths import REPO
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -218,3 +223,82 @@ def test_bad_inputs_are_clear_errors() -> None:
         response_logprobs_and_stats(model, out_of_vocab, mask, R)
     with pytest.raises(CreditError, match="temperature"):
         response_logprobs_and_stats(model, ids, mask, R, temperature=0.0)
+
+
+@pytest.mark.parametrize("path", ["two_matmul", "stats"])
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_logprobs_and_work_from_one_forward_equal_the_stats_path(family: str, path: str) -> None:
+    model = tiny_causal_lm(family, V, hidden=32, dtype=torch.float64, seed=3)
+    ids, mask, R = build_batch("left")
+    gen = torch.Generator().manual_seed(4)
+    E = torch.randn(V, 6, dtype=torch.float64, generator=gen)
+    real = mask[:, -R:].bool()
+    g = torch.randn(len(PROMPTS), R, 6, dtype=torch.float64, generator=gen)
+    g = g * real.unsqueeze(2)  # the RM gradient is 0 at padding
+    logp, w0 = response_logprobs_and_work(
+        model,
+        ids,
+        mask,
+        R,
+        temperature=TEMPERATURE,
+        reward_embedding=E,
+        reward_grad=g,
+        chunk_size=40,
+        path=path,
+    )
+    want_logp, stats = response_logprobs_and_stats(
+        model, ids, mask, R, temperature=TEMPERATURE, reward_embedding=E, chunk_size=40
+    )
+    assert stats is not None and w0.shape == (len(PROMPTS), R) and w0.dtype == torch.float64
+    assert not w0.requires_grad and logp.requires_grad
+    assert torch.equal(logp, want_logp)
+    torch.testing.assert_close(w0, token_work(stats, g, None), rtol=0, atol=1e-12)
+    assert bool((w0[~real] == 0).all()) and bool((w0[real] != 0).all())
+
+
+def test_logprobs_and_work_run_the_decoder_once() -> None:
+    model = tiny_causal_lm("qwen2", V, hidden=32, dtype=torch.float64, seed=5)
+    ids, mask, R = build_batch("left")
+    E = torch.randn(V, 4, dtype=torch.float64)
+    g = torch.randn(len(PROMPTS), R, 4, dtype=torch.float64)
+    calls = []
+    hook = model.get_decoder().register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        response_logprobs_and_work(model, ids, mask, R, reward_embedding=E, reward_grad=g)
+    finally:
+        hook.remove()
+    assert len(calls) == 1
+    with pytest.raises(CreditError, match=r"reward_grad: expected shape \(3, 4, 4\)"):
+        response_logprobs_and_work(model, ids, mask, R, reward_embedding=E, reward_grad=g[:, :3])
+    with pytest.raises(CreditError, match="reward_embedding: expected 97 rows"):
+        response_logprobs_and_work(model, ids, mask, R, reward_embedding=E[1:], reward_grad=g)
+
+
+def test_old_policy_logprobs_and_work_share_one_lm_head_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under no_grad with the two-matmul kernel the log-probs come from the W0 pass itself."""
+    import adapters.policy as policy_module
+
+    model = tiny_causal_lm("llama", V, hidden=32, dtype=torch.float64, seed=7)
+    ids, mask, R = build_batch("right")
+    gen = torch.Generator().manual_seed(8)
+    E = torch.randn(V, 5, dtype=torch.float64, generator=gen)
+    g = torch.randn(len(PROMPTS), R, 5, dtype=torch.float64, generator=gen)
+    kw = {"temperature": TEMPERATURE, "reward_embedding": E, "reward_grad": g, "chunk_size": 24}
+    with torch.no_grad():
+        want_logp, want_w0 = response_logprobs_and_work(model, ids, mask, R, path="stats", **kw)
+
+    def no_second_pass(*args: object, **kwargs: object) -> torch.Tensor:
+        raise AssertionError("token_logprobs ran: a second LM-head pass")
+
+    monkeypatch.setattr(policy_module, "token_logprobs", no_second_pass)
+    with torch.no_grad():
+        logp, w0 = response_logprobs_and_work(model, ids, mask, R, path="two_matmul", **kw)
+    assert logp.dtype == want_logp.dtype == torch.float64
+    torch.testing.assert_close(logp, want_logp, rtol=0, atol=1e-12)
+    torch.testing.assert_close(w0, want_w0, rtol=0, atol=1e-12)
+    real = mask[:, -R:].bool()
+    assert bool((logp[~real] == 0).all()) and bool((w0[~real] == 0).all())
+    with pytest.raises(AssertionError, match="second LM-head pass"):  # with grad: its own pass
+        response_logprobs_and_work(model, ids, mask, R, path="two_matmul", **kw)

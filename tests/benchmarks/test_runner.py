@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from benchmarks import cli, memory, signals, timing
-from credit_core import policy_stats
+from credit_core import policy_stats, token_work
 
 
 def test_ratio_of_medians_and_paired_quartiles() -> None:
@@ -60,6 +60,20 @@ def test_naive_reference_equals_policy_stats() -> None:
         torch.testing.assert_close(getattr(stream, field), getattr(naive, field))
 
 
+def test_two_matmul_work_equals_the_current_path_and_costs_one_product_less() -> None:
+    case = signals.SignalCase(2, 5, 300, 16, 8)
+    x = signals.make_inputs(case, device=torch.device("cpu"), dtype=torch.float32)
+    assert signals._work_agreement(x) < 1e-5
+    assert x["grad"].dtype == torch.float32 and x["grad"].shape == (2, 5, 8)
+    calls = signals._calls(x)
+    stats = policy_stats(x["hidden"], x["weight"], x["ids"], x["emb"])
+    w0 = calls["two_matmul"]()
+    assert isinstance(w0, torch.Tensor)
+    torch.testing.assert_close(w0, token_work(stats, x["grad"], None))
+    target = signals.TARGET_CASE
+    assert target.two_matmul_flops / target.lm_head_flops == pytest.approx(2.0)
+
+
 def test_cpu_gating_keeps_the_target_case_and_skips_only_with_a_reason() -> None:
     limits = signals.Limits(1.0e12, 1.6e9, 12 * 2**30)
     assert limits.skip_reason(signals.TARGET_CASE) is None
@@ -94,10 +108,14 @@ def test_quick_mode_runs_every_benchmark_and_writes_the_report(tmp_path: Path) -
     for row in rows:
         assert row["max_rel_err_vs_naive"] < 1e-4
         assert math.isfinite(row["floor_ratio"]) and row["floor_ratio"] > 0
-        assert set(row["seconds"]) == {"lm_head", "stream", "naive"}
+        assert set(row["seconds"]) == {"lm_head", "stream", "two_matmul", "naive"}
+        assert row["work_rel_err"] < 1e-5
+        assert row["stream_over_two_matmul"]["of_medians"] > 0
+        assert math.isfinite(row["two_matmul_floor_ratio"]) and row["two_matmul_floor_ratio"] > 0
         assert 0.0 <= row["time_share"]["exp"] < 1.0
         if memory.rss_peak_supported():
             assert row["peak_extra_bytes"]["naive"] > 0
+            assert row["peak_extra_bytes"]["two_matmul"] is not None
 
     reward = {r["model"]: r for r in results["reward"]["rows"]}
     assert set(reward) == {"minilm", "tiny_causal"}

@@ -12,6 +12,7 @@ from credit_core import (
     PolicyStats,
     assign_credit,
     get_strategy,
+    token_work,
 )
 
 B, T, D, V = 3, 5, 4, 11
@@ -77,3 +78,16 @@ def test_select_takes_the_same_rows_of_every_signal() -> None:
     assert torch.equal(part.reward_grad, signals.reward_grad[1:3])
     assert torch.equal(part.policy_stats.m2, signals.policy_stats.m2[1:3])
     assert CreditSignals().select(slice(0, 1)).computed == frozenset()
+
+
+def test_the_unsigned_work_path_gives_datc_s_credit_and_reads_nothing_else() -> None:
+    adv, mask, ids, signals = _inputs()
+    assert signals.reward_grad is not None and signals.policy_stats is not None
+    w0 = token_work(signals.policy_stats, signals.reward_grad, None)
+    datc = get_strategy("datc", beta=1.0, lam=0.5)
+    classic = assign_credit(datc, adv, mask, ids, signals)
+    streamed = assign_credit(datc, adv, mask, ids, CreditSignals(unsigned_work=w0))
+    torch.testing.assert_close(streamed.token_advantages, classic.token_advantages)
+    both = CreditSignals(reward_grad=signals.reward_grad, unsigned_work=w0)
+    with pytest.raises(CreditError, match=r"'datc' does not read \['reward_grad'\]"):
+        assign_credit(datc, adv, mask, ids, both)

@@ -249,7 +249,7 @@ class Abstract(ScoreStrategy):
         (
             SetRequires,
             r"class attribute 'requires' must be a frozenset "
-            r"within \['policy_stats', 'reward_grad'\]",
+            r"within \['policy_stats', 'reward_grad', 'unsigned_work'\]",
         ),
         (UnknownSignal, r"class attribute 'requires' must be a frozenset .*'logits'"),
         (DictParams, r"class attribute 'Params' must be a pydantic BaseModel class"),

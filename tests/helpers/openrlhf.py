@@ -165,8 +165,11 @@ def ray_test_classes() -> tuple[Any, Any]:
 
     ``TinyTrainer`` is OpenRLHF's ``BasePPOTrainer`` (which creates the stock
     ``RemoteExperienceMaker``) with a ``credit_round`` method running
-    ``compute_advantages_and_returns``; ``TinyModelActor`` is a ``BaseModelActor`` (so it has
-    OpenRLHF's ``execute_batch``) holding an OpenRLHF ``Actor`` around a tiny policy.
+    ``compute_advantages_and_returns`` and an ``experience_round`` method running
+    ``make_experience`` (the policy's log-prob forward) first; ``TinyModelActor`` is a
+    ``BaseModelActor`` (so it has OpenRLHF's ``execute_batch``) holding an OpenRLHF ``Actor``
+    around a tiny policy, with OpenRLHF's own ``PolicyModelActor.forward`` (its CUDA device
+    lookup pointed at the CPU in that worker) and a count of the policy model's forwards.
     """
     import os
 
@@ -174,6 +177,7 @@ def ray_test_classes() -> tuple[Any, Any]:
     from openrlhf.models import Actor
     from openrlhf.trainer.ppo_trainer import BasePPOTrainer
     from openrlhf.trainer.ray.launcher import BaseModelActor
+    from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 
     from adapters.tiny import tiny_causal_lm
 
@@ -193,12 +197,27 @@ def ray_test_classes() -> tuple[Any, Any]:
                 "info": [e.info for e in out],
             }
 
+        def experience_round(self, samples: list[Any]) -> dict[str, Any]:
+            experiences = self.experience_maker.make_experience(samples)
+            return self.credit_round(experiences)
+
     @ray.remote(num_gpus=1)
     class TinyModelActor(BaseModelActor):  # type: ignore[misc]
+        forward = PolicyModelActor.__ray_metadata__.modified_class.forward
+
         def init_model(self, vocab: int, seed: int) -> int:
+            torch.cuda.current_device = lambda: "cpu"  # this CPU test worker's "GPU"
             self.strategy = SimpleNamespace(ring_attn_group=None, is_rank_0=lambda: True)
             self.actor = Actor(tiny_causal_lm("qwen2", vocab, seed=seed))
             self.actor.packing_samples = False
+            self.forwards = 0
+            self.actor.model.register_forward_pre_hook(self._count_forward)
             return os.getpid()
+
+        def _count_forward(self, *_: Any) -> None:
+            self.forwards += 1
+
+        def forward_count(self) -> int:
+            return int(self.forwards)
 
     return TinyTrainer, TinyModelActor

@@ -20,14 +20,14 @@ import yaml
 from safetensors.torch import load_file
 
 from adapters.direction import EmbeddingDirectionModel
-from adapters.policy import response_logprobs_and_stats
+from adapters.policy import response_logprobs_and_stats, response_logprobs_and_work
 from backends.torch.checkpoint import checkpoint_folders
 from backends.torch.config import config_from_dict, load_config
 from backends.torch.errors import ConfigError
 from backends.torch.loss import aggregate, ppo_clip_loss
 from backends.torch.metrics import read_jsonl
 from backends.torch.trainer import GRPORecipe, RunResult, train
-from credit_core import group_advantages
+from credit_core import group_advantages, token_work
 from credit_core.builtin_strategies import BUILTIN_STRATEGIES
 from tests.helpers.paths import REPO
 from tests.helpers.torch_tiny import build_policy_with_frequent_eos, comparable, tiny_config
@@ -119,21 +119,32 @@ def test_datc_policy_stats_are_of_the_rollout_temperature_distribution(
 ) -> None:
     """The old-policy pass feeds DATC p_t at the sampling temperature: its p(y_t) equals
     exp(old log-prob), which tests/backends/torch/test_rollout.py checks against generate's
-    own logits / T."""
-    calls: list[tuple[torch.Tensor, Any, torch.Tensor]] = []
+    own logits / T. The trainer knows g first, so it streams W0 (``unsigned_work``): W0 is
+    the closed form over the PolicyStats of that same distribution."""
+    calls: list[tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor]] = []
 
-    def spy_lp(model: Any, input_ids: Any, attention_mask: Any, R: int, **k: Any) -> Any:
-        logp, stats = response_logprobs_and_stats(model, input_ids, attention_mask, R, **k)
-        calls.append((logp, stats, attention_mask[:, -R:].bool()))
+    def spy(model: Any, input_ids: Any, attention_mask: Any, R: int, **k: Any) -> Any:
+        logp, w0 = response_logprobs_and_work(model, input_ids, attention_mask, R, **k)
         assert k["temperature"] == 0.7
-        return logp, stats
+        _, stats = response_logprobs_and_stats(
+            model,
+            input_ids,
+            attention_mask,
+            R,
+            temperature=k["temperature"],
+            reward_embedding=k["reward_embedding"],
+        )
+        assert stats is not None
+        closed_form = token_work(stats, k["reward_grad"], None)
+        calls.append((logp, w0, (stats, closed_form), attention_mask[:, -R:].bool()))
+        return logp, w0
 
-    monkeypatch.setattr(f"{TRAINER}.response_logprobs_and_stats", spy_lp)
+    monkeypatch.setattr(f"{TRAINER}.response_logprobs_and_work", spy)
     train(tiny_config(tmp_path / "run", steps=1, credit="datc", rollout={"temperature": 0.7}))
-    with_stats = [(lp, st, m) for lp, st, m in calls if st is not None]
-    assert len(with_stats) == 1  # the old-policy pass only
-    logp, stats, mask = with_stats[0]
+    assert len(calls) == 1  # the old-policy pass only
+    logp, w0, (stats, closed_form), mask = calls[0]
     torch.testing.assert_close(stats.p_sampled[mask], logp.exp()[mask], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w0[mask], closed_form[mask], rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------- files in the run folder
