@@ -1,9 +1,8 @@
-"""Logits tiles for the vocabulary-streamed kernels: ``tile(rows, v0, v1, out)`` writes the
-temperature-scaled logits of ``rows`` x [v0, v1) into ``out``.
-
-The same tiles as ``credit_core.policy_stats`` builds internally (the LM-head matmul in the
-inputs' dtype, then bias and 1/temperature in the accumulation dtype), as reusable factories
-for ``credit_core.streamed_work``.
+"""Logits tiles for the vocabulary-streamed kernels (``credit_core.policy_stats``,
+``credit_core.streamed_work``): ``tile(rows, v0, v1, out)`` writes the temperature-scaled
+logits of ``rows`` x [v0, v1) into ``out`` (the LM-head matmul in the inputs' dtype, then
+bias and 1/temperature in the accumulation dtype); ``non_finite_tile_error`` names a tile
+that holds a NaN or +inf logit.
 """
 
 from __future__ import annotations
@@ -11,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from credit_core.errors import CreditError
 
 #: ``tile(rows, v0, v1, out)``: write the logits of ``rows`` x [v0, v1) into ``out``
 #: (n_rows, v1 - v0), a contiguous view in the accumulation dtype.
@@ -62,3 +63,18 @@ def logits_tiles(flat_logits: torch.Tensor, temperature: float) -> LogitsTile:
             out.mul_(inv_temp)
 
     return tile
+
+
+def non_finite_tile_error(
+    z: torch.Tensor, rows: slice, v0: int, v1: int, source: str, dtype: torch.dtype
+) -> CreditError:
+    """The error for a logits tile ``z`` holding a NaN or +inf (only built on failure);
+    ``source`` names the logits, ``dtype`` the dtype they were computed in."""
+    where = f"{source}: rows {rows.start}:{rows.stop} x vocabulary {v0}:{v1}"
+    if dtype == torch.float16 and bool(torch.isposinf(z).any()):
+        return CreditError(
+            f"{where}: logits overflow float16 (largest finite value 65504); compute them "
+            "in float32 or bfloat16 (e.g. pass hidden and the LM head weight as .float())"
+        )
+    kind = "+inf" if bool(torch.isposinf(z).any()) else "NaN"
+    return CreditError(f"{where}: a logit is {kind}; expected finite logits (or -inf)")

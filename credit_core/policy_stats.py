@@ -25,12 +25,16 @@ first such tile, instead of NaN statistics downstream.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from credit_core.batch import PolicyStats
 from credit_core.errors import CreditError
+from credit_core.logits_tiles import (
+    LogitsTile,
+    lm_head_tiles,
+    logits_tiles,
+    non_finite_tile_error,
+)
 from credit_core.tensor_checks import (
     check_lm_head,
     check_streaming,
@@ -48,8 +52,6 @@ from credit_core.tensor_checks import (
 DEFAULT_CHUNK_SIZE = 4096
 DEFAULT_TILE_ELEMENTS = 1 << 21
 
-LogitsTile = Callable[[slice, int, int, torch.Tensor], None]
-
 
 def _check_common(
     token_ids: torch.Tensor,
@@ -63,20 +65,6 @@ def _check_common(
     check_token_ids(token_ids, leading, vocab, device)
     check_tensor("reward_embedding", reward_embedding, (vocab, None), floating=True, device=device)
     check_streaming(temperature, chunk_size)
-
-
-def _non_finite_tile(
-    z: torch.Tensor, rows: slice, v0: int, v1: int, source: str, dtype: torch.dtype
-) -> CreditError:
-    """The error for a logits tile ``z`` holding a NaN or +inf (only built on failure)."""
-    where = f"{source}: rows {rows.start}:{rows.stop} x vocabulary {v0}:{v1}"
-    if dtype == torch.float16 and bool(torch.isposinf(z).any()):
-        return CreditError(
-            f"{where}: logits overflow float16 (largest finite value 65504); compute them "
-            "in float32 or bfloat16 (e.g. pass hidden and the LM head weight as .float())"
-        )
-    kind = "+inf" if bool(torch.isposinf(z).any()) else "NaN"
-    return CreditError(f"{where}: a logit is {kind}; expected finite logits (or -inf)")
 
 
 def _stream(
@@ -158,7 +146,7 @@ def _stream(
             v1 = min(vocab, v0 + chunk)
             z = buf[: n * (v1 - v0)].view(n, v1 - v0)
             tile(rows, v0, v1, z)
-            raise _non_finite_tile(z, rows, v0, v1, source, dtype)
+            raise non_finite_tile_error(z, rows, v0, v1, source, dtype)
         inv_l = 1.0 / sums[:n]
         inv_l2 = inv_l * inv_l
         p_sampled[rows] = torch.exp(z_y - run_max) * inv_l
@@ -207,29 +195,8 @@ def policy_stats(
     B, T, H = h.shape
     V = W.shape[0]
     _check_common(token_ids, reward_embedding, V, (B, T), h.device, temperature, chunk_size)
-    flat = h.reshape(B * T, H)
-    W = W.to(h.dtype)
-    inv_temp = 1.0 / temperature
-
     acc = torch.promote_types(reward_embedding.dtype, torch.float32)
-
-    def tile(rows: slice, v0: int, v1: int, out: torch.Tensor) -> None:
-        # out = (h @ W.T + b) / tau, in one matmul call when the dtypes allow it
-        h_rows, w_t = flat[rows], W[v0:v1].T
-        if flat.dtype != acc:
-            out.copy_(h_rows @ w_t)
-            if lm_head_bias is not None:
-                out.add_(lm_head_bias[v0:v1])
-            if inv_temp != 1.0:
-                out.mul_(inv_temp)
-        elif lm_head_bias is None:
-            torch.mm(h_rows, w_t, out=out)
-            if inv_temp != 1.0:
-                out.mul_(inv_temp)
-        else:
-            bias = lm_head_bias[v0:v1].to(acc).unsqueeze(0)
-            torch.addmm(bias, h_rows, w_t, beta=inv_temp, alpha=inv_temp, out=out)
-
+    tile = lm_head_tiles(h.reshape(B * T, H), W, lm_head_bias, temperature, acc)
     with torch.no_grad():
         return _stream(
             tile,
@@ -257,14 +224,7 @@ def policy_stats_from_logits(
     z_all = check_tensor("logits", logits, (None, None, None), floating=True)
     B, T, V = z_all.shape
     _check_common(token_ids, reward_embedding, V, (B, T), z_all.device, temperature, chunk_size)
-    flat = z_all.reshape(B * T, V)
-    inv_temp = 1.0 / temperature
-
-    def tile(rows: slice, v0: int, v1: int, out: torch.Tensor) -> None:
-        out.copy_(flat[rows, v0:v1])
-        if inv_temp != 1.0:
-            out.mul_(inv_temp)
-
+    tile = logits_tiles(z_all.reshape(B * T, V), temperature)
     with torch.no_grad():
         return _stream(
             tile, token_ids, reward_embedding, V, chunk_size, tile_elements, dtype=z_all.dtype

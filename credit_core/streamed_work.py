@@ -28,7 +28,12 @@ from __future__ import annotations
 import torch
 
 from credit_core.errors import CreditError
-from credit_core.logits_tiles import LogitsTile, lm_head_tiles, logits_tiles
+from credit_core.logits_tiles import (
+    LogitsTile,
+    lm_head_tiles,
+    logits_tiles,
+    non_finite_tile_error,
+)
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE, DEFAULT_TILE_ELEMENTS
 from credit_core.tensor_checks import (
     check_lm_head,
@@ -76,10 +81,13 @@ def _stream_work(
     vocab: int,
     chunk_size: int,
     tile_elements: int,
+    source: str = "logits",
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fold logits tiles into W0 (B, T) and log p_y (B, T); ``tile(rows, v0, v1, out)``
     writes the logits of ``rows`` x [v0, v1) into ``out`` (n_rows, v1 - v0), a contiguous
-    accumulation-dtype view.
+    accumulation-dtype view. ``source`` and ``dtype`` name the logits in the ``CreditError``
+    raised when a tile holds a NaN or +inf logit (as ``policy_stats``).
 
     Working memory: one buffer of 2 x rows x chunk elements (e stacked on u), a cast copy of
     one E chunk if E is not in the accumulation dtype, (rows, d) of g, and O(rows) vectors.
@@ -112,6 +120,8 @@ def _stream_work(
         scale = new(n)
         z_y = torch.zeros(n, dtype=acc, device=device)
         u_y = torch.zeros(n, dtype=acc, device=device)
+        # NaN or +inf row maxima per tile, read once per row block (see policy_stats)
+        bad_tile = torch.zeros(-(-vocab // chunk), dtype=torch.bool, device=device)
         for v0 in range(0, vocab, chunk):
             v1 = min(vocab, v0 + chunk)
             w = v1 - v0
@@ -126,7 +136,9 @@ def _stream_work(
             local = (y - v0).clamp(0, w - 1).unsqueeze(1)
             z_y = torch.where(in_chunk, z.gather(1, local).squeeze(1), z_y)
             u_y = torch.where(in_chunk, u.gather(1, local).squeeze(1), u_y)
-            new_max = torch.maximum(run_max, z.amax(dim=1))
+            tile_max = z.amax(dim=1)
+            bad_tile[v0 // chunk] = ~(tile_max < float("inf")).all()
+            new_max = torch.maximum(run_max, tile_max)
             # A row that has seen only -inf logits shifts by 0 (see policy_stats).
             shift = torch.where(new_max == float("-inf"), 0.0, new_max)
             torch.exp(run_max - shift, out=scale)
@@ -137,6 +149,12 @@ def _stream_work(
             u.mul_(e)  # e^2 u
             e.mul_(e)  # e^2
             second.view(2, n).mul_(scale * scale).add_(both.sum(dim=1).view(2, n))
+        if bool(bad_tile.any()):
+            v0 = int(bad_tile.nonzero()[0]) * chunk
+            v1 = min(vocab, v0 + chunk)
+            z = buf[: n * (v1 - v0)].view(n, v1 - v0)
+            tile(rows, v0, v1, z)
+            raise non_finite_tile_error(z, rows, v0, v1, source, dtype)
         inv_l = 1.0 / first[:n]
         inv_l2 = inv_l * inv_l
         ubar = first[n:] * inv_l
@@ -181,7 +199,15 @@ def streamed_work_and_logprobs(
     with torch.no_grad():
         tile = lm_head_tiles(h.reshape(B * T, H), W, lm_head_bias, temperature, acc)
         return _stream_work(
-            tile, token_ids, reward_embedding, reward_grad, V, chunk_size, tile_elements
+            tile,
+            token_ids,
+            reward_embedding,
+            reward_grad,
+            V,
+            chunk_size,
+            tile_elements,
+            source="logits (hidden @ lm_head_weight.T)",
+            dtype=h.dtype,
         )
 
 
@@ -252,6 +278,13 @@ def streamed_unsigned_work_from_logits(
     with torch.no_grad():
         tile = logits_tiles(z_all.reshape(B * T, V), temperature)
         work, _ = _stream_work(
-            tile, token_ids, reward_embedding, reward_grad, V, chunk_size, tile_elements
+            tile,
+            token_ids,
+            reward_embedding,
+            reward_grad,
+            V,
+            chunk_size,
+            tile_elements,
+            dtype=z_all.dtype,
         )
     return work

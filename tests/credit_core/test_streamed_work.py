@@ -273,3 +273,26 @@ def test_the_same_pass_gives_the_log_probabilities(temperature: float) -> None:
     torch.testing.assert_close(
         w0, _autograd_w0(x["logits"], x["E"], x["g"], x["y"], temperature), rtol=0, atol=1e-10
     )
+
+
+def test_float16_overflow_and_non_finite_logits_are_reported_at_their_tile() -> None:
+    """The checks of ``policy_stats`` hold for W0 too: a float16 LM-head matmul above 65504
+    is named at its tile, and so is a NaN in materialized logits."""
+    x = _problem(0, B=3, T=5, V=70, d=6, H=16, dtype=torch.float32)
+    hidden = torch.full((3, 5, 16), 100.0, dtype=torch.float16)
+    weight = x["weight"].half()
+    weight[40] = 100.0  # logit 160000 for vocabulary entry 40 only
+    with pytest.raises(
+        CreditError,
+        match=r"logits \(hidden @ lm_head_weight\.T\): rows 0:15 x vocabulary 32:64: "
+        r"logits overflow float16",
+    ):
+        streamed_unsigned_work(hidden, weight, x["y"], x["E"], x["g"], chunk_size=32)
+    fine = streamed_unsigned_work(
+        hidden.float(), weight.float(), x["y"], x["E"], x["g"], chunk_size=32
+    )
+    assert torch.isfinite(fine).all()
+    logits = x["logits"].clone()
+    logits[1, 2, 50] = float("nan")
+    with pytest.raises(CreditError, match=r"^logits: rows 0:15 x vocabulary 32:64: a logit is NaN"):
+        streamed_unsigned_work_from_logits(logits, x["y"], x["E"], x["g"], chunk_size=32)
