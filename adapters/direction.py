@@ -192,7 +192,7 @@ class EmbeddingDirectionModel(DirectionModel):
         elif rows == V:
             E = self.table
         elif rows < V and rm_tokenizer is not None:
-            E = torch.cat([self.table, self.table.new_zeros(V - rows, self.table.shape[1])])
+            E = embedding_for_vocab(self.table, V)
         else:
             raise CreditError(
                 f"reward model embedding table: expected {V} rows (the policy's vocabulary), "
@@ -397,6 +397,24 @@ class EmbeddingDirectionModel(DirectionModel):
                 f"in rows {torch.nonzero(bad.any(dim=1)).flatten().tolist()} "
                 "(set on_nonfinite_grad='pass' to hand it to the strategy's on_nonfinite)"
             )
+
+
+def embedding_for_vocab(table: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``table`` (V_e, d) with zero rows appended up to ``vocab`` rows (V_e <= vocab).
+
+    Model heads are often wider than the tokenizer (padded vocabularies); the extra ids are
+    never text, so they get zero embeddings (no credit signal), like policy tokens that
+    decode to nothing.
+    """
+    rows = table.shape[0]
+    if rows > vocab:
+        raise CreditError(
+            f"reward_embedding: has {rows} rows but the policy's logits have {vocab} entries; "
+            "the direction model's embedding must be indexed by the policy vocabulary"
+        )
+    if rows == vocab:
+        return table
+    return torch.cat([table, table.new_zeros(vocab - rows, table.shape[1])])
 
 
 def masked_rows(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:

@@ -37,11 +37,12 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
+from adapters.direction import embedding_for_vocab
 from backends.openrlhf.forward_capture import CaptureStore, keeping_logits
 from backends.openrlhf.layout import (
     action_token_ids,
@@ -51,6 +52,7 @@ from backends.openrlhf.layout import (
 )
 from credit_core import (
     CreditError,
+    CreditSignals,
     PolicyStats,
     policy_stats_from_logits,
     unsigned_work_from_logits,
@@ -62,7 +64,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class CreditSignals:
+class ActorSignals:
     """The signals of one micro-batch, in action coordinates (B, A[, d]), on the CPU.
 
     - ``policy_stats``: ``PolicyStats`` of the rollout policy, 0 where ``action_mask`` is False.
@@ -79,14 +81,22 @@ class CreditSignals:
     unsigned_work: torch.Tensor | None = None
     extra_policy_forwards: int = 0
 
-    def merged(self, other: CreditSignals) -> CreditSignals:
+    def credit(self) -> CreditSignals:
+        """The signals a credit strategy reads (``credit_core.assign_credit``)."""
+        return CreditSignals(
+            reward_grad=self.reward_grad,
+            policy_stats=self.policy_stats,
+            unsigned_work=self.unsigned_work,
+        )
+
+    def merged(self, other: ActorSignals) -> ActorSignals:
         """Fields of ``self``, with the ones it lacks taken from ``other``; forwards add up."""
 
         def pick(name: str) -> Any:
             mine = getattr(self, name)
             return mine if mine is not None else getattr(other, name)
 
-        return CreditSignals(
+        return ActorSignals(
             policy_stats=pick("policy_stats"),
             reward_grad=pick("reward_grad"),
             direction_reward=pick("direction_reward"),
@@ -97,29 +107,6 @@ class CreditSignals:
 
 #: Signals reduced from the policy's logits (the others come from the direction model).
 LOGITS_SIGNALS = frozenset({"policy_stats", "unsigned_work"})
-
-
-def stats_to(stats: PolicyStats, device: torch.device | str) -> PolicyStats:
-    """``stats`` with every field moved to ``device``."""
-    return PolicyStats(**{f.name: getattr(stats, f.name).to(device) for f in fields(stats)})
-
-
-def match_vocab(reward_embedding: torch.Tensor, vocab: int) -> torch.Tensor:
-    """``reward_embedding`` (V_e, d) with zero rows appended up to the logits' width ``vocab``.
-
-    Model heads are often wider than the tokenizer (padded vocabularies); the extra ids are
-    never text, so they get zero embeddings, like policy tokens that decode to nothing.
-    """
-    rows = reward_embedding.shape[0]
-    if rows == vocab:
-        return reward_embedding
-    if rows > vocab:
-        raise CreditError(
-            f"reward_embedding: has {rows} rows but the policy's logits have {vocab} entries; "
-            "the direction model's embedding must be indexed by the policy vocabulary"
-        )
-    pad = reward_embedding.new_zeros(vocab - rows, reward_embedding.shape[1])
-    return torch.cat([reward_embedding, pad])
 
 
 def _action_spans(
@@ -162,7 +149,7 @@ def stats_from_logits(
     over its action span with ``credit_core.policy_stats_from_logits`` (vocabulary streamed in
     ``chunk_size`` tiles); no (B, A, V) copy is made. 0 where ``action_mask`` is False."""
     check_layout(sequences, attention_mask, action_mask)
-    E = match_vocab(reward_embedding, logits.shape[2])
+    E = embedding_for_vocab(reward_embedding, logits.shape[2])
     B, A, d = sequences.shape[0], action_mask.shape[1], E.shape[1]
     acc = torch.promote_types(E.dtype, torch.float32)
     p_sampled = logits.new_zeros(B, A, dtype=acc)
@@ -201,7 +188,7 @@ def work_from_logits(
     per sample with ``credit_core.unsigned_work_from_logits`` (kernel chosen by d); float32
     (float64 for float64 E or g), 0 where ``action_mask`` is False."""
     check_layout(sequences, attention_mask, action_mask)
-    E = match_vocab(reward_embedding, logits.shape[2])
+    E = embedding_for_vocab(reward_embedding, logits.shape[2])
     B, A = action_mask.shape
     if tuple(reward_grad.shape) != (B, A, E.shape[1]):
         raise CreditError(
@@ -307,7 +294,7 @@ class ActorCreditState:
     stats_chunk_size: int
     direction_model: DirectionModel | None = None
     reward_embedding: torch.Tensor | None = None
-    captured: CaptureStore[CreditSignals] = field(default_factory=CaptureStore)
+    captured: CaptureStore[ActorSignals] = field(default_factory=CaptureStore)
 
     def __post_init__(self) -> None:
         if "unsigned_work" in self.computes and self.direction is None:
@@ -365,7 +352,7 @@ def _signals_around_forward(
     action_mask: torch.Tensor,
     attention_mask: torch.Tensor,
     run_forward: Callable[[], Result],
-) -> tuple[Result, CreditSignals]:
+) -> tuple[Result, ActorSignals]:
     """Run ``run_forward`` (a call of ``actor_self.actor`` on this micro-batch) with its
     logits reduced to the logits signals in ``state.computes``; return its result and them.
 
@@ -385,7 +372,7 @@ def _signals_around_forward(
         )
     E = _reward_embedding(state, device)
     chunk = state.stats_chunk_size
-    found: list[CreditSignals] = []
+    found: list[ActorSignals] = []
 
     def on_logits(
         logits: torch.Tensor, seqs: torch.Tensor, acts: torch.Tensor, attn: torch.Tensor
@@ -396,8 +383,8 @@ def _signals_around_forward(
         if grad is not None:
             work = work_from_logits(logits, seqs, acts, attn, E, grad, chunk_size=chunk)
         found.append(
-            CreditSignals(
-                policy_stats=None if stats is None else stats_to(stats, "cpu"),
+            ActorSignals(
+                policy_stats=None if stats is None else stats.to("cpu"),
                 unsigned_work=None if work is None else work.cpu(),
             )
         )
@@ -449,7 +436,7 @@ def _extra_forward_signals(
     sequences: torch.Tensor,
     action_mask: torch.Tensor,
     attention_mask: torch.Tensor,
-) -> CreditSignals:
+) -> ActorSignals:
     """The logits signals with a forward of their own (eval mode, no grad): the fallback for
     a micro-batch whose log-prob forward was not seen."""
     device = _device()
@@ -475,7 +462,7 @@ def credit_signals(
     sequences: torch.Tensor,
     action_mask: torch.Tensor,
     attention_mask: torch.Tensor,
-) -> CreditSignals:
+) -> ActorSignals:
     """The signals ``state`` says this actor computes, for one micro-batch.
 
     Bound (with ``actor_self`` and ``state``) as ``actor.credit_<role>_signals`` and called by
@@ -486,7 +473,7 @@ def credit_signals(
     ``extra_policy_forwards``); the reward gradient uses the direction model built on first
     use, unless the W0 path already computed it.
     """
-    signals = CreditSignals()
+    signals = ActorSignals()
     if state.computes & LOGITS_SIGNALS:
         taken = state.captured.take(sequences, action_mask)
         if taken is None:

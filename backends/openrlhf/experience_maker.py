@@ -37,7 +37,7 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from backends.openrlhf.actor_side import (
     LOGITS_SIGNALS,
     ActorCreditState,
-    CreditSignals,
+    ActorSignals,
     Role,
     bind_credit_methods,
     export_reward_embedding,
@@ -46,11 +46,11 @@ from backends.openrlhf.actor_side import (
 )
 from backends.openrlhf.compat import ResolvedCredit
 from backends.openrlhf.layout import action_token_ids
-from credit_core import CreditBatch, CreditDiagnostics, CreditError, CreditStrategy
+from credit_core import CreditDiagnostics, CreditError, CreditStrategy, assign_credit
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
 
-#: Gathers the signals of a list of micro-batches (one ``CreditSignals`` per Experience).
-SignalGatherer = Callable[[Sequence[Experience]], list[CreditSignals]]
+#: Gathers the signals of a list of micro-batches (one ``ActorSignals`` per Experience).
+SignalGatherer = Callable[[Sequence[Experience]], list[ActorSignals]]
 
 #: Relative tolerance of the check that a response's action tokens share one advantage.
 CONSTANT_ADVANTAGE_RTOL = 1e-6
@@ -90,7 +90,7 @@ def log_diagnostics(experience: Experience, values: dict[str, float]) -> None:
 
 
 def apply_token_credit(
-    experience: Experience, strategy: CreditStrategy, signals: CreditSignals
+    experience: Experience, strategy: CreditStrategy, signals: ActorSignals
 ) -> CreditDiagnostics:
     """Replace ``experience.advantages`` by ``strategy``'s token advantages; return diagnostics.
 
@@ -108,15 +108,13 @@ def apply_token_credit(
     if rows.numel() == 0:
         experience.advantages = token_advantages
         return UNIFORM_DIAGNOSTICS
-    batch = CreditBatch(
-        advantages=A[rows],
-        mask=acts[rows],
-        token_ids=action_token_ids(experience.sequences, experience.action_mask)[rows],
-        reward_grad=None if signals.reward_grad is None else signals.reward_grad[rows],
-        policy_stats=None if signals.policy_stats is None else signals.policy_stats.select(rows),
-        unsigned_work=None if signals.unsigned_work is None else signals.unsigned_work[rows],
+    result = assign_credit(
+        strategy,
+        A[rows],
+        acts[rows],
+        action_token_ids(experience.sequences, experience.action_mask)[rows],
+        signals.credit().select(rows),
     )
-    result = strategy.assign_with_diagnostics(batch)
     token_advantages[rows] = result.token_advantages.to(advantages.dtype)
     experience.advantages = token_advantages
     return result.diagnostics
@@ -178,7 +176,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         if self.credit.requires:
             signals = self._gather_signals(experiences)
         else:
-            signals = [CreditSignals() for _ in experiences]
+            signals = [ActorSignals() for _ in experiences]
         if len(signals) != len(experiences):
             raise CreditError(
                 f"credit signals: expected one per micro-batch ({len(experiences)}), "
@@ -230,7 +228,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
             if credit.requires & LOGITS_SIGNALS:
                 self._share_reward_embedding()
 
-    def _gather_from_actors(self, experiences: Sequence[Experience]) -> list[CreditSignals]:
+    def _gather_from_actors(self, experiences: Sequence[Experience]) -> list[ActorSignals]:
         credit = self.credit
         roles: list[tuple[Any, Role]] = []
         if credit.requires & LOGITS_SIGNALS or credit.placement == "policy":
@@ -249,7 +247,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                 ray.get(refs)
                 ray.get(group.async_run_method(method_name="empty_cache"))
             pending.append(refs)
-        per_group: list[list[CreditSignals]] = [
+        per_group: list[list[ActorSignals]] = [
             self._flatten_results(refs, credit.duplicate_factor) for refs in pending
         ]
         signals = per_group[0]

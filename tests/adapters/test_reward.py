@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from adapters.direction import EmbeddingDirectionModel
+from adapters.direction import EmbeddingDirectionModel, embedding_for_vocab
 from adapters.reward_models import EncoderSimilarityRM, ModuleRM, SeqClassificationRM, mean_pool
 from adapters.tiny import tiny_encoder, tiny_seq_classifier
 from credit_core import CreditError
@@ -260,3 +260,10 @@ def test_mismatched_inputs_are_clear_errors() -> None:
     two_labels.config.num_labels = 2
     with pytest.raises(CreditError, match="num_labels=1"):
         SeqClassificationRM(two_labels, tok, tok)
+
+
+def test_a_narrower_embedding_is_padded_with_zero_rows() -> None:
+    E = torch.randn(5, 2)
+    padded = embedding_for_vocab(E, 8)
+    assert torch.equal(padded[:5], E) and float(padded[5:].abs().sum()) == 0.0
+    assert embedding_for_vocab(E, 5) is E

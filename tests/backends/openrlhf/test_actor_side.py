@@ -15,7 +15,6 @@ from backends.openrlhf.actor_side import (
     bind_credit_methods,
     export_reward_embedding,
     import_reward_embedding,
-    match_vocab,
     reduce_policy_stats,
     reward_grad_for_actions,
     signals_method,
@@ -175,13 +174,6 @@ def test_actor_stats_reject_packed_samples_and_foreign_vocabularies() -> None:
     actor.packing_samples = False
     with pytest.raises(CreditError, match="indexed by the policy vocabulary"):
         reduce_policy_stats(actor, seqs, acts, attn, torch.zeros(VOCAB + 1, 3))
-
-
-def test_a_narrower_embedding_is_padded_with_zero_rows() -> None:
-    E = torch.randn(5, 2)
-    padded = match_vocab(E, 8)
-    assert torch.equal(padded[:5], E) and float(padded[5:].abs().sum()) == 0.0
-    assert match_vocab(E, 5) is E
 
 
 def test_reward_grad_lands_on_the_action_tokens() -> None:

@@ -12,7 +12,7 @@ import torch
 
 from adapters.policy import response_logprobs_and_stats
 from adapters.tiny import tiny_causal_lm
-from backends.openrlhf.actor_side import CreditSignals, reduce_policy_stats, reward_grad_for_actions
+from backends.openrlhf.actor_side import ActorSignals, reduce_policy_stats, reward_grad_for_actions
 from backends.openrlhf.compat import ResolvedCredit, resolve_credit
 from backends.openrlhf.settings import OpenRLHFCreditConfig
 from credit_core import CreditBatch, CreditConfig, CreditError, get_strategy
@@ -102,7 +102,7 @@ def grpo_args() -> Any:
 def local_signals(actor: Any, rm: TinyDirectionModel) -> Any:
     """Runs the actor-side functions in-process instead of through Ray."""
 
-    def gather(experiences: Sequence[Any]) -> list[CreditSignals]:
+    def gather(experiences: Sequence[Any]) -> list[ActorSignals]:
         out = []
         for exp in experiences:
             stats = reduce_policy_stats(
@@ -111,7 +111,7 @@ def local_signals(actor: Any, rm: TinyDirectionModel) -> Any:
             grad, reward = reward_grad_for_actions(
                 rm, exp.sequences, exp.attention_mask, exp.action_mask
             )
-            out.append(CreditSignals(stats, grad, reward))
+            out.append(ActorSignals(stats, grad, reward))
         return out
 
     return gather

@@ -19,7 +19,7 @@ import torch
 from adapters.tiny import tiny_causal_lm
 from backends.openrlhf.actor_side import (
     ActorCreditState,
-    CreditSignals,
+    ActorSignals,
     bind_credit_methods,
     reduce_policy_stats,
     reward_grad_for_actions,
@@ -142,7 +142,7 @@ def test_a_datc_step_runs_as_many_policy_forwards_as_stock_openrlhf(
 
     host.forwards = 0
     logp = host.run("forward", batches)  # make_experience's log-prob forward
-    signals: list[CreditSignals] = host.run(signals_method("policy"), batches)
+    signals: list[ActorSignals] = host.run(signals_method("policy"), batches)
     assert host.forwards == len(batches)  # ... and nothing more for the credit signals
     assert [s.extra_policy_forwards for s in signals] == [0] * len(batches)
     for got, want in zip(logp, stock_logp, strict=True):
@@ -215,14 +215,14 @@ def test_datc_advantages_from_captured_w0_equal_the_policy_stats_path() -> None:
         parts = (None, None, None, None, stock.kl_ctl, stock.strategy, stock.tokenizer)
         return TokenCreditExperienceMaker(*parts, credit=credit, gather_signals=gather)
 
-    def previous_path(experiences: Any) -> list[CreditSignals]:
+    def previous_path(experiences: Any) -> list[ActorSignals]:
         out = []
         host.actor.eval()
         for e in experiences:
             s, a, m = e.sequences, e.action_mask, e.attention_mask
             stats = reduce_policy_stats(host.actor, s, a, m, rm.reward_embedding)
             grad, reward = reward_grad_for_actions(rm, s, m, a)
-            out.append(CreditSignals(stats, grad, reward))
+            out.append(ActorSignals(stats, grad, reward))
         return out
 
     bind_credit_methods(host, "policy", state_for(frozenset({"unsigned_work"}), rm, True))

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from adapters.tiny import tiny_causal_lm
-from backends.openrlhf.actor_side import CreditSignals, reduce_policy_stats, reward_grad_for_actions
+from backends.openrlhf.actor_side import ActorSignals, reduce_policy_stats, reward_grad_for_actions
 from backends.openrlhf.compat import ResolvedCredit, resolve_credit
 from backends.openrlhf.experience_maker import TokenCreditExperienceMaker
 from backends.openrlhf.injection import TrainerWithCredit
@@ -75,14 +75,14 @@ def in_process_gatherer() -> Any:
     actor.packing_samples = False
     rm = TinyDirectionModel(VOCAB, DIM, RM_SEED)
 
-    def gather(experiences: Any) -> list[CreditSignals]:
+    def gather(experiences: Any) -> list[ActorSignals]:
         out = []
         for e in experiences:
             stats = reduce_policy_stats(
                 actor, e.sequences, e.action_mask, e.attention_mask, rm.reward_embedding
             )
             grad, reward = reward_grad_for_actions(rm, e.sequences, e.attention_mask, e.action_mask)
-            out.append(CreditSignals(stats, grad, reward))
+            out.append(ActorSignals(stats, grad, reward))
         return out
 
     return gather
