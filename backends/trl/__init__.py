@@ -7,15 +7,26 @@ A TRL user changes one import and adds ``credit: datc`` (plus ``direction:``) to
 Modules: ``version`` (the supported TRL release, checked without importing TRL), ``config``
 (``CreditGRPOConfig``), ``capture`` (hidden states and LM head inside TRL's forward),
 ``trainer`` (``CreditGRPOTrainer``), ``rewards`` (a direction model as a TRL reward
-function), ``tasks`` (built-in offline tasks as TRL datasets), ``cli`` (``credit-trl``).
-Importing this package refuses an unsupported TRL version.
+function), ``tasks`` (built-in offline runs), ``cli`` (``credit-trl``). The exports are
+imported lazily (so ``backends.trl.cli`` can report a missing or unsupported TRL as one
+message); importing ``backends.trl.config`` refuses an unsupported TRL version.
 """
 
-from backends.trl.version import check_trl_version
+from __future__ import annotations
 
-check_trl_version()
+import importlib
+from typing import Any
 
-from backends.trl.config import CreditGRPOConfig  # noqa: E402
-from backends.trl.trainer import CreditGRPOTrainer  # noqa: E402
+_EXPORTS = {
+    "CreditGRPOConfig": "backends.trl.config",
+    "CreditGRPOTrainer": "backends.trl.trainer",
+    "check_trl_version": "backends.trl.version",
+}
 
-__all__ = ["CreditGRPOConfig", "CreditGRPOTrainer", "check_trl_version"]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'backends.trl' has no attribute {name!r}")

@@ -19,11 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
-from trl import GRPOConfig
 
-from adapters.config import RewardModelConfig
-from credit_core import CreditConfig, CreditError
-from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
+from backends.trl.version import check_trl_version
+
+check_trl_version()  # before importing TRL: an unsupported release is refused here
+
+from trl import GRPOConfig  # noqa: E402
+
+from adapters.config import RewardModelConfig  # noqa: E402
+from credit_core import CreditConfig, CreditError  # noqa: E402
+from credit_core.policy_stats import DEFAULT_CHUNK_SIZE  # noqa: E402
 
 
 def _mapping(key: str, value: Any) -> Any:

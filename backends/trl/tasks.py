@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adapters.direction import DirectionModel
 from adapters.tiny import tiny_causal_lm, train_bpe_tokenizer
+from backends.torch.config import ConfigError
 from backends.torch.rollout import response_mask_from_eos
 from backends.torch.tasks import get_task
 from backends.trl.rewards import DirectionReward
@@ -75,10 +76,14 @@ def task_data(
     name: str, params: dict[str, Any], vocab_size: int, tokenizer: Any, device: torch.device
 ) -> TaskData:
     """Task ``name`` with ``params`` (``task_params``) for a policy of ``vocab_size``
-    outputs; ``ConfigError`` (a ``ValueError``) naming the key for a bad name or parameter."""
+    outputs; ``CreditError`` naming the key for a bad name or parameter."""
     from datasets import Dataset
 
-    task = get_task(name, params, vocab_size)
+    try:
+        task = get_task(name, params, vocab_size)
+    except ConfigError as exc:  # name the keys as this backend's YAML spells them
+        message = str(exc).replace("data.task_params.", "task_params.")
+        raise CreditError(message.replace("data.task:", "task:")) from None
     direction = task.build_direction(device)
     return TaskData(
         name=name,
