@@ -45,7 +45,7 @@ def _script_arguments() -> type:
     from trl.scripts.grpo import GRPOScriptArguments
 
     @dataclass
-    class CreditScriptArguments(GRPOScriptArguments):  # type: ignore[misc]
+    class CreditScriptArguments(GRPOScriptArguments):
         """``GRPOScriptArguments`` plus the built-in task, the tiny policy preset and the
         held-out evaluation (see the module docstring)."""
 
@@ -57,7 +57,7 @@ def _script_arguments() -> type:
         )
         policy_preset: dict[str, Any] | str | None = field(
             default=None,
-            metadata={"help": "Tiny policy built from a config, e.g. '{\"family\": \"llama\"}'."},
+            metadata={"help": 'Tiny policy built from a config, e.g. \'{"family": "llama"}\'.'},
         )
         eval_samples_per_prompt: int = field(
             default=0, metadata={"help": "Held-out samples per prompt after training (0: none)."}
@@ -69,12 +69,13 @@ def _script_arguments() -> type:
 def make_parser() -> Any:
     """The ``TrlParser`` of (script arguments, ``CreditGRPOConfig``, ``ModelConfig``,
     ``DatasetMixtureConfig``), as TRL's GRPO script has it."""
-    from trl import DatasetMixtureConfig, ModelConfig, TrlParser
+    from trl.scripts.utils import DatasetMixtureConfig, TrlParser
+    from trl.trainer.model_config import ModelConfig
 
     from backends.trl.config import CreditGRPOConfig
 
     types = (_script_arguments(), CreditGRPOConfig, ModelConfig, DatasetMixtureConfig)
-    return TrlParser(types, prog=PROG)
+    return TrlParser(types, prog=PROG)  # type: ignore[arg-type]
 
 
 def _mapping(key: str, value: Any) -> dict[str, Any]:
@@ -88,12 +89,9 @@ def _mapping(key: str, value: Any) -> dict[str, Any]:
 
 def _reward_funcs(script_args: Any) -> list[Any]:
     """TRL's reward functions of the script arguments (as ``trl/scripts/grpo.py``)."""
-    from trl.rewards import (
-        accuracy_reward,
-        get_soft_overlong_punishment,
-        reasoning_accuracy_reward,
-        think_format_reward,
-    )
+    from trl.rewards.accuracy_rewards import accuracy_reward, reasoning_accuracy_reward
+    from trl.rewards.format_rewards import think_format_reward
+    from trl.rewards.other_rewards import get_soft_overlong_punishment
 
     registry = {
         "accuracy_reward": accuracy_reward,
@@ -136,7 +134,8 @@ class Run:
 def build_run(script_args: Any, training_args: Any, model_args: Any, dataset_args: Any) -> Run:
     """Model, tokenizer, datasets, reward functions and direction model of the config."""
     import torch
-    from trl import get_dataset, get_peft_config
+    from trl.scripts.utils import get_dataset
+    from trl.trainer.utils import get_peft_config
 
     from backends.trl.tasks import parse_preset, task_data, tiny_policy
 
@@ -145,7 +144,9 @@ def build_run(script_args: Any, training_args: Any, model_args: Any, dataset_arg
     if script_args.policy_preset is not None:
         if model_args.model_name_or_path:
             raise CreditError("policy_preset: set either policy_preset or model_name_or_path")
-        model, tokenizer = tiny_policy(parse_preset(_mapping("policy_preset", script_args.policy_preset)))
+        model, tokenizer = tiny_policy(
+            parse_preset(_mapping("policy_preset", script_args.policy_preset))
+        )
         vocab = int(model.get_output_embeddings().weight.shape[0])
     elif model_args.model_name_or_path:
         model = model_args.model_name_or_path
@@ -169,9 +170,15 @@ def build_run(script_args: Any, training_args: Any, model_args: Any, dataset_arg
 
             tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
             vocab = int(AutoConfig.from_pretrained(model, local_files_only=True).vocab_size)
-        device = torch.device("cpu" if training_args.use_cpu or not torch.cuda.is_available() else "cuda")
+        device = torch.device(
+            "cpu" if training_args.use_cpu or not torch.cuda.is_available() else "cuda"
+        )
         task = task_data(
-            script_args.task, _mapping("task_params", script_args.task_params), vocab, tokenizer, device
+            script_args.task,
+            _mapping("task_params", script_args.task_params),
+            vocab,
+            tokenizer,
+            device,
         )
         reward_funcs = [task.reward, *reward_funcs]
         kwargs.update(train_dataset=task.train, eval_dataset=task.held_out)
@@ -194,7 +201,9 @@ def build_run(script_args: Any, training_args: Any, model_args: Any, dataset_arg
         if training_args.eval_strategy != "no":
             kwargs["eval_dataset"] = dataset[script_args.dataset_test_split]
     if not reward_funcs:
-        raise CreditError("reward_funcs: no reward (set reward_funcs, reward_model_name_or_path or task)")
+        raise CreditError(
+            "reward_funcs: no reward (set reward_funcs, reward_model_name_or_path or task)"
+        )
     if training_args.eval_strategy == "no":
         kwargs.pop("eval_dataset", None)
     kwargs.update(model=model, reward_funcs=reward_funcs, args=training_args)

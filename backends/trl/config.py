@@ -24,7 +24,7 @@ from backends.trl.version import check_trl_version
 
 check_trl_version()  # before importing TRL: an unsupported release is refused here
 
-from trl import GRPOConfig  # noqa: E402
+from trl.trainer.grpo_config import GRPOConfig  # noqa: E402
 
 from adapters.config import RewardModelConfig  # noqa: E402
 from credit_core import CreditConfig, CreditError  # noqa: E402
@@ -106,7 +106,7 @@ class CreditGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        super().__post_init__()  # type: ignore[no-untyped-call]
         self.credit = parse_credit(self.credit)
         self.direction = parse_direction(self.direction)
         if not isinstance(self.credit_stats_chunk_size, int) or self.credit_stats_chunk_size < 1:
@@ -127,7 +127,7 @@ class CreditGRPOConfig(GRPOConfig):
 
     def to_dict(self) -> dict[str, Any]:
         """TRL's ``to_dict`` with ``credit`` and ``direction`` as plain mappings (JSON-able)."""
-        out: dict[str, Any] = super().to_dict()
+        out: dict[str, Any] = super().to_dict()  # type: ignore[no-untyped-call]
         cfg = self.credit_config
         out["credit"] = {"name": cfg.name, **cfg.params}
         direction = self.direction_config

@@ -25,7 +25,10 @@ class DirectionReward:
         self.__name__ = name
 
     def __call__(
-        self, prompts: list[Any], completions: list[Any], completion_ids: list[list[int]],
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        completion_ids: list[list[int]],
         **kwargs: Any,
     ) -> list[float]:
         device = self.direction.reward_embedding.device

@@ -40,9 +40,7 @@ def parse_preset(value: Any) -> PolicyPreset:
     try:
         return PolicyPreset.model_validate(value)
     except ValidationError as exc:
-        lines = [
-            f"policy_preset.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()
-        ]
+        lines = [f"policy_preset.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
         raise CreditError("; ".join(lines)) from None
 
 
@@ -114,7 +112,7 @@ def held_out_reward(
     enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left").to(device)
     ids = enc["input_ids"].repeat_interleave(samples_per_prompt, dim=0)
     mask = enc["attention_mask"].repeat_interleave(samples_per_prompt, dim=0)
-    config = GenerationConfig(
+    config = GenerationConfig(  # type: ignore[no-untyped-call]
         do_sample=True,
         temperature=temperature,
         top_k=0,

@@ -29,11 +29,11 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
-from trl import GRPOTrainer
+from trl.trainer.grpo_trainer import GRPOTrainer
 
 from adapters.config import build_direction_model
 from adapters.direction import DirectionModel
-from backends.trl.capture import HiddenCapture, causal_lm_of, lm_head
+from backends.trl.capture import HiddenCapture, lm_head
 from backends.trl.config import CreditGRPOConfig
 from backends.trl.version import check_trl_version
 from credit_core import (
@@ -81,6 +81,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             )
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
         self.credit_args: CreditGRPOConfig = args
+        self.policy: torch.nn.Module = self.model  # type: ignore[assignment]
         self.strategy: CreditStrategy = get_strategy(args.credit_config)
         self.needs_reward_grad = "reward_grad" in self.strategy.requires
         self.needs_policy_stats = "policy_stats" in self.strategy.requires
@@ -90,7 +91,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         self.credit_phase: CreditPhase = (
             "loss" if self.needs_policy_stats and not self.takes_old_logp_forward else "generation"
         )
-        self._capture = HiddenCapture(self.model) if self.needs_policy_stats else None
+        self._capture = HiddenCapture(self.policy) if self.needs_policy_stats else None
         self._on_stats: StatsConsumer | None = None
         self._old_stats: PolicyStats | None = None
 
@@ -101,7 +102,9 @@ class CreditGRPOTrainer(GRPOTrainer):
         """Whether TRL runs an old-policy log-prob forward at generation time (its own rule in
         ``_generate_and_score_completions``): the loss forward's parameters then differ from
         the sampling ones, or vLLM sampled the batch."""
-        generate_every = self.args.steps_per_generation * self.num_iterations
+        steps = self.credit_args.steps_per_generation
+        assert steps is not None  # GRPOConfig.__post_init__ sets it
+        generate_every = steps * self.num_iterations
         return bool(
             self.args.gradient_accumulation_steps % generate_every != 0
             or (self.use_vllm and self.vllm_importance_sampling_correction)
@@ -116,7 +119,7 @@ class CreditGRPOTrainer(GRPOTrainer):
                 "set direction (e.g. {kind: seq_classification, path: ...}) or pass "
                 "direction_model= to CreditGRPOTrainer"
             )
-        with lm_head(self.model) as (weight, _):
+        with lm_head(self.policy) as (weight, _):
             vocab = int(weight.shape[0])
         return build_direction_model(
             cfg, self._tokenizer, device=self.accelerator.device, policy_vocab_size=vocab
@@ -125,8 +128,13 @@ class CreditGRPOTrainer(GRPOTrainer):
     # -------------------------------------------------------------------------- signals
 
     def _get_per_token_logps_and_entropies(
-        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-        logits_to_keep: int, *args: Any, **kwargs: Any,
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        *args: Any,
+        **kwargs: Any,
     ) -> Any:
         """TRL's forward; when a consumer waits for policy statistics (``_on_stats``), the
         policy's hidden states of this forward are recorded and turned into ``PolicyStats``
@@ -151,9 +159,9 @@ class CreditGRPOTrainer(GRPOTrainer):
         states (B, T, H) at the positions that predict them; no grad, TRL's temperature."""
         assert self.direction is not None
         h = hidden.detach()
-        if self.args.cast_lm_head_to_fp32:
+        if self.credit_args.cast_lm_head_to_fp32:
             h = h.float()
-        with torch.no_grad(), lm_head(self.model) as (weight, bias):
+        with torch.no_grad(), lm_head(self.policy) as (weight, bias):
             return policy_stats(
                 h,
                 weight,
@@ -170,7 +178,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         assert self.direction is not None
         size = (
             self.args.per_device_train_batch_size
-            if self.model.training
+            if self.policy.training
             else self.args.per_device_eval_batch_size
         )
         parts = []
@@ -221,7 +229,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         """TRL's loss; in the loss phase the token advantages are formed from this step's
         loss forward (between the forward and TRL's read of ``advantages``)."""
         if self.credit_phase != "loss":
-            return super()._compute_loss(model, inputs)
+            return super()._compute_loss(model, inputs)  # type: ignore[no-any-return,no-untyped-call]
         batch = dict(inputs)  # the buffered generation batch keeps its (B,) advantages
         reward_grad = batch.pop(REWARD_GRAD_KEY, None)
 
@@ -230,7 +238,7 @@ class CreditGRPOTrainer(GRPOTrainer):
 
         self._on_stats = form_credit
         try:
-            loss: torch.Tensor = super()._compute_loss(model, batch)
+            loss: torch.Tensor = super()._compute_loss(model, batch)  # type: ignore[no-untyped-call]
         finally:
             pending, self._on_stats = self._on_stats, None
         if pending is not None:
@@ -279,16 +287,20 @@ class CreditGRPOTrainer(GRPOTrainer):
         fallbacks (a process without valid rows contributes nothing)."""
         names = ("weight_max", "weight_min", "weight_entropy", "frac_upweighted")
         nan = float("nan")
-        local = [nan] * 5 if diagnostics is None else [
-            *(float(getattr(diagnostics, n)) for n in names),
-            float(diagnostics.nonfinite_fallbacks),
-        ]
+        local = (
+            [nan] * 5
+            if diagnostics is None
+            else [
+                *(float(getattr(diagnostics, n)) for n in names),
+                float(diagnostics.nonfinite_fallbacks),
+            ]
+        )
         device = self.accelerator.device
         values = self.accelerator.gather(torch.tensor([local], device=device)).reshape(-1, 5)
         valid = values[~values[:, 0].isnan()]
         if valid.shape[0] == 0:
             return
-        mode = "train" if self.model.training else "eval"
+        mode = "train" if self.policy.training else "eval"
         reduced = CreditDiagnostics(
             weight_max=float(valid[:, 0].max()),
             weight_min=float(valid[:, 1].min()),

@@ -11,8 +11,8 @@ import torch
 
 pytest.importorskip("trl")
 
-from backends.trl import CreditGRPOConfig, CreditGRPOTrainer  # noqa: E402
-from backends.trl.tasks import PolicyPreset, TaskData, task_data, tiny_policy  # noqa: E402
+from backends.trl import CreditGRPOConfig, CreditGRPOTrainer
+from backends.trl.tasks import PolicyPreset, TaskData, task_data, tiny_policy
 
 #: Settings shared by every test run: CPU, no logging to files, no checkpoints.
 BASE: dict[str, Any] = {

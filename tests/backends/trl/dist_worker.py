@@ -19,8 +19,9 @@ from tests.backends.trl.conftest import make_trainer
 def main(out: Path) -> None:
     torch.set_num_threads(1)
     tokenizer = tiny_policy(PolicyPreset())[1]
-    task = task_data("positional", {"positions": [2, 9, 17]}, len(tokenizer), tokenizer,
-                     torch.device("cpu"))
+    task = task_data(
+        "positional", {"positions": [2, 9, 17]}, len(tokenizer), tokenizer, torch.device("cpu")
+    )
     seen: list[dict[str, Any]] = []
     original = GRPOTrainer._compute_loss
 
@@ -28,20 +29,26 @@ def main(out: Path) -> None:
         A = inputs["advantages"].clone()
         loss = original(self, model, inputs)
         adv, mask = inputs["advantages"], inputs["completion_mask"].bool()
-        seen.append({
-            "rows": int(mask.shape[0]),
-            "zero_at_padding": bool((adv[~mask] == 0).all()),
-            "row_mean_err": float((adv.sum(1) / mask.sum(1) - A).abs().max()),
-            "uneven": bool((adv != A.unsqueeze(1) * mask).any()),
-        })
+        seen.append(
+            {
+                "rows": int(mask.shape[0]),
+                "zero_at_padding": bool((adv[~mask] == 0).all()),
+                "row_mean_err": float((adv.sum(1) / mask.sum(1) - A).abs().max()),
+                "uneven": bool((adv != A.unsqueeze(1) * mask).any()),
+            }
+        )
         return loss
 
     GRPOTrainer._compute_loss = spy  # type: ignore[method-assign]
     trainer = make_trainer(task, tokenizer, out / "run", credit="datc", max_steps=2)
     trainer.train()
     acc = trainer.accelerator
-    record = {"world": acc.num_processes, "phase": trainer.credit_phase, "batches": seen,
-              "metrics": [k for r in trainer.state.log_history for k in r if k.startswith("credit/")]}
+    record = {
+        "world": acc.num_processes,
+        "phase": trainer.credit_phase,
+        "batches": seen,
+        "metrics": [k for r in trainer.state.log_history for k in r if k.startswith("credit/")],
+    }
     (out / f"rank{acc.process_index}.json").write_text(json.dumps(record))
 
 

@@ -11,7 +11,6 @@ from backends.trl import capture
 from backends.trl.capture import HiddenCapture, causal_lm_of, gathered, lm_head
 from backends.trl.tasks import PolicyPreset, TaskData, tiny_policy
 from credit_core import CreditError
-from tests.backends.trl.conftest import make_trainer
 
 
 def test_lora_model_reads_base_head_and_backbone(
@@ -23,12 +22,21 @@ def test_lora_model_reads_base_head_and_backbone(
     from tests.backends.trl.conftest import BASE
 
     args = CreditGRPOConfig(
-        output_dir=str(tmp_path), credit="datc", num_generations=4, max_steps=1,
-        per_device_train_batch_size=8, max_completion_length=12, **BASE,
+        output_dir=str(tmp_path),
+        credit="datc",
+        num_generations=4,
+        max_steps=1,
+        per_device_train_batch_size=8,
+        max_completion_length=12,
+        **BASE,
     )
     trainer = CreditGRPOTrainer(
-        model=tiny_policy(PolicyPreset())[0], reward_funcs=task.reward, args=args,
-        train_dataset=task.train, processing_class=tokenizer, peft_config=config,
+        model=tiny_policy(PolicyPreset())[0],
+        reward_funcs=task.reward,
+        args=args,
+        train_dataset=task.train,
+        processing_class=tokenizer,
+        peft_config=config,
         direction_model=task.direction,
     )
     base = trainer.model.get_base_model()

@@ -13,7 +13,16 @@ CONFIG = str(REPO / "configs" / "trl" / "tiny_datc.yaml")
 
 
 def test_tiny_datc_config_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["--config", CONFIG, "--max_steps", "2", "--output_dir", str(tmp_path), "--logging_steps", "1"]
+    argv = [
+        "--config",
+        CONFIG,
+        "--max_steps",
+        "2",
+        "--output_dir",
+        str(tmp_path),
+        "--logging_steps",
+        "1",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "credit/weight_max" in out and "held-out positional reward" in out

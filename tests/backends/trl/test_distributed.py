@@ -28,10 +28,23 @@ def test_two_processes_datc(tmp_path: Path) -> None:
     if torchrun is None:
         pytest.skip("torchrun is not installed next to this python")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    cmd = [torchrun, "--nproc_per_node", "2", "--master_port", str(_free_port()),
-           "-m", "tests.backends.trl.dist_worker", str(tmp_path)]
+    cmd = [
+        torchrun,
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(_free_port()),
+        "-m",
+        "tests.backends.trl.dist_worker",
+        str(tmp_path),
+    ]
     proc = subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
     )
     try:

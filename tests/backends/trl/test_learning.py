@@ -21,14 +21,26 @@ STEPS = 40
 
 def _held_out(task: TaskData, tokenizer: Any, tmp_path: Any, credit: Any) -> float:
     trainer = make_trainer(
-        task, tokenizer, tmp_path / str(credit), credit=credit, max_steps=STEPS,
-        per_device_train_batch_size=32, num_generations=8, max_completion_length=24,
-        learning_rate=3e-3, logging_steps=STEPS,
+        task,
+        tokenizer,
+        tmp_path / str(credit),
+        credit=credit,
+        max_steps=STEPS,
+        per_device_train_batch_size=32,
+        num_generations=8,
+        max_completion_length=24,
+        learning_rate=3e-3,
+        logging_steps=STEPS,
     )
     trainer.train()
     return held_out_reward(
-        trainer.model, tokenizer, task.direction, list(task.held_out["prompt"]),
-        samples_per_prompt=8, max_new_tokens=24, seed=123,
+        trainer.model,
+        tokenizer,
+        task.direction,
+        list(task.held_out["prompt"]),
+        samples_per_prompt=8,
+        max_new_tokens=24,
+        seed=123,
     )
 
 

@@ -74,13 +74,20 @@ def _recompute(trainer: Any, inputs: dict[str, Any]) -> torch.Tensor:
     hidden = lm.base_model(input_ids=ids, attention_mask=attn).last_hidden_state[:, -T - 1 : -1]
     head = lm.get_output_embeddings()
     stats = policy_stats(
-        hidden, head.weight, inputs["completion_ids"], trainer.direction.reward_embedding,
-        temperature=trainer.temperature, lm_head_bias=head.bias,
+        hidden,
+        head.weight,
+        inputs["completion_ids"],
+        trainer.direction.reward_embedding,
+        temperature=trainer.temperature,
+        lm_head_bias=head.bias,
     )
     with torch.enable_grad():
         grad = trainer.direction.score(
-            inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"],
-            inputs["completion_mask"], with_grad=True,
+            inputs["prompt_ids"],
+            inputs["prompt_mask"],
+            inputs["completion_ids"],
+            inputs["completion_mask"],
+            with_grad=True,
         ).reward_grad
     return assign_credit(
         get_strategy(trainer.credit_args.credit_config),
@@ -95,9 +102,16 @@ def test_datc_advantages_reaching_trl_loss_are_credit_cores(
     task: TaskData, tokenizer: Any, tmp_path: Any, loss_inputs: list[dict[str, Any]]
 ) -> None:
     trainer = make_trainer(
-        task, tokenizer, tmp_path, credit={"name": "datc", "beta": 1.0, "lam": 0.5},
-        per_device_train_batch_size=32, num_generations=8, max_completion_length=24,
-        gradient_accumulation_steps=2, steps_per_generation=2, temperature=0.7,
+        task,
+        tokenizer,
+        tmp_path,
+        credit={"name": "datc", "beta": 1.0, "lam": 0.5},
+        per_device_train_batch_size=32,
+        num_generations=8,
+        max_completion_length=24,
+        gradient_accumulation_steps=2,
+        steps_per_generation=2,
+        temperature=0.7,
     )
     assert trainer.credit_phase == "loss" and not trainer.takes_old_logp_forward
     trainer.train()
@@ -177,11 +191,17 @@ def test_strategy_needing_signals_without_direction_names_the_key(
     from tests.backends.trl.conftest import BASE
 
     args = CreditGRPOConfig(
-        output_dir=str(tmp_path), credit="datc", num_generations=4,
-        per_device_train_batch_size=4, **BASE,
+        output_dir=str(tmp_path),
+        credit="datc",
+        num_generations=4,
+        per_device_train_batch_size=4,
+        **BASE,
     )
-    with pytest.raises(ValueError, match="^direction: strategy 'datc'"):
+    with pytest.raises(ValueError, match=r"^direction: strategy 'datc'"):
         CreditGRPOTrainer(
-            model=tiny_policy(PolicyPreset())[0], reward_funcs=task.reward, args=args,
-            train_dataset=task.train, processing_class=tokenizer,
+            model=tiny_policy(PolicyPreset())[0],
+            reward_funcs=task.reward,
+            args=args,
+            train_dataset=task.train,
+            processing_class=tokenizer,
         )
