@@ -11,7 +11,7 @@ DDP/DeepSpeed-wrapped or PEFT model and makes a ZeRO-3 partitioned head whole (`
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -45,7 +45,7 @@ def lm_head(model: torch.nn.Module) -> Iterator[tuple[torch.Tensor, torch.Tensor
 
     Raises ``CreditError`` when the head is not ``hidden @ W.T + b`` (logit soft-capping or
     scaling, see ``adapters.policy.lm_head_of``) or carries a PEFT adapter (its weight would
-    not be the head that produced the log-probs).
+    not be the head that produced the log-probs). FSDP2 ``DTensor`` shards are made whole.
     """
     lm = causal_lm_of(model)
     head = lm.get_output_embeddings()  # type: ignore[operator]
@@ -55,7 +55,15 @@ def lm_head(model: torch.nn.Module) -> Iterator[tuple[torch.Tensor, torch.Tensor
             "policy statistics need the plain head: remove lm_head from the adapter's modules"
         )
     with gathered(getattr(head, "weight", None), getattr(head, "bias", None)):
-        yield lm_head_of(lm)
+        weight, bias = lm_head_of(lm)
+        yield _full(weight), None if bias is None else _full(bias)
+
+
+def _full(param: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of an FSDP2-sharded ``DTensor`` parameter (as TRL's fused head
+    does), else ``param`` itself."""
+    full = getattr(param, "full_tensor", None)
+    return full() if callable(full) else param
 
 
 @contextmanager
@@ -73,8 +81,7 @@ def gathered(*params: torch.Tensor | None) -> Iterator[None]:
         if p is not None and getattr(p, "ds_status", None) is not None and not _available(p)
     }
     if not partitioned:
-        with nullcontext():
-            yield
+        yield
         return
     import deepspeed
 
