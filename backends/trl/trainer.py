@@ -38,6 +38,7 @@ from backends.trl.config import CreditGRPOConfig
 from backends.trl.version import check_trl_version
 from credit_core import (
     CreditDiagnostics,
+    CreditError,
     CreditSignals,
     CreditStrategy,
     PolicyStats,
@@ -113,7 +114,7 @@ class CreditGRPOTrainer(GRPOTrainer):
     def _build_direction(self, args: CreditGRPOConfig) -> DirectionModel:
         cfg = args.direction_config
         if cfg is None:
-            raise ValueError(
+            raise CreditError(
                 f"direction: strategy {self.strategy.name!r} reads "
                 f"{sorted(self.strategy.requires)}, which needs a differentiable reward model: "
                 "set direction (e.g. {kind: seq_classification, path: ...}) or pass "

@@ -11,7 +11,7 @@ from trl import GRPOTrainer
 
 from backends.trl.capture import causal_lm_of
 from backends.trl.tasks import PolicyPreset, TaskData, tiny_policy
-from credit_core import CreditSignals, assign_credit, get_strategy, policy_stats
+from credit_core import CreditError, CreditSignals, assign_credit, get_strategy, policy_stats
 from tests.backends.trl.conftest import make_trainer
 
 
@@ -197,7 +197,7 @@ def test_strategy_needing_signals_without_direction_names_the_key(
         per_device_train_batch_size=4,
         **BASE,
     )
-    with pytest.raises(ValueError, match=r"^direction: strategy 'datc'"):
+    with pytest.raises(CreditError, match=r"^direction: strategy 'datc'"):
         CreditGRPOTrainer(
             model=tiny_policy(PolicyPreset())[0],
             reward_funcs=task.reward,
