@@ -25,10 +25,12 @@ advantages at generation time. The credit diagnostics go to TRL's metrics as ``c
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from adapters.config import build_direction_model
@@ -50,6 +52,9 @@ from credit_core import (
 #: Key of the inputs dict that carries the reward gradient (B, T, d) from generation to the
 #: loss step (TRL shuffles and splits every tensor of that dict along dim 0).
 REWARD_GRAD_KEY = "credit_reward_grad"
+
+#: File of a checkpoint folder that holds the strategy's mutable state (when it has one).
+STRATEGY_STATE_FILE = "credit_strategy.pt"
 
 #: Where the token advantages are formed: at generation time, or in each loss step.
 CreditPhase = Literal["generation", "loss"]
@@ -125,6 +130,23 @@ class CreditGRPOTrainer(GRPOTrainer):
         return build_direction_model(
             cfg, self._tokenizer, device=self.accelerator.device, policy_vocab_size=vocab
         )
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """TRL's checkpoint, plus the strategy's mutable state (``datc_shuffled``'s random
+        stream) in ``STRATEGY_STATE_FILE`` when it has any."""
+        super()._save_checkpoint(model, trial)  # type: ignore[no-untyped-call]
+        state = self.strategy.state_dict()
+        if state and self.args.should_save:
+            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            path = os.path.join(self._get_output_dir(trial=trial), folder, STRATEGY_STATE_FILE)
+            torch.save(state, path)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """TRL's resume, plus the strategy's state saved by ``_save_checkpoint``."""
+        super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[no-untyped-call]
+        path = None if checkpoint is None else os.path.join(checkpoint, STRATEGY_STATE_FILE)
+        if path is not None and os.path.exists(path):
+            self.strategy.load_state_dict(torch.load(path, weights_only=True))
 
     # -------------------------------------------------------------------------- signals
 

@@ -205,3 +205,32 @@ def test_strategy_needing_signals_without_direction_names_the_key(
             train_dataset=task.train,
             processing_class=tokenizer,
         )
+
+
+def test_strategy_state_is_checkpointed_and_resumed(
+    task: TaskData, tokenizer: Any, tmp_path: Any
+) -> None:
+    """datc_shuffled's random stream is saved with TRL's checkpoint and restored on resume:
+    4 steps in one go and 2 + 2 resumed from checkpoint-2 end in the same stream state
+    (fixed-length completions, so every step draws the same amount)."""
+    from backends.trl.trainer import STRATEGY_STATE_FILE
+
+    settings = {
+        "credit": {"name": "datc_shuffled", "seed": 3},
+        "save_strategy": "steps",
+        "save_steps": 2,
+        "max_steps": 4,
+        "generation_kwargs": {"min_new_tokens": 16},
+    }
+    first = make_trainer(task, tokenizer, tmp_path / "a", **settings)
+    first.train()
+    checkpoint = tmp_path / "a" / "checkpoint-2"
+    assert (checkpoint / STRATEGY_STATE_FILE).exists()
+    resumed = make_trainer(task, tokenizer, tmp_path / "b", **settings)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert torch.equal(resumed.strategy.generator.get_state(), first.strategy.generator.get_state())
+    restarted = make_trainer(task, tokenizer, tmp_path / "c", **{**settings, "max_steps": 2})
+    restarted.train()
+    assert not torch.equal(
+        restarted.strategy.generator.get_state(), first.strategy.generator.get_state()
+    )
