@@ -13,19 +13,13 @@ CONFIG = str(REPO / "configs" / "trl" / "tiny_datc.yaml")
 
 
 def test_tiny_datc_config_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [
-        "--config",
-        CONFIG,
-        "--max_steps",
-        "2",
-        "--output_dir",
-        str(tmp_path),
-        "--logging_steps",
-        "1",
-    ]
-    assert main(argv) == 0
+    """Two steps of the tiny config, with one evaluation (TRL's eval loop also gets credit)."""
+    argv = ["--config", CONFIG, "--max_steps", "2", "--output_dir", str(tmp_path)]
+    argv += ["--logging_steps", "1", "--eval_strategy", "steps", "--eval_steps", "2"]
+    assert main([*argv, "--per_device_eval_batch_size", "32"]) == 0
     out = capsys.readouterr().out
-    assert "credit/weight_max" in out and "held-out positional reward" in out
+    assert "'credit/weight_max'" in out and "'eval_credit/weight_max'" in out
+    assert "held-out positional reward" in out
     assert (tmp_path / "model.safetensors").exists()
 
 
