@@ -30,11 +30,13 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
+from transformers import PreTrainedModel
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from adapters.config import build_direction_model
 from adapters.direction import DirectionModel
+from adapters.reward_models import SeqClassificationRM
 from backends.trl.capture import HiddenCapture, lm_head
 from backends.trl.config import CreditGRPOConfig
 from backends.trl.version import check_trl_version
@@ -66,8 +68,10 @@ class CreditGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose loss gets (B, T) token advantages from ``args.credit``.
 
     Takes ``GRPOTrainer``'s arguments, ``args`` a ``CreditGRPOConfig``, plus
-    ``direction_model`` (an ``adapters.direction.DirectionModel`` in the policy's vocabulary);
-    without it, one is built from ``args.direction`` when the strategy reads a signal.
+    ``direction_model`` (an ``adapters.direction.DirectionModel`` in the policy's vocabulary).
+    When the strategy reads a signal and none is given, it is built from ``args.direction``,
+    else from the first reward model among ``reward_funcs`` (so ``credit: datc`` alone is
+    enough for a TRL run with a reward model).
     ``credit_phase`` says where the token advantages are formed (see the module docstring).
     """
 
@@ -117,18 +121,28 @@ class CreditGRPOTrainer(GRPOTrainer):
         )
 
     def _build_direction(self, args: CreditGRPOConfig) -> DirectionModel:
-        cfg = args.direction_config
-        if cfg is None:
-            raise CreditError(
-                f"direction: strategy {self.strategy.name!r} reads "
-                f"{sorted(self.strategy.requires)}, which needs a differentiable reward model: "
-                "set direction (e.g. {kind: seq_classification, path: ...}) or pass "
-                "direction_model= to CreditGRPOTrainer"
-            )
+        """``args.direction`` built for this policy; without it, the first reward model among
+        TRL's ``reward_funcs`` (a one-label sequence classifier, weights shared)."""
         with lm_head(self.policy) as (weight, _):
             vocab = int(weight.shape[0])
-        return build_direction_model(
-            cfg, self._tokenizer, device=self.accelerator.device, policy_vocab_size=vocab
+        cfg = args.direction_config
+        if cfg is not None:
+            return build_direction_model(
+                cfg, self._tokenizer, device=self.accelerator.device, policy_vocab_size=vocab
+            )
+        for func, rm_tokenizer in zip(
+            self.reward_funcs, self.reward_processing_classes, strict=True
+        ):
+            model = getattr(func, "module", func)  # a DeepSpeed engine holds it as .module
+            if isinstance(model, PreTrainedModel):
+                return SeqClassificationRM(
+                    model, rm_tokenizer, self._tokenizer, policy_vocab_size=vocab
+                )
+        raise CreditError(
+            f"direction: strategy {self.strategy.name!r} reads "
+            f"{sorted(self.strategy.requires)}, which needs a differentiable reward model: "
+            "set direction (e.g. {kind: seq_classification, path: ...}), give TRL a reward "
+            "model in reward_funcs, or pass direction_model= to CreditGRPOTrainer"
         )
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:

@@ -234,3 +234,28 @@ def test_strategy_state_is_checkpointed_and_resumed(
     assert not torch.equal(
         restarted.strategy.generator.get_state(), first.strategy.generator.get_state()
     )
+
+
+def test_direction_defaults_to_trl_reward_model(
+    task: TaskData, tokenizer: Any, tmp_path: Any
+) -> None:
+    """With a reward model among reward_funcs, ``credit: datc`` alone is enough: the direction
+    model wraps that model (shared weights) and the credit is uneven."""
+    from adapters.reward_models import SeqClassificationRM
+    from adapters.tiny import tiny_seq_classifier
+    from backends.trl import CreditGRPOConfig, CreditGRPOTrainer
+    from tests.backends.trl.conftest import BASE
+
+    rm = tiny_seq_classifier("llama", len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    args = CreditGRPOConfig(
+        output_dir=str(tmp_path), credit="datc", num_generations=4, max_steps=1,
+        per_device_train_batch_size=8, max_completion_length=12, **BASE,
+    )  # fmt: skip
+    trainer = CreditGRPOTrainer(
+        model=tiny_policy(PolicyPreset())[0], reward_funcs=rm, args=args,
+        train_dataset=task.train, processing_class=tokenizer, reward_processing_classes=tokenizer,
+    )  # fmt: skip
+    assert isinstance(trainer.direction, SeqClassificationRM)
+    assert trainer.direction.modules[0] is trainer.reward_funcs[0]
+    trainer.train()
+    assert trainer.state.log_history[0]["credit/weight_max"] > 1.0
