@@ -27,7 +27,7 @@ check_trl_version()  # before importing TRL: an unsupported release is refused h
 from trl.trainer.grpo_config import GRPOConfig  # noqa: E402
 
 from adapters.config import RewardModelConfig  # noqa: E402
-from credit_core import CreditConfig, CreditError  # noqa: E402
+from credit_core import CreditConfig, CreditError, strategy_class  # noqa: E402
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE  # noqa: E402
 
 
@@ -109,11 +109,31 @@ class CreditGRPOConfig(GRPOConfig):
         super().__post_init__()  # type: ignore[no-untyped-call]
         self.credit = parse_credit(self.credit)
         self.direction = parse_direction(self.direction)
+        self._check_sampling_matches_stats()
         if not isinstance(self.credit_stats_chunk_size, int) or self.credit_stats_chunk_size < 1:
             raise CreditError(
                 "credit_stats_chunk_size: expected an integer >= 1, got "
                 f"{self.credit_stats_chunk_size!r}"
             )
+
+    def _check_sampling_matches_stats(self) -> None:
+        """A strategy that reads ``policy_stats`` needs the full softmax at ``temperature``
+        to be what was sampled: ``top_k``, ``top_p`` and ``min_p`` (here or in
+        ``generation_kwargs``) must be off; ``CreditError`` naming the key otherwise."""
+        if "policy_stats" not in strategy_class(self.credit_config.name).requires:
+            return
+        extra = self.generation_kwargs if isinstance(self.generation_kwargs, dict) else {}
+        for key, off in (("top_k", (0, None)), ("top_p", (1.0, None)), ("min_p", (0.0, None))):
+            for where, value in (
+                (key, getattr(self, key)),
+                (f"generation_kwargs.{key}", extra.get(key)),
+            ):
+                if value not in off:
+                    raise CreditError(
+                        f"{where}: {value!r} truncates the sampling distribution, but credit "
+                        f"strategy {self.credit_config.name!r} reads the distribution actually "
+                        f"sampled from (policy_stats); leave {key} off"
+                    )
 
     @property
     def credit_config(self) -> CreditConfig:

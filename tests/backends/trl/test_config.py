@@ -53,11 +53,18 @@ def test_yaml_mapping_direction_and_command_line_override(tmp_path: Path) -> Non
         ("direction: {kind: nope}\n", r"^direction.kind: unknown kind 'nope'"),
         ("direction: {kind: module}\n", r"^direction: factory: required for kind 'module'"),
         ("credit_stats_chunk_size: 0\n", r"^credit_stats_chunk_size: expected an integer >= 1"),
+        ("credit: datc\ntop_k: 50\n", r"^top_k: 50 truncates the sampling distribution"),
+        ("credit: datc\ntop_p: 0.9\n", r"^top_p: 0.9 truncates"),
+        ("credit: datc\ngeneration_kwargs: {min_p: 0.1}\n", r"^generation_kwargs.min_p: 0.1"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, yaml_text: str, message: str) -> None:
     with pytest.raises(CreditError, match=message):
         _parse(tmp_path, yaml_text)
+
+
+def test_truncated_sampling_is_fine_for_strategies_without_stats(tmp_path: Path) -> None:
+    assert _parse(tmp_path, "credit: saliency\ntop_k: 50\n").top_k == 50
 
 
 def test_other_trl_versions_are_refused() -> None:
