@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml constraints.txt requirements/openrlhf-cpu.txt
 	$(PIP) install -q -c constraints.txt -e '.[hf,train,test,bench]'
 	$(PIP) install -q -c constraints.txt -r requirements/openrlhf-cpu.txt
 	$(PIP) install -q --no-deps openrlhf==0.11.2
+	$(PIP) install -q -c constraints.txt -e '.[trl]'
 	touch $(STAMP)
 
 # The quick ablation (about 4 minutes on 2 cores): GRPO vs DATC vs its shuffled control,

@@ -15,6 +15,13 @@
 #         instead of the tiny ones; the RM must load as a one-label sequence classifier
 #         and share the policy's tokenizer), ATTN (sdpa), RUN_TIMEOUT (seconds per run, 1200),
 #         BENCH (1; 0 skips the benchmark), BENCH_ARGS (extra benchmark flags, e.g. --quick)
+#
+# TRL section (after the OpenRLHF runs; TRL_ONLY=1 runs it alone): credit-trl (TRL 1.16,
+# backends/trl) on the same tiny policy and the built-in `positional` task, under
+# `accelerate launch` with DeepSpeed ZeRO-3 (bf16): `credit: uniform`, `credit: datc`, and
+# `credit: datc` with LoRA. Checks that each run finishes and that the credit diagnostics
+# reached TRL's logged metrics (uniform: weights all 1; datc: uneven weights). Needs trl
+# 1.16.x and accelerate; TRL_STEPS (8) sets the steps per run.
 set -euo pipefail
 
 PYTHON=${PYTHON:-python}
@@ -30,6 +37,7 @@ cd "$REPO"
 mkdir -p "$WORK"
 echo "== work dir: $WORK"
 
+if [[ -z "${TRL_ONLY:-}" ]]; then
 echo "== preflight"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 "$PYTHON" - <<'EOF'
@@ -43,6 +51,7 @@ assert torch.cuda.is_available(), "torch sees no CUDA device"
 from backends.openrlhf.version import check_openrlhf_version
 print("openrlhf", check_openrlhf_version(), "| torch", torch.__version__, "| cuda ok")
 EOF
+fi
 
 if [[ "$BENCH" == 1 ]] && nvidia-smi -L >/dev/null 2>&1; then
   echo "== benchmark: signals in GPU mode (bf16), results in $WORK/bench"
@@ -120,6 +129,7 @@ run() {  # run NAME CREDIT_FLAGS...
     || { echo "no installation line in $name.log"; exit 1; }
 }
 
+if [[ -z "${TRL_ONLY:-}" ]]; then
 run uniform --credit uniform
 run datc --credit datc --credit.beta 1.0 --credit.lam 0.5
 
@@ -151,4 +161,89 @@ assert min(datc["train/credit/weight_entropy"]) < 1.0
 assert "train/credit/direction_reward" in datc and "train/credit/signal_time_s" in datc
 print("credit signal time per step (s):", [round(v, 3) for v in datc["train/credit/signal_time_s"]])
 print("SMOKE OK")
+EOF
+fi
+
+# ------------------------------------------------------------------------------------- TRL
+echo "== TRL: preflight"
+"$PYTHON" - <<'EOF'
+import importlib.util, sys
+missing = [m for m in ("trl", "accelerate", "deepspeed", "peft") if importlib.util.find_spec(m) is None]
+if missing:
+    sys.exit(f"missing python packages: {missing}")
+from backends.trl.version import check_trl_version
+print("trl", check_trl_version())
+EOF
+
+cat >"$WORK/trl_zero3.yaml" <<EOF
+compute_environment: LOCAL_MACHINE
+distributed_type: DEEPSPEED
+deepspeed_config:
+  zero_stage: 3
+  zero3_init_flag: false
+  offload_optimizer_device: none
+  offload_param_device: none
+mixed_precision: bf16
+num_machines: 1
+num_processes: 1
+EOF
+
+cat >"$WORK/trl.yaml" <<EOF
+model_name_or_path: $POLICY
+task: positional
+task_params: {positions: [2, 9, 17]}
+eval_samples_per_prompt: 4
+bf16: true
+max_steps: ${TRL_STEPS:-8}
+per_device_train_batch_size: 32
+num_generations: 8
+max_completion_length: 24
+learning_rate: 0.0003
+logging_steps: 1
+save_strategy: "no"
+report_to: none
+disable_tqdm: true
+EOF
+
+trl_run() {  # trl_run NAME FLAGS...
+  local name=$1; shift
+  echo "== TRL run $name: credit-trl $*"
+  local start=$SECONDS
+  set +e
+  timeout "$RUN_TIMEOUT" "$PYTHON" -m accelerate.commands.launch --config_file "$WORK/trl_zero3.yaml" \
+    -m backends.trl --config "$WORK/trl.yaml" --output_dir "$WORK/trl_$name" "$@" \
+    >"$WORK/trl_$name.log" 2>&1
+  local status=$?
+  set -e
+  echo "   exit $status after $((SECONDS - start)) s (log: $WORK/trl_$name.log)"
+  if [[ $status -ne 0 ]]; then tail -n 60 "$WORK/trl_$name.log"; exit 1; fi
+}
+
+trl_run uniform --credit uniform
+trl_run datc --credit '{"name": "datc", "beta": 1.0, "lam": 0.5}'
+trl_run datc_lora --credit datc --use_peft true --lora_target_modules q_proj v_proj
+
+echo "== TRL: checking the logged credit diagnostics"
+"$PYTHON" - "$WORK" <<'EOF'
+import ast, os, sys
+
+work = sys.argv[1]
+
+def logged(name):
+    rows = []
+    for line in open(os.path.join(work, f"trl_{name}.log")):
+        if line.startswith("{'loss'"):
+            rows.append({k: float(v) for k, v in ast.literal_eval(line.strip()).items()})
+    assert rows, f"trl_{name}.log: no metrics logged"
+    return rows
+
+for name in ("uniform", "datc", "datc_lora"):
+    rows = logged(name)
+    assert all("credit/weight_max" in r for r in rows), f"{name}: credit metrics missing"
+    print(f"{name:10s} steps={len(rows)} weight_max={rows[-1]['credit/weight_max']:.3f} "
+          f"entropy={rows[-1]['credit/weight_entropy']:.3f} step_time={rows[-1]['step_time']:.3f}")
+assert all(r["credit/weight_max"] == 1.0 for r in logged("uniform")), "uniform: w = 1"
+for name in ("datc", "datc_lora"):
+    assert max(r["credit/weight_max"] for r in logged(name)) > 1.0, f"{name}: uneven weights"
+print("TRL SMOKE OK")
 EOF

@@ -1,0 +1,254 @@
+"""``credit-trl`` (``python -m backends.trl``): TRL's GRPO script with the credit fields.
+
+Mirrors ``trl/scripts/grpo.py`` (dataset, reward functions and model from the config, parsed
+by ``TrlParser`` with ``--config file.yaml``, command-line overrides) with
+``CreditGRPOConfig`` in place of ``GRPOConfig`` and a few script fields of its own:
+
+- ``task`` / ``task_params``: a built-in offline task (``positional``) as the prompts, its
+  frozen reward model as the reward function and the direction model;
+- ``policy_preset``: a tiny policy built from a config (``{family: llama, size: tiny}``)
+  instead of ``model_name_or_path``;
+- ``eval_samples_per_prompt``: with a task, sample that many completions per held-out prompt
+  after training and print their mean reward (0: skip).
+
+``credit-trl --config configs/trl/tiny_datc.yaml`` is a complete offline CPU run. Expected
+failures (a bad config, an unknown strategy or parameter, a missing file or package, an
+unsupported TRL) print one line ``credit-trl: error: ...`` naming the key and exit 2;
+``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from credit_core import CreditError
+
+PROG = "credit-trl"
+
+#: Failures of configuration and set-up that get one message and exit status 2.
+EXPECTED_ERRORS: tuple[type[BaseException], ...] = (
+    CreditError,
+    ValueError,
+    OSError,
+    ImportError,
+    yaml.YAMLError,
+)
+
+
+def _script_arguments() -> type:
+    from trl.scripts.grpo import GRPOScriptArguments
+
+    @dataclass
+    class CreditScriptArguments(GRPOScriptArguments):
+        """``GRPOScriptArguments`` plus the built-in task, the tiny policy preset and the
+        held-out evaluation (see the module docstring)."""
+
+        task: str | None = field(
+            default=None, metadata={"help": "Built-in offline task (positional)."}
+        )
+        task_params: dict[str, Any] | str | None = field(
+            default=None, metadata={"help": "Parameters of the task, a JSON mapping."}
+        )
+        policy_preset: dict[str, Any] | str | None = field(
+            default=None,
+            metadata={"help": 'Tiny policy built from a config, e.g. \'{"family": "llama"}\'.'},
+        )
+        eval_samples_per_prompt: int = field(
+            default=0, metadata={"help": "Held-out samples per prompt after training (0: none)."}
+        )
+
+    return CreditScriptArguments
+
+
+def make_parser() -> Any:
+    """The ``TrlParser`` of (script arguments, ``CreditGRPOConfig``, ``ModelConfig``,
+    ``DatasetMixtureConfig``), as TRL's GRPO script has it."""
+    from trl.scripts.utils import DatasetMixtureConfig, TrlParser
+    from trl.trainer.model_config import ModelConfig
+
+    from backends.trl.config import CreditGRPOConfig
+
+    types = (_script_arguments(), CreditGRPOConfig, ModelConfig, DatasetMixtureConfig)
+    return TrlParser(types, prog=PROG)  # type: ignore[arg-type]
+
+
+def _mapping(key: str, value: Any) -> dict[str, Any]:
+    from backends.trl.config import _mapping as decode
+
+    value = decode(key, {} if value is None else value)
+    if not isinstance(value, dict):
+        raise CreditError(f"{key}: expected a mapping, got {value!r}")
+    return value
+
+
+def _reward_funcs(script_args: Any) -> list[Any]:
+    """TRL's reward functions of the script arguments (as ``trl/scripts/grpo.py``)."""
+    from trl.rewards.accuracy_rewards import accuracy_reward, reasoning_accuracy_reward
+    from trl.rewards.format_rewards import think_format_reward
+    from trl.rewards.other_rewards import get_soft_overlong_punishment
+
+    registry = {
+        "accuracy_reward": accuracy_reward,
+        "reasoning_accuracy_reward": reasoning_accuracy_reward,
+        "think_format_reward": think_format_reward,
+        "get_soft_overlong_punishment": get_soft_overlong_punishment(
+            max_completion_len=1280, soft_punish_cache=256
+        ),
+    }
+    funcs: list[Any] = []
+    if script_args.reward_model_name_or_path:
+        funcs.append(script_args.reward_model_name_or_path)
+    for name in script_args.reward_funcs or []:
+        if name in registry:
+            funcs.append(registry[name])
+        elif "." in name:
+            module_path, attr = name.rsplit(".", 1)
+            sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_path)
+            if not hasattr(module, attr):
+                raise CreditError(f"reward_funcs: {module_path!r} has no attribute {attr!r}")
+            funcs.append(getattr(module, attr))
+        else:
+            raise CreditError(
+                f"reward_funcs: unknown reward function {name!r}; expected one of "
+                f"{sorted(registry)} or a dotted import path"
+            )
+    return funcs
+
+
+@dataclass
+class Run:
+    """Everything ``CreditGRPOTrainer`` is built from, plus the task for evaluation."""
+
+    trainer_kwargs: dict[str, Any]
+    task: Any = None
+    tokenizer: Any = None
+
+
+def build_run(script_args: Any, training_args: Any, model_args: Any, dataset_args: Any) -> Run:
+    """Model, tokenizer, datasets, reward functions and direction model of the config."""
+    import torch
+    from trl.scripts.utils import get_dataset
+    from trl.trainer.utils import get_peft_config
+
+    from backends.trl.tasks import parse_preset, task_data, tiny_policy
+
+    model: Any
+    tokenizer: Any = None
+    if script_args.policy_preset is not None:
+        if model_args.model_name_or_path:
+            raise CreditError("policy_preset: set either policy_preset or model_name_or_path")
+        model, tokenizer = tiny_policy(
+            parse_preset(_mapping("policy_preset", script_args.policy_preset))
+        )
+        vocab = int(model.get_output_embeddings().weight.shape[0])
+    elif model_args.model_name_or_path:
+        model = model_args.model_name_or_path
+        init = {
+            "revision": model_args.model_revision,
+            "trust_remote_code": training_args.trust_remote_code,
+            "attn_implementation": model_args.attn_implementation,
+            "dtype": model_args.dtype,
+        }
+        training_args.model_init_kwargs = {**init, **(training_args.model_init_kwargs or {})}
+        vocab = 0
+    else:
+        raise CreditError("model_name_or_path: required (or policy_preset for a tiny policy)")
+
+    reward_funcs = _reward_funcs(script_args)
+    kwargs: dict[str, Any] = {"peft_config": get_peft_config(model_args)}
+    task = None
+    if script_args.task is not None:
+        if tokenizer is None:
+            from transformers import AutoConfig, AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+            vocab = int(AutoConfig.from_pretrained(model, local_files_only=True).vocab_size)
+        device = torch.device(
+            "cpu" if training_args.use_cpu or not torch.cuda.is_available() else "cuda"
+        )
+        task = task_data(
+            script_args.task,
+            _mapping("task_params", script_args.task_params),
+            vocab,
+            tokenizer,
+            device,
+        )
+        reward_funcs = [task.reward, *reward_funcs]
+        kwargs.update(train_dataset=task.train, eval_dataset=task.held_out)
+        if training_args.direction_config is None:
+            kwargs["direction_model"] = task.direction
+    else:
+        if dataset_args.datasets:
+            dataset = get_dataset(dataset_args)
+        elif script_args.dataset_name:
+            from datasets import load_dataset
+
+            dataset = load_dataset(
+                script_args.dataset_name,
+                name=script_args.dataset_config,
+                streaming=script_args.dataset_streaming,
+            )
+        else:
+            raise CreditError("dataset_name: required (or datasets, or a built-in task)")
+        kwargs["train_dataset"] = dataset[script_args.dataset_train_split]
+        if training_args.eval_strategy != "no":
+            kwargs["eval_dataset"] = dataset[script_args.dataset_test_split]
+    if not reward_funcs:
+        raise CreditError(
+            "reward_funcs: no reward (set reward_funcs, reward_model_name_or_path or task)"
+        )
+    if training_args.eval_strategy == "no":
+        kwargs.pop("eval_dataset", None)
+    kwargs.update(model=model, reward_funcs=reward_funcs, args=training_args)
+    if tokenizer is not None:
+        kwargs["processing_class"] = tokenizer
+    return Run(kwargs, task, tokenizer)
+
+
+def _fail(exc: BaseException) -> int:
+    print(f"{PROG}: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``credit-trl`` with ``argv`` (default ``sys.argv[1:]``); the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    try:
+        from backends.trl.trainer import CreditGRPOTrainer
+
+        script_args, training_args, model_args, dataset_args = make_parser().parse_args_and_config(
+            args
+        )
+        run = build_run(script_args, training_args, model_args, dataset_args)
+        trainer = CreditGRPOTrainer(**run.trainer_kwargs)
+    except EXPECTED_ERRORS as exc:
+        if debug:
+            raise
+        return _fail(exc)
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    trainer.accelerator.print(f"credit-trl: model saved to {training_args.output_dir}")
+    if run.task is not None and script_args.eval_samples_per_prompt > 0:
+        from backends.trl.tasks import held_out_reward
+
+        reward = held_out_reward(
+            trainer.accelerator.unwrap_model(trainer.model),
+            run.tokenizer,
+            run.task.direction,
+            list(run.task.held_out["prompt"]),
+            samples_per_prompt=script_args.eval_samples_per_prompt,
+            max_new_tokens=training_args.max_completion_length,
+            temperature=training_args.temperature,
+            seed=training_args.seed,
+        )
+        trainer.accelerator.print(f"credit-trl: held-out {run.task.name} reward {reward:.4f}")
+    return 0

@@ -1,0 +1,155 @@
+"""``CreditGRPOConfig``: TRL's ``GRPOConfig`` plus the token-credit fields.
+
+A YAML file read by ``TrlParser`` (``--config``) sets them like any other field::
+
+    credit: datc                       # or {name: datc, beta: 1.0, lam: 0.5}
+    direction: {kind: seq_classification, path: /models/rm}
+    credit_stats_chunk_size: 4096
+
+On the command line (which overrides the YAML) ``--credit datc`` or a JSON mapping
+``--credit '{"name": "datc", "beta": 2}'``. ``__post_init__`` turns ``credit`` into a
+``credit_core.CreditConfig`` and ``direction`` into an ``adapters.config.RewardModelConfig``;
+a bad value raises ``CreditError`` whose message starts with the YAML key.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from backends.trl.version import check_trl_version
+
+check_trl_version()  # before importing TRL: an unsupported release is refused here
+
+from trl.trainer.grpo_config import GRPOConfig  # noqa: E402
+
+from adapters.config import RewardModelConfig  # noqa: E402
+from credit_core import CreditConfig, CreditError, strategy_class  # noqa: E402
+from credit_core.policy_stats import DEFAULT_CHUNK_SIZE  # noqa: E402
+
+
+def _mapping(key: str, value: Any) -> Any:
+    """``value``, with a JSON-object string (a command-line value) decoded."""
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise CreditError(f"{key}: expected a JSON object, got {value!r} ({exc})") from exc
+    return value
+
+
+def parse_credit(value: Any) -> CreditConfig:
+    """``credit``: a strategy name or ``{name: ..., <params>}``; ``CreditError`` naming the key."""
+    value = _mapping("credit", "uniform" if value is None else value)
+    if not isinstance(value, (str, dict, CreditConfig)):
+        raise CreditError(
+            f"credit: expected a strategy name or a mapping with 'name', got {type(value).__name__}"
+        )
+    try:
+        return CreditConfig.parse(value)
+    except CreditError as exc:
+        raise CreditError(f"credit: {exc}") from exc
+
+
+def parse_direction(value: Any) -> RewardModelConfig | None:
+    """``direction``: a ``RewardModelConfig`` mapping or None; ``CreditError`` naming the key."""
+    value = _mapping("direction", value)
+    if value is None or isinstance(value, RewardModelConfig):
+        return value
+    if not isinstance(value, dict):
+        raise CreditError(
+            f"direction: expected a mapping with 'kind' (docs/reward_models.md), got {value!r}"
+        )
+    try:
+        return RewardModelConfig.model_validate(value)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            key = ".".join(["direction", *map(str, err["loc"])])
+            lines.append(f"{key}: {err['msg'].removeprefix('Value error, ')}")
+        raise CreditError("; ".join(lines)) from None
+
+
+@dataclass
+class CreditGRPOConfig(GRPOConfig):
+    """``GRPOConfig`` plus ``credit``, ``direction`` and ``credit_stats_chunk_size``.
+
+    - ``credit``: the credit strategy (``credit_core``); ``uniform`` is TRL's own GRPO.
+    - ``direction``: the frozen differentiable reward model whose input-embedding gradient
+      strategies such as DATC read (``adapters.config.RewardModelConfig``: kinds
+      ``seq_classification``, ``encoder_similarity``, ``module``). Not needed when the
+      trainer is given a ``direction_model`` object, or for strategies that read no signal.
+    - ``credit_stats_chunk_size``: vocabulary entries per tile of the streamed policy
+      statistics (``credit_core.policy_stats``).
+    """
+
+    credit: dict[str, Any] | str | CreditConfig | None = field(
+        default="uniform",
+        metadata={
+            "help": "Credit strategy: a name ('uniform', 'datc', ...) or a JSON mapping "
+            '\'{"name": "datc", "beta": 1.0}\'. uniform is plain GRPO.'
+        },
+    )
+    direction: dict[str, Any] | str | RewardModelConfig | None = field(
+        default=None,
+        metadata={
+            "help": "Differentiable reward model for the reward gradient, as a JSON mapping "
+            '\'{"kind": "seq_classification", "path": ...}\' (docs/reward_models.md).'
+        },
+    )
+    credit_stats_chunk_size: int = field(
+        default=DEFAULT_CHUNK_SIZE,
+        metadata={"help": "Vocabulary entries per tile of the streamed policy statistics."},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # type: ignore[no-untyped-call]
+        self.credit = parse_credit(self.credit)
+        self.direction = parse_direction(self.direction)
+        self._check_sampling_matches_stats()
+        if not isinstance(self.credit_stats_chunk_size, int) or self.credit_stats_chunk_size < 1:
+            raise CreditError(
+                "credit_stats_chunk_size: expected an integer >= 1, got "
+                f"{self.credit_stats_chunk_size!r}"
+            )
+
+    def _check_sampling_matches_stats(self) -> None:
+        """A strategy that reads ``policy_stats`` needs the full softmax at ``temperature``
+        to be what was sampled: ``top_k``, ``top_p`` and ``min_p`` (here or in
+        ``generation_kwargs``) must be off; ``CreditError`` naming the key otherwise."""
+        if "policy_stats" not in strategy_class(self.credit_config.name).requires:
+            return
+        extra = self.generation_kwargs if isinstance(self.generation_kwargs, dict) else {}
+        for key, off in (("top_k", (0, None)), ("top_p", (1.0, None)), ("min_p", (0.0, None))):
+            for where, value in (
+                (key, getattr(self, key)),
+                (f"generation_kwargs.{key}", extra.get(key)),
+            ):
+                if value not in off:
+                    raise CreditError(
+                        f"{where}: {value!r} truncates the sampling distribution, but credit "
+                        f"strategy {self.credit_config.name!r} reads the distribution actually "
+                        f"sampled from (policy_stats); leave {key} off"
+                    )
+
+    @property
+    def credit_config(self) -> CreditConfig:
+        """``credit`` as the ``CreditConfig`` that ``__post_init__`` made of it."""
+        return parse_credit(self.credit)
+
+    @property
+    def direction_config(self) -> RewardModelConfig | None:
+        """``direction`` as the ``RewardModelConfig`` that ``__post_init__`` made of it."""
+        return parse_direction(self.direction)
+
+    def to_dict(self) -> dict[str, Any]:
+        """TRL's ``to_dict`` with ``credit`` and ``direction`` as plain mappings (JSON-able)."""
+        out: dict[str, Any] = super().to_dict()  # type: ignore[no-untyped-call]
+        cfg = self.credit_config
+        out["credit"] = {"name": cfg.name, **cfg.params}
+        direction = self.direction_config
+        out["direction"] = None if direction is None else direction.model_dump(exclude_unset=True)
+        return out

@@ -1,0 +1,261 @@
+"""CreditGRPOTrainer against TRL's own GRPOTrainer (real TRL 1.16, CPU, tiny Llama)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from trl import GRPOTrainer
+
+from backends.trl.capture import causal_lm_of
+from backends.trl.tasks import PolicyPreset, TaskData, tiny_policy
+from credit_core import CreditError, CreditSignals, assign_credit, get_strategy, policy_stats
+from tests.backends.trl.conftest import make_trainer
+
+
+def _losses(trainer: Any) -> list[float]:
+    return [r["loss"] for r in trainer.state.log_history if "loss" in r]
+
+
+def test_uniform_is_stock_trl_bit_for_bit(task: TaskData, tokenizer: Any, tmp_path: Any) -> None:
+    # built and trained one after the other: Trainer seeds the global RNG when built
+    stock = make_trainer(task, tokenizer, tmp_path / "s", stock=True, max_steps=3)
+    stock.train()
+    ours = make_trainer(task, tokenizer, tmp_path / "c", credit="uniform", max_steps=3)
+    ours.train()
+    assert ours.credit_phase == "generation"
+    assert _losses(ours) == _losses(stock) and len(_losses(ours)) == 3
+    theirs = dict(stock.model.named_parameters())
+    for name, param in ours.model.named_parameters():
+        assert torch.equal(param, theirs[name]), name
+    initial = tiny_policy(PolicyPreset())[0].state_dict()
+    moved = [n for n, p in ours.model.named_parameters() if not torch.equal(p, initial[n])]
+    assert moved, "3 steps should have moved the parameters"
+    logged = [r for r in ours.state.log_history if "credit/weight_max" in r]
+    assert len(logged) == 3 and all(r["credit/weight_max"] == 1.0 for r in logged)
+
+
+@pytest.fixture
+def loss_inputs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
+    """Records, at every call of TRL's ``GRPOTrainer._compute_loss``, the batch it received,
+    the expected token advantages recomputed independently from that batch at the current
+    parameters (``expected``), and the advantages TRL's loss read (``seen``)."""
+    records: list[dict[str, Any]] = []
+    original = GRPOTrainer._compute_loss
+
+    def spy(self: Any, model: Any, inputs: dict[str, Any]) -> Any:
+        record = {"A": inputs["advantages"].clone(), "expected": _recompute(self, inputs)}
+        loss = original(self, model, inputs)
+        record.update(seen=inputs["advantages"].clone(), mask=inputs["completion_mask"].bool())
+        records.append(record)
+        return loss
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", spy)
+    yield records
+
+
+@torch.no_grad()
+def _recompute(trainer: Any, inputs: dict[str, Any]) -> torch.Tensor:
+    """credit_core's token advantages of a TRL loss batch: TRL's backbone call on the same
+    inputs, ``policy_stats`` on the LM head, the direction model's gradient, ``assign_credit``.
+
+    Where the batch already holds token advantages (credit formed at generation time), A is
+    their row mean over the valid tokens (checked against TRL's A in the loss-phase test)."""
+    mask = inputs["completion_mask"].bool()
+    A = inputs["advantages"]
+    if A.dim() == 2:
+        A = A.sum(dim=1) / mask.sum(dim=1)
+    lm = causal_lm_of(trainer.model)
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    T = inputs["completion_ids"].shape[1]
+    hidden = lm.base_model(input_ids=ids, attention_mask=attn).last_hidden_state[:, -T - 1 : -1]
+    head = lm.get_output_embeddings()
+    stats = policy_stats(
+        hidden,
+        head.weight,
+        inputs["completion_ids"],
+        trainer.direction.reward_embedding,
+        temperature=trainer.temperature,
+        lm_head_bias=head.bias,
+    )
+    with torch.enable_grad():
+        grad = trainer.direction.score(
+            inputs["prompt_ids"],
+            inputs["prompt_mask"],
+            inputs["completion_ids"],
+            inputs["completion_mask"],
+            with_grad=True,
+        ).reward_grad
+    return assign_credit(
+        get_strategy(trainer.credit_args.credit_config),
+        A,
+        mask,
+        inputs["completion_ids"],
+        CreditSignals(reward_grad=grad, policy_stats=stats),
+    ).token_advantages
+
+
+def test_datc_advantages_reaching_trl_loss_are_credit_cores(
+    task: TaskData, tokenizer: Any, tmp_path: Any, loss_inputs: list[dict[str, Any]]
+) -> None:
+    trainer = make_trainer(
+        task,
+        tokenizer,
+        tmp_path,
+        credit={"name": "datc", "beta": 1.0, "lam": 0.5},
+        per_device_train_batch_size=32,
+        num_generations=8,
+        max_completion_length=24,
+        gradient_accumulation_steps=2,
+        steps_per_generation=2,
+        temperature=0.7,
+    )
+    assert trainer.credit_phase == "loss" and not trainer.takes_old_logp_forward
+    trainer.train()
+    assert len(loss_inputs) == 4  # 2 steps x 2 micro-batches
+    padded = 0
+    for rec in loss_inputs:
+        seen, mask, A = rec["seen"], rec["mask"], rec["A"]
+        assert seen.shape == mask.shape and A.dim() == 1
+        torch.testing.assert_close(seen, rec["expected"], rtol=1e-4, atol=1e-5)
+        assert bool((seen[~mask] == 0).all())
+        row_mean = seen.sum(dim=1) / mask.sum(dim=1)
+        torch.testing.assert_close(row_mean, A.float(), rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(seen, A.unsqueeze(1) * mask)  # the credit is not uniform
+        padded += int((~mask).any(dim=1).sum())
+    assert padded > 0, "the seed should give some completions that end before the limit"
+    logs = trainer.state.log_history[0]
+    assert logs["credit/weight_max"] > 1.0 > logs["credit/weight_entropy"]
+
+
+class ForwardCounter:
+    """Counts calls of the policy: TRL's fused-head forwards (log-probs) and the others
+    (generation steps)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.fused = self.other = 0
+        causal_lm_of(model).register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        if kwargs.get("fused_lm_head"):
+            self.fused += 1
+        else:
+            self.other += 1
+
+
+@pytest.mark.parametrize(
+    ("settings", "phase"),
+    [({}, "loss"), ({"num_iterations": 2}, "generation")],
+    ids=["default-on-policy", "num_iterations=2"],
+)
+def test_datc_takes_no_extra_policy_forward(
+    task: TaskData, tokenizer: Any, tmp_path: Any, settings: dict[str, Any], phase: str
+) -> None:
+    fixed = {"generation_kwargs": {"min_new_tokens": 16}, **settings}  # same generate steps
+    counts = []
+    for stock in (True, False):
+        trainer = make_trainer(
+            task, tokenizer, tmp_path / str(stock), stock=stock, credit="datc", **fixed
+        )
+        counter = ForwardCounter(trainer.model)
+        trainer.train()
+        counts.append((counter.fused, counter.other))
+        if not stock:
+            assert trainer.credit_phase == phase
+    assert counts[0] == counts[1], f"stock TRL {counts[0]} vs datc {counts[1]} (fused, other)"
+    per_step = 1 if phase == "loss" else 3  # 2 iterations + TRL's old-log-prob forward / 2 steps
+    assert counts[0][0] == 2 * per_step or phase == "generation"
+
+
+def test_datc_with_old_logp_forward_uses_its_statistics(
+    task: TaskData, tokenizer: Any, tmp_path: Any, loss_inputs: list[dict[str, Any]]
+) -> None:
+    """num_iterations=2: credit is formed at generation time from TRL's old-log-prob forward;
+    both iterations read the same token advantages, equal to credit_core's at the sampling
+    parameters (the first iteration's loss batch)."""
+    trainer = make_trainer(task, tokenizer, tmp_path, credit="datc", num_iterations=2)
+    assert trainer.credit_phase == "generation" and trainer.takes_old_logp_forward
+    trainer.train()
+    first, second = loss_inputs
+    torch.testing.assert_close(first["seen"], first["expected"], rtol=1e-4, atol=1e-5)
+    assert torch.equal(first["seen"], second["seen"])
+
+
+def test_strategy_needing_signals_without_direction_names_the_key(
+    task: TaskData, tokenizer: Any, tmp_path: Any
+) -> None:
+    from backends.trl import CreditGRPOConfig, CreditGRPOTrainer
+    from tests.backends.trl.conftest import BASE
+
+    args = CreditGRPOConfig(
+        output_dir=str(tmp_path),
+        credit="datc",
+        num_generations=4,
+        per_device_train_batch_size=4,
+        **BASE,
+    )
+    with pytest.raises(CreditError, match=r"^direction: strategy 'datc'"):
+        CreditGRPOTrainer(
+            model=tiny_policy(PolicyPreset())[0],
+            reward_funcs=task.reward,
+            args=args,
+            train_dataset=task.train,
+            processing_class=tokenizer,
+        )
+
+
+def test_strategy_state_is_checkpointed_and_resumed(
+    task: TaskData, tokenizer: Any, tmp_path: Any
+) -> None:
+    """datc_shuffled's random stream is saved with TRL's checkpoint and restored on resume:
+    4 steps in one go and 2 + 2 resumed from checkpoint-2 end in the same stream state
+    (fixed-length completions, so every step draws the same amount)."""
+    from backends.trl.trainer import STRATEGY_STATE_FILE
+
+    settings = {
+        "credit": {"name": "datc_shuffled", "seed": 3},
+        "save_strategy": "steps",
+        "save_steps": 2,
+        "max_steps": 4,
+        "generation_kwargs": {"min_new_tokens": 16},
+    }
+    first = make_trainer(task, tokenizer, tmp_path / "a", **settings)
+    first.train()
+    checkpoint = tmp_path / "a" / "checkpoint-2"
+    assert (checkpoint / STRATEGY_STATE_FILE).exists()
+    resumed = make_trainer(task, tokenizer, tmp_path / "b", **settings)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert torch.equal(resumed.strategy.generator.get_state(), first.strategy.generator.get_state())
+    restarted = make_trainer(task, tokenizer, tmp_path / "c", **{**settings, "max_steps": 2})
+    restarted.train()
+    assert not torch.equal(
+        restarted.strategy.generator.get_state(), first.strategy.generator.get_state()
+    )
+
+
+def test_direction_defaults_to_trl_reward_model(
+    task: TaskData, tokenizer: Any, tmp_path: Any
+) -> None:
+    """With a reward model among reward_funcs, ``credit: datc`` alone is enough: the direction
+    model wraps that model (shared weights) and the credit is uneven."""
+    from adapters.reward_models import SeqClassificationRM
+    from adapters.tiny import tiny_seq_classifier
+    from backends.trl import CreditGRPOConfig, CreditGRPOTrainer
+    from tests.backends.trl.conftest import BASE
+
+    rm = tiny_seq_classifier("llama", len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    args = CreditGRPOConfig(
+        output_dir=str(tmp_path), credit="datc", num_generations=4, max_steps=1,
+        per_device_train_batch_size=8, max_completion_length=12, **BASE,
+    )  # fmt: skip
+    trainer = CreditGRPOTrainer(
+        model=tiny_policy(PolicyPreset())[0], reward_funcs=rm, args=args,
+        train_dataset=task.train, processing_class=tokenizer, reward_processing_classes=tokenizer,
+    )  # fmt: skip
+    assert isinstance(trainer.direction, SeqClassificationRM)
+    assert trainer.direction.modules[0] is trainer.reward_funcs[0]
+    trainer.train()
+    assert trainer.state.log_history[0]["credit/weight_max"] > 1.0
