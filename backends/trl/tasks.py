@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adapters.direction import DirectionModel
 from adapters.tiny import tiny_causal_lm, train_bpe_tokenizer
-from backends.torch.config import ConfigError
+from backends.torch.errors import ConfigError
 from backends.torch.rollout import response_mask_from_eos
 from backends.torch.tasks import get_task
 from backends.trl.rewards import DirectionReward

@@ -3,17 +3,20 @@
 TRL computes the response advantages A (B,) in ``_generate_and_score_completions`` and its
 loss multiplies the importance ratio by ``inputs["advantages"]``, accepting a (B, T) tensor.
 This subclass replaces A by the token advantages of ``credit_core.assign_credit`` (0 at
-padding, row mean A over the valid tokens), computing only the signals the strategy
-requires (``strategy.requires``):
+padding, row mean A over the valid tokens), computing only the signals the strategy reads.
+The reward gradient is always known before the policy statistics are reduced, so a
+strategy with ``work_requires`` (the DATC family) gets DATC's unsigned work W0 streamed in
+two matmuls per vocabulary tile instead of ``PolicyStats`` (``signals_to_compute``):
 
 - ``reward_grad`` (B, T, d): the direction model's input-embedding gradient, taken at
   generation time with grad enabled (TRL's reward functions return scalars and run model
   rewards under ``torch.inference_mode()``).
-- ``policy_stats``: from the final hidden states of a policy forward TRL already takes, at
-  the parameters that sampled the batch, with no extra forward:
+- ``policy_stats`` or ``unsigned_work``: from the final hidden states of a policy forward
+  TRL already takes, at the parameters that sampled the batch, with no extra forward:
 
   * where TRL takes an old-log-prob forward (``num_iterations > 1``, gradient accumulation
-    across generations, vLLM importance correction), from that forward, at generation time;
+    across generations, vLLM importance correction), from that forward's hidden states,
+    reduced at generation time once the reward gradient is known;
   * otherwise (the default on-policy setup) from the loss forward of each micro-batch, whose
     parameters are still those that sampled it: the statistics are taken without grad
     from its detached hidden states, and the token advantages are formed before TRL's loss
@@ -45,10 +48,10 @@ from credit_core import (
     CreditError,
     CreditSignals,
     CreditStrategy,
-    PolicyStats,
     assign_credit,
     get_strategy,
     policy_stats,
+    unsigned_work,
 )
 
 #: Key of the inputs dict that carries the reward gradient (B, T, d) from generation to the
@@ -61,7 +64,9 @@ STRATEGY_STATE_FILE = "credit_strategy.pt"
 #: Where the token advantages are formed: at generation time, or in each loss step.
 CreditPhase = Literal["generation", "loss"]
 
-StatsConsumer = Callable[[PolicyStats], None]
+#: Takes the detached final hidden states (B, T, H) of a policy forward at the positions
+#: that predict the completion tokens, and those tokens (B, T).
+HiddenConsumer = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 class CreditGRPOTrainer(GRPOTrainer):
@@ -93,8 +98,10 @@ class CreditGRPOTrainer(GRPOTrainer):
         self.credit_args: CreditGRPOConfig = args
         self.policy: torch.nn.Module = self.model  # type: ignore[assignment]
         self.strategy: CreditStrategy = get_strategy(args.credit_config)
-        self.needs_reward_grad = "reward_grad" in self.strategy.requires
-        self.needs_policy_stats = "policy_stats" in self.strategy.requires
+        # the reward gradient is taken at generation time, before any statistics are reduced
+        self.reads = type(self.strategy).signals_to_compute(reward_grad_first=True)
+        self.needs_reward_grad = bool(self.reads & {"reward_grad", "unsigned_work"})
+        self.needs_policy_stats = bool(self.reads & {"policy_stats", "unsigned_work"})
         self.direction: DirectionModel | None = None
         if self.needs_reward_grad or self.needs_policy_stats:
             self.direction = direction_model or self._build_direction(args)
@@ -102,8 +109,8 @@ class CreditGRPOTrainer(GRPOTrainer):
             "loss" if self.needs_policy_stats and not self.takes_old_logp_forward else "generation"
         )
         self._capture = HiddenCapture(self.policy) if self.needs_policy_stats else None
-        self._on_stats: StatsConsumer | None = None
-        self._old_stats: PolicyStats | None = None
+        self._on_hidden: HiddenConsumer | None = None
+        self._old_hidden: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------------------ setup
 
@@ -173,10 +180,10 @@ class CreditGRPOTrainer(GRPOTrainer):
         *args: Any,
         **kwargs: Any,
     ) -> Any:
-        """TRL's forward; when a consumer waits for policy statistics (``_on_stats``), the
-        policy's hidden states of this forward are recorded and turned into ``PolicyStats``
-        (B, T[, d]) of the completion tokens ``input_ids[:, -logits_to_keep:]``."""
-        consumer, self._on_stats = self._on_stats, None
+        """TRL's forward; when a consumer waits for them (``_on_hidden``), the policy's final
+        hidden states of this forward are recorded and handed over (detached) with the
+        completion tokens ``input_ids[:, -logits_to_keep:]``."""
+        consumer, self._on_hidden = self._on_hidden, None
         if consumer is None:
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
@@ -188,26 +195,36 @@ class CreditGRPOTrainer(GRPOTrainer):
             )
         # hidden state j predicts token j + 1: completion tokens are predicted by -T-1 .. -2
         hidden = torch.cat(chunks)[:, -logits_to_keep - 1 : -1]
-        consumer(self.policy_stats(hidden, input_ids[:, -logits_to_keep:]))
+        consumer(hidden.detach(), input_ids[:, -logits_to_keep:])
         return result
 
-    def policy_stats(self, hidden: torch.Tensor, token_ids: torch.Tensor) -> PolicyStats:
-        """``PolicyStats`` (B, T[, d]) of ``token_ids`` (B, T) from the policy's final hidden
-        states (B, T, H) at the positions that predict them; no grad, TRL's temperature."""
+    def credit_signals(
+        self,
+        reward_grad: torch.Tensor | None,
+        hidden: torch.Tensor | None = None,
+        token_ids: torch.Tensor | None = None,
+    ) -> CreditSignals:
+        """The signals the strategy reads (``self.reads``): ``reward_grad`` (B, T, d), and,
+        from the policy's final hidden states (B, T, H) at the positions that predict
+        ``token_ids`` (B, T), DATC's W0 (streamed with ``reward_grad``) or ``PolicyStats``;
+        no grad, TRL's temperature."""
+        grad = reward_grad if "reward_grad" in self.reads else None
+        if hidden is None or token_ids is None:
+            return CreditSignals(reward_grad=grad)
         assert self.direction is not None
-        h = hidden.detach()
-        if self.credit_args.cast_lm_head_to_fp32:
-            h = h.float()
+        h = hidden.float() if self.credit_args.cast_lm_head_to_fp32 else hidden
+        kw: dict[str, Any] = {
+            "temperature": self.temperature,
+            "chunk_size": self.credit_args.credit_stats_chunk_size,
+        }
+        E = self.direction.reward_embedding
         with torch.no_grad(), lm_head(self.policy) as (weight, bias):
-            return policy_stats(
-                h,
-                weight,
-                token_ids,
-                self.direction.reward_embedding,
-                temperature=self.temperature,
-                chunk_size=self.credit_args.credit_stats_chunk_size,
-                lm_head_bias=bias,
-            )
+            if "unsigned_work" in self.reads:
+                assert reward_grad is not None
+                w0 = unsigned_work(h, weight, token_ids, E, reward_grad, lm_head_bias=bias, **kw)
+                return CreditSignals(unsigned_work=w0)
+            stats = policy_stats(h, weight, token_ids, E, lm_head_bias=bias, **kw)
+        return CreditSignals(reward_grad=grad, policy_stats=stats)
 
     def reward_grad(self, batch: dict[str, Any]) -> torch.Tensor:
         """dR / d(RM input embedding) (B, T, d) at the completion tokens of ``batch`` (TRL's
@@ -240,11 +257,11 @@ class CreditGRPOTrainer(GRPOTrainer):
         generation time; in the loss phase, with the reward gradient (if needed) attached."""
         old_forward = self.needs_policy_stats and self.credit_phase == "generation"
         if old_forward:
-            self._on_stats = self._keep_old_stats
+            self._on_hidden = self._keep_old_hidden
         try:
             output: dict[str, Any] = super()._generate_and_score_completions(inputs)
         finally:
-            pending, self._on_stats = self._on_stats, None
+            pending, self._on_hidden = self._on_hidden, None
         if old_forward and (pending is not None or "old_per_token_logps" not in output):
             raise RuntimeError(
                 "CreditGRPOTrainer: TRL took no old-log-prob forward where TRL 1.16 takes one; "
@@ -255,12 +272,13 @@ class CreditGRPOTrainer(GRPOTrainer):
             if reward_grad is not None:
                 output[REWARD_GRAD_KEY] = reward_grad
             return output
-        stats, self._old_stats = self._old_stats, None
-        output["advantages"] = self.token_advantages(output, reward_grad, stats)
+        old, self._old_hidden = self._old_hidden, None
+        signals = self.credit_signals(reward_grad, *(old or (None, None)))
+        output["advantages"] = self.token_advantages(output, signals)
         return output
 
-    def _keep_old_stats(self, stats: PolicyStats) -> None:
-        self._old_stats = stats
+    def _keep_old_hidden(self, hidden: torch.Tensor, token_ids: torch.Tensor) -> None:
+        self._old_hidden = (hidden, token_ids)
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         """TRL's loss; in the loss phase the token advantages are formed from this step's
@@ -270,27 +288,24 @@ class CreditGRPOTrainer(GRPOTrainer):
         batch = dict(inputs)  # the buffered generation batch keeps its (B,) advantages
         reward_grad = batch.pop(REWARD_GRAD_KEY, None)
 
-        def form_credit(stats: PolicyStats) -> None:
-            batch["advantages"] = self.token_advantages(batch, reward_grad, stats)
+        def form_credit(hidden: torch.Tensor, token_ids: torch.Tensor) -> None:
+            signals = self.credit_signals(reward_grad, hidden, token_ids)
+            batch["advantages"] = self.token_advantages(batch, signals)
 
-        self._on_stats = form_credit
+        self._on_hidden = form_credit
         try:
             loss: torch.Tensor = super()._compute_loss(model, batch)  # type: ignore[no-untyped-call]
         finally:
-            pending, self._on_stats = self._on_stats, None
+            pending, self._on_hidden = self._on_hidden, None
         if pending is not None:
             raise RuntimeError("CreditGRPOTrainer: TRL's loss took no policy forward")
         return loss
 
-    def token_advantages(
-        self,
-        batch: dict[str, Any],
-        reward_grad: torch.Tensor | None,
-        stats: PolicyStats | None,
-    ) -> torch.Tensor:
+    def token_advantages(self, batch: dict[str, Any], signals: CreditSignals) -> torch.Tensor:
         """Token advantages (B, T) float32 of ``batch`` (``advantages`` (B,),
-        ``completion_ids``/``completion_mask`` (B, T), optional ``tool_mask``) by
-        ``assign_credit``: 0 where TRL's loss mask is 0, row mean A over the valid tokens.
+        ``completion_ids``/``completion_mask`` (B, T), optional ``tool_mask``) and the
+        strategy's ``signals`` by ``assign_credit``: 0 where TRL's loss mask is 0, row mean
+        A over the valid tokens.
 
         Rows without a valid token (truncated completions TRL masks out) get 0. Logs the
         diagnostics into TRL's metrics.
@@ -304,7 +319,6 @@ class CreditGRPOTrainer(GRPOTrainer):
         token_adv = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         diagnostics: CreditDiagnostics | None = None
         if bool(rows.any()):
-            signals = CreditSignals(reward_grad=reward_grad, policy_stats=stats)
             every = bool(rows.all())
             result = assign_credit(
                 self.strategy,
