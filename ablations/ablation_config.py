@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ablations.credit_probes import ProbeConfig
 from ablations.settings import SETTINGS
 from adapters.tiny import Family
 from backends.torch.config import (
@@ -106,6 +107,7 @@ class AblateConfig(_Section):
         default=1, ge=1, description="worker processes (each runs a shard of the plan, then merge)"
     )
     report: ReportConfig = Field(default_factory=ReportConfig)
+    probes: ProbeConfig = Field(default_factory=ProbeConfig)
 
     @field_validator("strategies", mode="before")
     @classmethod

@@ -7,9 +7,11 @@ figures and returns their paths (a shard returns None). ``merge`` copies the res
 shards (from their output folders) into one output folder and writes the same outputs.
 
 A run trains with the torch backend's ``GRPORecipe`` (``backends.torch.trainer``), with the
-trainer config built by ``run_train_config``; afterwards the exact held-out scores of the
-setting (``probes.extra_eval``) and, for the method's first family and seed, the credit
-heat-map data (``probes.credit_examples``) are computed from the final policy in memory.
+trainer config built by ``run_train_config``, through ``driver.train_with_evals``: at every
+evaluation the exact held-out scores of the setting (``probes.extra_eval``) and the credit
+probes (``credit_probes``) join the trainer's own held-out metrics. Afterwards, for the
+method's first family and seed, the credit heat-map data (``probes.credit_examples``) are
+computed from the final policy in memory.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from ablations.summary import SettingSpec, SummarySpec, summarize
 from backends.torch.config import ConfigError
 
 #: Bumped when what a run computes changes, so that older results are redone.
-RESULT_VERSION = 1
+RESULT_VERSION = 2
 REPORT_FILE = "report.md"
 CSV_FILE = "results.csv"
 FIGURES_DIR = "figures"
@@ -133,6 +135,7 @@ def execute_run(
 ) -> dict[str, Any]:
     """Train one run from scratch (a half-finished folder is cleared) and store its result."""
     from ablations import probes
+    from ablations.driver import ablation_evals, final_extra, train_with_evals
     from backends.torch.trainer import GRPORecipe, resolve_config
 
     folder = run.folder(output_dir)
@@ -144,9 +147,9 @@ def execute_run(
     with PeakRSS() as mem:
         recipe = GRPORecipe(train_cfg)
         try:
-            history = recipe.run().history
+            history = train_with_evals(recipe, lambda: ablation_evals(recipe, assets, cfg.probes))
             wall = time.perf_counter() - start
-            extra = probes.extra_eval(recipe, assets.extra_eval)
+            extra = final_extra(history) or probes.extra_eval(recipe, assets.extra_eval)
             credit = probes.credit_examples(recipe, cfg.report.heatmap_responses) if heatmap else []
         except Exception as exc:
             raise RuntimeError(
@@ -183,7 +186,14 @@ class Outputs:
 
 
 #: Relative cost of building a setting's assets (largest first when spread over workers).
-_ASSET_COST = {"minilm_shared": 4, "verifiable": 3, "target_tokens": 2, "minilm_bridge": 1}
+_ASSET_COST = {
+    "minilm_shared": 4,
+    "verifiable": 3,
+    "keyword_sparse": 3,
+    "target_tokens": 2,
+    "minilm_bridge": 1,
+    "positional_sparse": 1,
+}
 
 
 def run_fingerprint(cfg: AblateConfig, run: RunKey) -> str:
@@ -196,6 +206,7 @@ def run_fingerprint(cfg: AblateConfig, run: RunKey) -> str:
             "credit": cfg.strategy(run.strategy).credit.model_dump(mode="json"),
             "train": deep_merge(cfg.train, cfg.settings[run.setting].train),
             "params": cfg.setting_params(run.setting).model_dump(mode="json"),
+            "probes": cfg.probes.model_dump(mode="json"),
         }
     )
 
