@@ -11,7 +11,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ablations.stats import Interval
 from ablations.summary import (
+    PROBE_COLUMNS,
     SettingFamilyStats,
     StrategyStats,
     SummarySpec,
@@ -82,6 +84,39 @@ def table_markdown(
     return "\n".join(lines)
 
 
+def _span(a: Interval, b: Interval) -> str:
+    if a.n == 0 and b.n == 0:
+        return "n/a"
+    return f"{fmt(a.mean, 2, signed=True)} → {fmt(b.mean, 2, signed=True)}"
+
+
+def efficiency_markdown(table: SettingFamilyStats, primary_label: str) -> str:
+    """Sample efficiency and the credit probes of one (setting, family)."""
+    head = [
+        "strategy",
+        f"AUC held-out {primary_label}",
+        "at 25% of steps",
+        "at 50% of steps",
+        "final",
+        "credit corr (start → end)",
+        "grad cos (start → end)",
+        "split-half (start → end)",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for st in table.strategies.values():
+        start, end = st.probes_start, st.probes_end
+        cells = [
+            f"`{st.strategy}`",
+            fmt_interval(st.auc),
+            fmt_interval(st.at_25),
+            fmt_interval(st.at_50),
+            fmt_interval(st.primary),
+            *(_span(start[c], end[c]) for c in PROBE_COLUMNS),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render_report(
     *,
     title: str,
@@ -115,6 +150,18 @@ def render_report(
         "without the first, split into rollout / reward and credit signals / update. "
         "*Peak RSS*: the process's resident memory, sampled during the run (CPU).",
         "",
+        "Sample efficiency and probes (second table of each setting). *AUC*: the held-out "
+        "metric's mean over training (trapezoid area under its evaluations divided by the "
+        "steps); *at 25% / 50%*: its value at that share of the step budget (interpolated). "
+        "The probes (mean over seeds at the first → last evaluation; docs/design.md, \"When "
+        "token credit pays off\"): *credit corr*: within-response correlation of the token "
+        "advantages with the exact token credit of the setting's rule (n/a for uniform "
+        "credit, which is constant in a response, and for settings without a per-token rule: "
+        "the MiniLM similarity settings); *grad cos*: cosine between the batch policy "
+        "gradient of the strategy's token advantages and a many-sample REINFORCE estimate of "
+        "the exact metric's gradient; *split-half*: the cosine between two independent "
+        "halves of that estimate (its reliability: a grad cos can only be read against it).",
+        "",
         "## Verdicts",
         "",
         f"The method (`{spec.method}`) against the baseline (`{spec.baseline}`, plain GRPO) on "
@@ -145,6 +192,8 @@ def render_report(
                 f"### {t.family} (threshold {thr})",
                 "",
                 table_markdown(t, spec, s.metric_label, primary_is_reward),
+                "",
+                efficiency_markdown(t, s.metric_label),
                 "",
             ]
         for fig in figures.get(s.name, ()):

@@ -421,6 +421,19 @@ def write_outputs(cfg: AblateConfig, *, command: str) -> Outputs:
                 smooth=spec.smooth,
             )
         ]
+        setting_rows = [r for r in rows if r["setting"] == s.name]
+        if any("probe_grad_cos" in r for r in setting_rows):
+            paths.append(
+                figs.plot_probes(
+                    fig_dir / f"probes_{s.name}.png",
+                    title=s.title,
+                    rows=setting_rows,
+                    families=list(cfg.families),
+                    strategies=spec.strategies,
+                    confidence=spec.confidence,
+                    baseline=spec.baseline,
+                )
+            )
         shown = next(
             (r for r in plan if r.setting == s.name and found[r].get("credit_examples")), None
         )

@@ -8,7 +8,13 @@ Per run (one setting, family, strategy, seed):
 - steps to threshold: the first training step at which the trailing moving average (window
   ``smooth``, full windows only) of ``reward_mean`` reaches the threshold, or None;
 - seconds per step (and its rollout / signals / update split): mean over training steps,
-  leaving out step 1 (warm-up) when there is more than one step; peak RSS; wall time.
+  leaving out step 1 (warm-up) when there is more than one step; peak RSS; wall time;
+- sample efficiency of the primary held-out metric over its evaluations (``efficiency``):
+  the normalized area under the curve (its trapezoid mean over steps 0..last) and its
+  value at 25% and 50% of the step budget (linear interpolation between evaluations); NaN
+  when the metric was measured at fewer than two steps (older results);
+- the credit probes (``probe_*`` columns, ``ablations.credit_probes``) at the first and the
+  last evaluation that has them; NaN for older results without them.
 
 Per strategy, over seeds: mean and Student-t interval of each metric, and the paired
 difference to the baseline strategy on the same seeds. The automatic threshold of a
@@ -77,6 +83,23 @@ class Cost:
         )
 
 
+#: The probes' results.csv columns, in report order.
+PROBE_COLUMNS: tuple[str, ...] = (
+    "probe_credit_corr",
+    "probe_grad_cos",
+    "probe_grad_split_half",
+)
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Sample efficiency of a held-out curve: normalized area, value at 25% / 50% budget."""
+
+    auc: float
+    at_25: float
+    at_50: float
+
+
 @dataclass(frozen=True)
 class RunFigures:
     final_train: float
@@ -86,6 +109,9 @@ class RunFigures:
     held_greedy: float
     curve: list[tuple[int, float]]
     cost: Cost
+    efficiency: Efficiency
+    probes_start: dict[str, float]
+    probes_end: dict[str, float]
 
 
 @dataclass
@@ -101,6 +127,11 @@ class StrategyStats:
     diff_train: Interval | None
     steps_to_threshold: list[int | None]
     cost: Cost
+    auc: Interval
+    at_25: Interval
+    at_50: Interval
+    probes_start: dict[str, Interval]
+    probes_end: dict[str, Interval]
 
 
 @dataclass
@@ -133,6 +164,41 @@ def _last(rows: Sequence[dict[str, Any]], column: str) -> float:
     return float(max(found, key=lambda r: r["step"])[column]) if found else _nan()
 
 
+def _interp(curve: Sequence[tuple[int, float]], step: float) -> float:
+    for (s0, v0), (s1, v1) in zip(curve, curve[1:], strict=False):
+        if s0 <= step <= s1:
+            return v0 if s1 == s0 else v0 + (v1 - v0) * (step - s0) / (s1 - s0)
+    return _nan()
+
+
+def efficiency(curve: Sequence[tuple[int, float]], budget: int) -> Efficiency:
+    """Sample efficiency of a held-out ``curve`` [(step, value)] (sorted, finite values)
+    over a budget of ``budget`` steps: the trapezoid mean over [first step, last step],
+    and the values at 25% and 50% of the budget; NaN with fewer than two points."""
+    if len(curve) < 2 or budget <= 0:
+        return Efficiency(_nan(), _nan(), _nan())
+    span = curve[-1][0] - curve[0][0]
+    area = math.fsum(
+        (s1 - s0) * (v0 + v1) / 2 for (s0, v0), (s1, v1) in zip(curve, curve[1:], strict=False)
+    )
+    return Efficiency(
+        area / span if span > 0 else _nan(),
+        _interp(curve, 0.25 * budget),
+        _interp(curve, 0.5 * budget),
+    )
+
+
+def _probe_ends(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    probed = sorted((r for r in rows if "probe_grad_cos" in r), key=lambda r: r["step"])
+    if not probed:
+        return {}, {}
+
+    def pick(r: dict[str, Any]) -> dict[str, float]:
+        return {c: float(r.get(c, _nan())) for c in PROBE_COLUMNS}
+
+    return pick(probed[0]), pick(probed[-1])
+
+
 def run_figures(rows: Sequence[dict[str, Any]], primary: str, final_window: int) -> RunFigures:
     """The per-run figures of one run's rows (see the module docstring)."""
     train = sorted(
@@ -146,6 +212,12 @@ def run_figures(rows: Sequence[dict[str, Any]], primary: str, final_window: int)
     def tmean(col: str) -> float:
         return _mean(float(r[col]) for r in timed if col in r)
 
+    held = sorted(
+        (int(r["step"]), float(r[primary]))
+        for r in rows
+        if primary in r and not math.isnan(float(r[primary]))
+    )
+    start, end = _probe_ends(rows)
     return RunFigures(
         final_train=_mean(v for _, v in curve[-final_window:]),
         first_train=curve[0][1] if curve else _nan(),
@@ -161,6 +233,9 @@ def run_figures(rows: Sequence[dict[str, Any]], primary: str, final_window: int)
             peak_rss_mb=_last(rows, "peak_rss_mb"),
             wall_s=_last(rows, "wall_s"),
         ),
+        efficiency=efficiency(held, max((int(r["step"]) for r in rows), default=0)),
+        probes_start=start,
+        probes_end=end,
     )
 
 
@@ -251,6 +326,21 @@ def summarize(
                         for f in ordered
                     ],
                     cost=Cost.mean([f.cost for f in ordered]),
+                    auc=_interval([f.efficiency.auc for f in ordered], spec.confidence),
+                    at_25=_interval([f.efficiency.at_25 for f in ordered], spec.confidence),
+                    at_50=_interval([f.efficiency.at_50 for f in ordered], spec.confidence),
+                    probes_start={
+                        c: _interval(
+                            [f.probes_start.get(c, _nan()) for f in ordered], spec.confidence
+                        )
+                        for c in PROBE_COLUMNS
+                    },
+                    probes_end={
+                        c: _interval(
+                            [f.probes_end.get(c, _nan()) for f in ordered], spec.confidence
+                        )
+                        for c in PROBE_COLUMNS
+                    },
                 )
             tables.append(table)
             roles = [(pairs_base, spec.baseline), (pairs_method, spec.method)]
