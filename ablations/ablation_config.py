@@ -7,7 +7,10 @@ setting's own ``train`` overrides, then the run's own fields (seed, credit, poli
 reward, output folder); it is validated by the trainer's ``TrainConfig``.
 
 ``strategies`` entries are what ``credit:`` accepts (``datc`` or ``{name: datc, beta: 2}``)
-plus an optional ``label`` naming the run (default: the strategy name; labels are unique).
+plus an optional ``label`` naming the run (default: the strategy name; labels are unique)
+and an optional ``grad_path`` (``{points: 1}``: the direction model's gradient at the
+midpoint to the policy's expected embedding, ``{points: n}``: integrated over n points;
+``adapters.grad_path``), which goes into the run's ``reward`` section.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ablations.credit_probes import ProbeConfig
 from ablations.settings import SETTINGS
+from adapters.grad_path import GradPathConfig
 from adapters.tiny import Family
 from backends.torch.config import (
     ConfigError,
@@ -38,10 +42,13 @@ class _Section(BaseModel):
 
 
 class StrategyConfig(_Section):
-    """One strategy of the comparison: its label and its ``CreditConfig``."""
+    """One strategy of the comparison: its label, its ``CreditConfig`` and, optionally,
+    where the direction model's gradient is taken (``grad_path``, the trainer's
+    ``reward.grad_path``; None: at the sampled tokens)."""
 
     label: str
     credit: CreditConfig
+    grad_path: GradPathConfig | None = None
 
     @classmethod
     def parse(cls, value: Any) -> StrategyConfig:
@@ -50,9 +57,14 @@ class StrategyConfig(_Section):
         if isinstance(value, str):
             return cls(label=value, credit=CreditConfig.parse(value))
         if isinstance(value, Mapping):
-            body = {k: v for k, v in value.items() if k != "label"}
+            body = {k: v for k, v in value.items() if k not in ("label", "grad_path")}
             credit = CreditConfig.parse(body)
-            return cls(label=str(value.get("label", credit.name)), credit=credit)
+            path = value.get("grad_path")
+            return cls(
+                label=str(value.get("label", credit.name)),
+                credit=credit,
+                grad_path=None if path is None else GradPathConfig.model_validate(path),
+            )
         raise ValueError(f"expected a strategy name or mapping, got {type(value).__name__}")
 
 
@@ -179,7 +191,13 @@ class AblateConfig(_Section):
         """The config as YAML input (``load_ablate_config`` reads it back to an equal one)."""
         data = self.model_dump(mode="json")
         data["strategies"] = [
-            {"label": s.label, "name": s.credit.name, **s.credit.params} for s in self.strategies
+            {
+                "label": s.label,
+                "name": s.credit.name,
+                **s.credit.params,
+                **({} if s.grad_path is None else {"grad_path": s.grad_path.model_dump()}),
+            }
+            for s in self.strategies
         ]
         return data
 
