@@ -51,9 +51,7 @@ def train_with_evals(
 
 def ablation_evals(recipe: GRPORecipe, assets: SettingAssets, cfg: ProbeConfig) -> dict[str, float]:
     """Exact held-out scores and, if enabled, the credit probes at the current policy."""
-    out = {
-        EXTRA_PREFIX + k: v for k, v in probes.extra_eval(recipe, assets.extra_eval).items()
-    }
+    out = {EXTRA_PREFIX + k: v for k, v in probes.extra_eval(recipe, assets.extra_eval).items()}
     if cfg.enabled:
         metric = next(iter(assets.extra_eval.values()), None)
         out.update(credit_probes.probe(recipe, cfg, assets.token_rule, metric).metrics())

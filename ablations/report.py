@@ -153,8 +153,8 @@ def render_report(
         "Sample efficiency and probes (second table of each setting). *AUC*: the held-out "
         "metric's mean over training (trapezoid area under its evaluations divided by the "
         "steps); *at 25% / 50%*: its value at that share of the step budget (interpolated). "
-        "The probes (mean over seeds at the first → last evaluation; docs/design.md, \"When "
-        "token credit pays off\"): *credit corr*: within-response correlation of the token "
+        'The probes (mean over seeds at the first → last evaluation; docs/design.md, "When '
+        'token credit pays off"): *credit corr*: within-response correlation of the token '
         "advantages with the exact token credit of the setting's rule (n/a for uniform "
         "credit, which is constant in a response, and for settings without a per-token rule: "
         "the MiniLM similarity settings); *grad cos*: cosine between the batch policy "

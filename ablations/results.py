@@ -10,8 +10,9 @@ resumable and shards mergeable (``merge`` copies the current results of shard fo
 
 ``results.csv`` has one row per run and logged step (step 0 is the held-out evaluation of
 the initial policy), columns ``KEY_COLUMNS + METRIC_COLUMNS`` and then any extra metrics
-(``extra_<name>_sampled`` / ``_greedy`` at every evaluation, older results: at the last step
-only; the credit probes ``probe_<name>`` at every evaluation, absent from older results). Run-level figures
+(``extra_<name>_sampled`` / ``_greedy`` at every evaluation; in older results at the last
+step only; the credit probes ``probe_<name>`` at every evaluation, absent from older
+results). Run-level figures
 (``wall_s``, ``peak_rss_mb``) repeat on every row of their run. Absent values are empty;
 floats keep ``SIGNIFICANT`` digits, and the report is computed from the file as written, so
 it can be recomputed from results.csv alone.

@@ -380,9 +380,7 @@ def build_keyword_sparse(p: KeywordSparseParams, family: str, cache: Path) -> Se
     def examples(prompts: list[str], n: int, seed: int) -> list[tuple[str, str, float]]:
         return sparse_tasks.keyword_rm_examples(prompts, n, seed, p.positions, p.response_words)
 
-    a = _word_task(
-        "keyword_sparse", p, family, cache, data, word_tasks.target_words(), examples
-    )
+    a = _word_task("keyword_sparse", p, family, cache, data, word_tasks.target_words(), examples)
 
     def scorer(prompts: list[str], responses: list[str]) -> list[float]:
         return [sparse_tasks.keyword_score(r, p.positions) for r in responses]

@@ -182,13 +182,18 @@ def keyword_rm_examples(
     rate q_s ~ U[0, 1] and elsewhere with an independent rate q_o ~ U[0, 1] (so the model
     sees target words that do not count); a sixth are cut short."""
     rng = random.Random(seed)
-    members, others = word_tasks.CATEGORIES[word_tasks.TARGET_CATEGORY], word_tasks.non_target_words()
+    members, others = (
+        word_tasks.CATEGORIES[word_tasks.TARGET_CATEGORY],
+        word_tasks.non_target_words(),
+    )
     scored = set(positions)
     out = []
     for _ in range(n):
         q_s, q_o = rng.random(), rng.random()
         words = [
-            rng.choice(members) if rng.random() < (q_s if t in scored else q_o) else rng.choice(others)
+            rng.choice(members)
+            if rng.random() < (q_s if t in scored else q_o)
+            else rng.choice(others)
             for t in range(response_words)
         ]
         if rng.random() < 1 / 6:

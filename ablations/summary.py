@@ -24,6 +24,7 @@ best strategy's mean final train reward: the same bar for every strategy.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -165,7 +166,7 @@ def _last(rows: Sequence[dict[str, Any]], column: str) -> float:
 
 
 def _interp(curve: Sequence[tuple[int, float]], step: float) -> float:
-    for (s0, v0), (s1, v1) in zip(curve, curve[1:], strict=False):
+    for (s0, v0), (s1, v1) in itertools.pairwise(curve):
         if s0 <= step <= s1:
             return v0 if s1 == s0 else v0 + (v1 - v0) * (step - s0) / (s1 - s0)
     return _nan()
@@ -179,7 +180,7 @@ def efficiency(curve: Sequence[tuple[int, float]], budget: int) -> Efficiency:
         return Efficiency(_nan(), _nan(), _nan())
     span = curve[-1][0] - curve[0][0]
     area = math.fsum(
-        (s1 - s0) * (v0 + v1) / 2 for (s0, v0), (s1, v1) in zip(curve, curve[1:], strict=False)
+        (s1 - s0) * (v0 + v1) / 2 for (s0, v0), (s1, v1) in itertools.pairwise(curve)
     )
     return Efficiency(
         area / span if span > 0 else _nan(),
