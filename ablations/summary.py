@@ -179,9 +179,7 @@ def efficiency(curve: Sequence[tuple[int, float]], budget: int) -> Efficiency:
     if len(curve) < 2 or budget <= 0:
         return Efficiency(_nan(), _nan(), _nan())
     span = curve[-1][0] - curve[0][0]
-    area = math.fsum(
-        (s1 - s0) * (v0 + v1) / 2 for (s0, v0), (s1, v1) in itertools.pairwise(curve)
-    )
+    area = math.fsum((s1 - s0) * (v0 + v1) / 2 for (s0, v0), (s1, v1) in itertools.pairwise(curve))
     return Efficiency(
         area / span if span > 0 else _nan(),
         _interp(curve, 0.25 * budget),

@@ -8,7 +8,8 @@
   exactly; for a nonlinear RM the integrated gradient (64 points) does to 1e-4, while the
   sampled-point gradient does not.
 - Padding gets 0; bad m1 shapes and empty paths are refused; the wrapper keeps the RM's
-  reward and feeds ``datc`` a gradient with which every strategy invariant holds (sign, mean, padding).
+  reward and feeds ``datc`` a gradient with which every strategy invariant holds (sign,
+  mean, padding).
 """
 
 from __future__ import annotations
