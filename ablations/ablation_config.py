@@ -10,7 +10,9 @@ reward, output folder); it is validated by the trainer's ``TrainConfig``.
 plus an optional ``label`` naming the run (default: the strategy name; labels are unique)
 and an optional ``grad_path`` (``{points: 1}``: the direction model's gradient at the
 midpoint to the policy's expected embedding, ``{points: n}``: integrated over n points;
-``adapters.grad_path``), which goes into the run's ``reward`` section.
+``adapters.grad_path``), which goes into the run's ``reward`` section, and an optional
+``settings`` list: the settings the strategy runs in (default: all; e.g. ``grad_path`` does
+not apply to the vocabulary bridge of ``minilm_bridge``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,12 @@ class StrategyConfig(_Section):
     label: str
     credit: CreditConfig
     grad_path: GradPathConfig | None = None
+    settings: list[str] | None = Field(
+        default=None, description="the settings this strategy runs in; null: all"
+    )
+
+    def runs_in(self, setting: str) -> bool:
+        return self.settings is None or setting in self.settings
 
     @classmethod
     def parse(cls, value: Any) -> StrategyConfig:
@@ -57,13 +65,14 @@ class StrategyConfig(_Section):
         if isinstance(value, str):
             return cls(label=value, credit=CreditConfig.parse(value))
         if isinstance(value, Mapping):
-            body = {k: v for k, v in value.items() if k not in ("label", "grad_path")}
-            credit = CreditConfig.parse(body)
+            own = ("label", "grad_path", "settings")
+            credit = CreditConfig.parse({k: v for k, v in value.items() if k not in own})
             path = value.get("grad_path")
             return cls(
                 label=str(value.get("label", credit.name)),
                 credit=credit,
                 grad_path=None if path is None else GradPathConfig.model_validate(path),
+                settings=value.get("settings"),
             )
         raise ValueError(f"expected a strategy name or mapping, got {type(value).__name__}")
 
@@ -155,6 +164,18 @@ class AblateConfig(_Section):
         dupes = sorted({x for x in labels if labels.count(x) > 1})
         if dupes:
             raise ValueError(f"strategies: duplicate labels {dupes}; give each a 'label'")
+        for strategy in self.strategies:
+            unknown = sorted(set(strategy.settings or []) - set(self.settings))
+            if unknown:
+                raise ValueError(
+                    f"strategies: {strategy.label!r} names settings {unknown} that are not "
+                    f"in this config's settings {list(self.settings)}"
+                )
+            if strategy.label in (self.baseline, self.method) and strategy.settings is not None:
+                raise ValueError(
+                    f"strategies: the baseline and the method run in every setting; remove "
+                    f"'settings' from {strategy.label!r}"
+                )
         for role in ("baseline", "method", "control"):
             label = getattr(self, role)
             if label is not None and label not in labels:
@@ -196,6 +217,7 @@ class AblateConfig(_Section):
                 "name": s.credit.name,
                 **s.credit.params,
                 **({} if s.grad_path is None else {"grad_path": s.grad_path.model_dump()}),
+                **({} if s.settings is None else {"settings": list(s.settings)}),
             }
             for s in self.strategies
         ]

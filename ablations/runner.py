@@ -61,12 +61,14 @@ Log = Callable[[str], None]
 
 
 def plan_runs(cfg: AblateConfig) -> list[RunKey]:
-    """Every run of ``cfg``, in report order: setting, family, strategy, seed."""
+    """Every run of ``cfg``, in report order: setting, family, strategy, seed (a strategy
+    only in the settings it runs in)."""
     return [
         RunKey(setting, family, strategy.label, seed)
         for setting in cfg.settings
         for family in cfg.families
         for strategy in cfg.strategies
+        if strategy.runs_in(setting)
         for seed in cfg.seeds
     ]
 
@@ -459,7 +461,13 @@ def write_outputs(cfg: AblateConfig, *, command: str) -> Outputs:
         f"{len(plan)} runs: {len(cfg.settings)} settings x {len(cfg.families)} "
         f"{'family' if len(cfg.families) == 1 else 'families'} "
         f"({', '.join(cfg.families)}) x {len(cfg.strategies)} strategies x {len(cfg.seeds)} "
-        f"seeds ({', '.join(map(str, cfg.seeds))}); training wall time summed over runs "
+        f"seeds ({', '.join(map(str, cfg.seeds))})"
+        + "".join(
+            f"; `{st.label}` only in {', '.join(st.settings)}"
+            for st in cfg.strategies
+            if st.settings is not None
+        )
+        + f"; training wall time summed over runs "
         f"{total / 60:.1f} min on {', '.join(map(str, threads))} torch thread(s) "
         "(pretraining and reward-model training not included; they are cached).",
     ]
