@@ -171,7 +171,8 @@ class AblateConfig(_Section):
                     f"strategies: {strategy.label!r} names settings {unknown} that are not "
                     f"in this config's settings {list(self.settings)}"
                 )
-            if strategy.label in (self.baseline, self.method) and strategy.settings is not None:
+            core = strategy.label in (self.baseline, self.method_label)
+            if core and strategy.settings is not None:
                 raise ValueError(
                     f"strategies: the baseline and the method run in every setting; remove "
                     f"'settings' from {strategy.label!r}"
