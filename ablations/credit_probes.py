@@ -20,6 +20,12 @@ fresh batch of held-out prompts sampled by the trainer's own rollout
   full estimate with the truth is then about sqrt of the Spearman-Brown value).
 - ``probe/metric``: the mean exact metric over those samples (an on-policy estimate of the
   held-out metric at every evaluation).
+- ``probe/oracle_credit_corr`` (with ``oracle_k > 0``, settings with a rule): the same
+  correlation for the oracle credit of the probe batch: DATC's work with the direction
+  model's exact swap differences over the sampled and top-k tokens
+  (``credit_core.swap.swap_work``, ``adapters.swap.swap_deltas``; B x T x k RM forwards),
+  allocated by the shared rule with ``oracle_beta``/``oracle_lam``: the upper bound of what
+  a better direction could give, whatever the run's strategy.
 
 The probes never change the run: rollouts use seeds of their own tags, and a strategy's
 mutable state (``datc_shuffled``'s random stream) is restored after it credits a probe
@@ -37,11 +43,15 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from ablations.sparse_tasks import TokenRule
+from adapters.direction import DirectionModel
 from adapters.policy import final_hidden_states, lm_head_of, predictor_positions
 from adapters.policy import response_logprobs_and_stats as logprobs_and_stats
 from adapters.scorers import decode_rows
+from adapters.swap import swap_deltas
 from backends.torch.data import Prompt
 from backends.torch.rollout import RolloutBatch
+from credit_core import allocate_weights
+from credit_core.swap import swap_work
 
 if TYPE_CHECKING:
     from backends.torch.trainer import GRPORecipe
@@ -65,6 +75,11 @@ class ProbeConfig(BaseModel):
         ge=4,
         description="samples per prompt for the true-gradient estimate (two halves)",
     )
+    oracle_k: int = Field(
+        default=0, ge=0, description="exact-swap oracle: top-k tokens per position (0: off)"
+    )
+    oracle_beta: float = Field(default=0.5, gt=0.0)
+    oracle_lam: float = Field(default=0.5, ge=0.0, le=1.0)
 
 
 @dataclass(frozen=True)
@@ -75,6 +90,7 @@ class ProbeResult:
     grad_cos: float
     grad_split_half: float
     metric: float
+    oracle_credit_corr: float = float("nan")
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -82,6 +98,7 @@ class ProbeResult:
             "probe/grad_cos": self.grad_cos,
             "probe/grad_split_half": self.grad_split_half,
             "probe/metric": self.metric,
+            "probe/oracle_credit_corr": self.oracle_credit_corr,
         }
 
 
@@ -228,6 +245,31 @@ def metric_gradient_halves(
     return grads[0], grads[1], sum(means) / len(means)
 
 
+def oracle_token_advantages(
+    direction: DirectionModel,
+    batch: RolloutBatch,
+    probs: torch.Tensor,
+    advantages: torch.Tensor,
+    cfg: ProbeConfig,
+) -> torch.Tensor:
+    """A_t of the exact-swap oracle (B, R): A * w with w from ``swap_work`` scores."""
+    k = min(cfg.oracle_k, probs.shape[2] - 1)
+    swaps = swap_deltas(
+        direction,
+        batch.prompt_ids,
+        batch.prompt_mask,
+        batch.response_ids,
+        batch.response_mask,
+        probs,
+        k,
+    )
+    scores = swap_work(swaps.probs, swaps.deltas, advantages)
+    w, _ = allocate_weights(
+        scores, batch.response_mask, beta=cfg.oracle_beta, lam=cfg.oracle_lam, on_nonfinite="error"
+    )
+    return advantages.to(w.dtype).unsqueeze(1) * w
+
+
 def probe(
     recipe: GRPORecipe, cfg: ProbeConfig, rule: TokenRule | None, metric: TextMetric | None
 ) -> ProbeResult:
@@ -247,13 +289,17 @@ def probe(
     recipe.strategy.load_state_dict(state)
     token_adv = signals.token_advantages
     mask = batch.response_mask
-    corr = float("nan")
+    corr = oracle = float("nan")
     if rule is not None:
         probs = token_distributions(recipe, batch)
         prompt_texts = [p.text for p in (prompts[i] for i in batch.group.tolist())]
         values = rule.values(prompt_texts, batch.response_len, probs.shape[2])
         credit = exact_token_credit(values, probs, batch.response_ids, mask)
         corr = within_response_corr(token_adv, credit, mask)
+        direction = recipe.reward.direction
+        if cfg.oracle_k > 0 and direction is not None:
+            oracle_adv = oracle_token_advantages(direction, batch, probs, signals.advantages, cfg)
+            oracle = within_response_corr(oracle_adv, credit, mask)
     g_strategy = flat_policy_gradient(_logp(recipe, batch), token_adv, mask, _params(recipe))
     g_a, g_b, metric_mean = metric_gradient_halves(recipe, prompts, metric, cfg.metric_samples)
     return ProbeResult(
@@ -261,4 +307,5 @@ def probe(
         grad_cos=cosine(g_strategy, g_a + g_b),
         grad_split_half=cosine(g_a, g_b),
         metric=metric_mean,
+        oracle_credit_corr=oracle,
     )

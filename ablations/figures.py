@@ -128,6 +128,7 @@ PROBE_PANELS: tuple[tuple[str, str], ...] = (
     ("probe_credit_corr", "corr(A_t, exact credit)"),
     ("probe_grad_cos", "cos(batch grad, true grad)"),
     ("probe_grad_split_half", "split-half cos of true grad"),
+    ("probe_oracle_credit_corr", "oracle (exact swaps) corr"),
 )
 
 
@@ -154,7 +155,7 @@ def plot_probes(
     fig, axes = plt.subplots(
         len(PROBE_PANELS),
         len(families),
-        figsize=(max(7.0, 5.0 * len(families)), 8.0),
+        figsize=(max(7.0, 5.0 * len(families)), 10.0),
         squeeze=False,
         sharex="col",
         layout="constrained",

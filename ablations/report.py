@@ -101,6 +101,7 @@ def efficiency_markdown(table: SettingFamilyStats, primary_label: str) -> str:
         "credit corr (start → end)",
         "grad cos (start → end)",
         "split-half (start → end)",
+        "oracle credit corr (start → end)",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for st in table.strategies.values():
@@ -160,7 +161,9 @@ def render_report(
         "the MiniLM similarity settings); *grad cos*: cosine between the batch policy "
         "gradient of the strategy's token advantages and a many-sample REINFORCE estimate of "
         "the exact metric's gradient; *split-half*: the cosine between two independent "
-        "halves of that estimate (its reliability: a grad cos can only be read against it).",
+        "halves of that estimate (its reliability: a grad cos can only be read against it); "
+        "*oracle credit corr*: the credit correlation of DATC's allocation fed the direction "
+        "model's exact swap differences on the same batch (an upper bound, where computed).",
         "",
         "## Verdicts",
         "",

@@ -89,6 +89,7 @@ PROBE_COLUMNS: tuple[str, ...] = (
     "probe_credit_corr",
     "probe_grad_cos",
     "probe_grad_split_half",
+    "probe_oracle_credit_corr",
 )
 
 
