@@ -388,6 +388,8 @@ def _setting_info(results: dict[RunKey, dict[str, Any]]) -> dict[str, dict[str, 
             )
         if "target_text" in raw:
             facts["target text"] = repr(raw["target_text"])
+        if "scored positions" in raw:
+            facts["scored response positions"] = raw["scored positions"]
     return info
 
 
