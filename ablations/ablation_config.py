@@ -164,6 +164,11 @@ class AblateConfig(_Section):
         dupes = sorted({x for x in labels if labels.count(x) > 1})
         if dupes:
             raise ValueError(f"strategies: duplicate labels {dupes}; give each a 'label'")
+        unknown_compare = sorted(set(self.probes.compare) - set(labels))
+        if unknown_compare:
+            raise ValueError(
+                f"probes.compare: {unknown_compare} are not labels of the strategies {labels}"
+            )
         for strategy in self.strategies:
             unknown = sorted(set(strategy.settings or []) - set(self.settings))
             if unknown:

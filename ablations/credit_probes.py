@@ -20,6 +20,11 @@ fresh batch of held-out prompts sampled by the trainer's own rollout
   full estimate with the truth is then about sqrt of the Spearman-Brown value).
 - ``probe/metric``: the mean exact metric over those samples (an on-policy estimate of the
   held-out metric at every evaluation).
+- ``probe/credit_corr@<label>`` (``compare``): the credit correlation of another credit
+  (a strategy of the ablation, with its gradient path) on the same probe batch, computed by
+  the same ``GRPORecipe.signals`` with that strategy and reward side swapped in for the
+  call (``credit_as``): different credits judged at the same policy and samples (e.g.
+  DATC's credit along uniform's trajectory).
 - ``probe/oracle_credit_corr`` (with ``oracle_k > 0``, settings with a rule): the same
   correlation for the oracle credit of the probe batch: DATC's work with the direction
   model's exact swap differences over the sampled and top-k tokens
@@ -35,8 +40,9 @@ batch. Policy gradients are taken with ``torch.autograd.grad`` (no ``.grad`` is 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -50,7 +56,8 @@ from adapters.scorers import decode_rows
 from adapters.swap import swap_deltas
 from backends.torch.data import Prompt
 from backends.torch.rollout import RolloutBatch
-from credit_core import allocate_weights
+from backends.torch.rollout_rewards import RolloutRewards
+from credit_core import CreditStrategy, allocate_weights
 from credit_core.swap import swap_work
 
 if TYPE_CHECKING:
@@ -80,6 +87,19 @@ class ProbeConfig(BaseModel):
     )
     oracle_beta: float = Field(default=0.5, gt=0.0)
     oracle_lam: float = Field(default=0.5, ge=0.0, le=1.0)
+    compare: list[str] = Field(
+        default_factory=list,
+        description="labels of strategies whose credit is also probed on every run's batch",
+    )
+
+
+@dataclass(frozen=True)
+class CompareCredit:
+    """A credit to probe on another run's batches: its label, strategy and reward side."""
+
+    label: str
+    strategy: CreditStrategy
+    reward: RolloutRewards
 
 
 @dataclass(frozen=True)
@@ -91,6 +111,7 @@ class ProbeResult:
     grad_split_half: float
     metric: float
     oracle_credit_corr: float = float("nan")
+    compared: dict[str, float] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -99,6 +120,7 @@ class ProbeResult:
             "probe/grad_split_half": self.grad_split_half,
             "probe/metric": self.metric,
             "probe/oracle_credit_corr": self.oracle_credit_corr,
+            **{f"probe/credit_corr@{k}": v for k, v in self.compared.items()},
         }
 
 
@@ -270,13 +292,34 @@ def oracle_token_advantages(
     return advantages.to(w.dtype).unsqueeze(1) * w
 
 
+@contextmanager
+def credit_as(
+    recipe: GRPORecipe, strategy: CreditStrategy, reward: RolloutRewards
+) -> Iterator[None]:
+    """``recipe.signals`` computes ``strategy``'s credit with ``reward`` inside the block
+    (the recipe's strategy, its signal flags and reward side are restored after it)."""
+    saved = (recipe.strategy, recipe.need_reward_grad, recipe.need_policy_stats, recipe.reward)
+    recipe.strategy, recipe.reward = strategy, reward
+    recipe.need_reward_grad = "reward_grad" in strategy.requires
+    recipe.need_policy_stats = "policy_stats" in strategy.requires
+    try:
+        yield
+    finally:
+        (recipe.strategy, recipe.need_reward_grad, recipe.need_policy_stats, recipe.reward) = saved
+
+
 def probe(
-    recipe: GRPORecipe, cfg: ProbeConfig, rule: TokenRule | None, metric: TextMetric | None
+    recipe: GRPORecipe,
+    cfg: ProbeConfig,
+    rule: TokenRule | None,
+    metric: TextMetric | None,
+    compare: Sequence[CompareCredit] = (),
 ) -> ProbeResult:
     """The probes of ``recipe``'s strategy at its current policy (see the module doc).
 
     ``rule``: the setting's exact per-token decomposition (None: no credit correlation);
-    ``metric``: the exact text metric (None: the run's own reward is the metric).
+    ``metric``: the exact text metric (None: the run's own reward is the metric);
+    ``compare``: other credits whose correlation is measured on the same batch.
     """
     prompts = recipe.eval_prompts[: cfg.prompts]
     if not prompts:
@@ -290,12 +333,17 @@ def probe(
     token_adv = signals.token_advantages
     mask = batch.response_mask
     corr = oracle = float("nan")
+    compared: dict[str, float] = {}
     if rule is not None:
         probs = token_distributions(recipe, batch)
         prompt_texts = [p.text for p in (prompts[i] for i in batch.group.tolist())]
         values = rule.values(prompt_texts, batch.response_len, probs.shape[2])
         credit = exact_token_credit(values, probs, batch.response_ids, mask)
         corr = within_response_corr(token_adv, credit, mask)
+        for other in compare:
+            with credit_as(recipe, other.strategy, other.reward):
+                theirs = recipe.signals(batch, prompts).token_advantages
+            compared[other.label] = within_response_corr(theirs, credit, mask)
         direction = recipe.reward.direction
         if cfg.oracle_k > 0 and direction is not None:
             oracle_adv = oracle_token_advantages(direction, batch, probs, signals.advantages, cfg)
@@ -308,4 +356,5 @@ def probe(
         grad_split_half=cosine(g_a, g_b),
         metric=metric_mean,
         oracle_credit_corr=oracle,
+        compared=compared,
     )

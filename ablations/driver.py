@@ -6,18 +6,23 @@ record per step) through the recipe's public API (``train_step``, ``evaluate``, 
 ``logger``), and merges ``at_eval()`` into every evaluation record.
 ``ablation_evals`` is what the runner measures there: the setting's exact held-out scores
 (``probes.extra_eval``, as ``extra/<name>_<mode>``) and the credit probes
-(``credit_probes.probe``, as ``probe/...``).
+(``credit_probes.probe``, as ``probe/...``), with the credits of ``probes.compare``
+(``compare_credits``) judged on the same batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ablations import credit_probes, probes
-from ablations.credit_probes import ProbeConfig
+from ablations.ablation_config import StrategyConfig
+from ablations.credit_probes import CompareCredit, ProbeConfig
 from ablations.settings import SettingAssets
+from adapters.grad_path import with_grad_path
+from backends.torch.rollout_rewards import RolloutRewards
 from backends.torch.trainer import GRPORecipe
+from credit_core import get_strategy
 
 EXTRA_PREFIX = "extra/"
 
@@ -49,12 +54,34 @@ def train_with_evals(
     return logger.history
 
 
-def ablation_evals(recipe: GRPORecipe, assets: SettingAssets, cfg: ProbeConfig) -> dict[str, float]:
+def compare_credits(
+    recipe: GRPORecipe, strategies: Sequence[StrategyConfig]
+) -> list[CompareCredit]:
+    """The credits of ``strategies`` for ``recipe``'s batches: each strategy with the
+    recipe's reward side, its direction gradient taken along ``grad_path`` if it has one."""
+    out = []
+    for st in strategies:
+        reward = recipe.reward
+        if st.grad_path is not None:
+            signals = with_grad_path(
+                reward.signals, recipe.policy.model, st.grad_path, recipe.cfg.rollout.temperature
+            )
+            reward = RolloutRewards(signals)
+        out.append(CompareCredit(st.label, get_strategy(st.credit), reward))
+    return out
+
+
+def ablation_evals(
+    recipe: GRPORecipe,
+    assets: SettingAssets,
+    cfg: ProbeConfig,
+    compare: Sequence[CompareCredit] = (),
+) -> dict[str, float]:
     """Exact held-out scores and, if enabled, the credit probes at the current policy."""
     out = {EXTRA_PREFIX + k: v for k, v in probes.extra_eval(recipe, assets.extra_eval).items()}
     if cfg.enabled:
         metric = next(iter(assets.extra_eval.values()), None)
-        out.update(credit_probes.probe(recipe, cfg, assets.token_rule, metric).metrics())
+        out.update(credit_probes.probe(recipe, cfg, assets.token_rule, metric, compare).metrics())
     return out
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ablations.stats import Interval
 from ablations.summary import (
+    COMPARED_PREFIX,
     PROBE_COLUMNS,
     SettingFamilyStats,
     StrategyStats,
@@ -118,6 +119,33 @@ def efficiency_markdown(table: SettingFamilyStats, primary_label: str) -> str:
     return "\n".join(lines)
 
 
+def compared_markdown(table: SettingFamilyStats) -> str | None:
+    """The credits of ``probes.compare`` judged on each run's batches (None if none)."""
+    columns = sorted(
+        {
+            c
+            for st in table.strategies.values()
+            for c in st.probes_end
+            if c.startswith(COMPARED_PREFIX)
+        }
+    )
+    if not columns:
+        return None
+    labels = [c.removeprefix(COMPARED_PREFIX) for c in columns]
+    head = [
+        "run's strategy (its batches)",
+        *(f"credit corr of `{x}` (start → end)" for x in labels),
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for st in table.strategies.values():
+        cells = [f"`{st.strategy}`"]
+        for c in columns:
+            a, b = st.probes_start.get(c), st.probes_end.get(c)
+            cells.append("n/a" if a is None or b is None else _span(a, b))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render_report(
     *,
     title: str,
@@ -163,7 +191,10 @@ def render_report(
         "the exact metric's gradient; *split-half*: the cosine between two independent "
         "halves of that estimate (its reliability: a grad cos can only be read against it); "
         "*oracle credit corr*: the credit correlation of DATC's allocation fed the direction "
-        "model's exact swap differences on the same batch (an upper bound, where computed).",
+        "model's exact swap differences on the same batch (an upper bound, where computed). "
+        "A third table, where the config compares credits (`probes.compare`), gives the "
+        "credit correlation of those strategies on each run's own probe batches: credits "
+        "judged at the same policy and samples.",
         "",
         "## Verdicts",
         "",
@@ -199,6 +230,9 @@ def render_report(
                 efficiency_markdown(t, s.metric_label),
                 "",
             ]
+            compared = compared_markdown(t)
+            if compared is not None:
+                out += [compared, ""]
         for fig in figures.get(s.name, ()):
             rel = fig.relative_to(relative_to) if fig.is_relative_to(relative_to) else fig
             out.append(f"![{fig.stem}]({rel.as_posix()})")

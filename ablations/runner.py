@@ -139,7 +139,7 @@ def execute_run(
 ) -> dict[str, Any]:
     """Train one run from scratch (a half-finished folder is cleared) and store its result."""
     from ablations import probes
-    from ablations.driver import ablation_evals, final_extra, train_with_evals
+    from ablations.driver import ablation_evals, compare_credits, final_extra, train_with_evals
     from backends.torch.trainer import GRPORecipe, resolve_config
 
     folder = run.folder(output_dir)
@@ -151,7 +151,11 @@ def execute_run(
     with PeakRSS() as mem:
         recipe = GRPORecipe(train_cfg)
         try:
-            history = train_with_evals(recipe, lambda: ablation_evals(recipe, assets, cfg.probes))
+            others = [cfg.strategy(x) for x in cfg.probes.compare]
+            compare = compare_credits(recipe, [o for o in others if o.runs_in(run.setting)])
+            history = train_with_evals(
+                recipe, lambda: ablation_evals(recipe, assets, cfg.probes, compare)
+            )
             wall = time.perf_counter() - start
             extra = final_extra(history) or probes.extra_eval(recipe, assets.extra_eval)
             credit = probes.credit_examples(recipe, cfg.report.heatmap_responses) if heatmap else []

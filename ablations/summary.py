@@ -91,6 +91,8 @@ PROBE_COLUMNS: tuple[str, ...] = (
     "probe_grad_split_half",
     "probe_oracle_credit_corr",
 )
+#: Columns of the credits compared on every run's batches: ``probe_credit_corr@<label>``.
+COMPARED_PREFIX = "probe_credit_corr@"
 
 
 @dataclass(frozen=True)
@@ -188,13 +190,19 @@ def efficiency(curve: Sequence[tuple[int, float]], budget: int) -> Efficiency:
     )
 
 
+def compared_columns(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """The ``probe_credit_corr@<label>`` columns (``probes.compare``) present in ``rows``."""
+    return sorted({k for r in rows for k in r if k.startswith(COMPARED_PREFIX)})
+
+
 def _probe_ends(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
     probed = sorted((r for r in rows if "probe_grad_cos" in r), key=lambda r: r["step"])
     if not probed:
         return {}, {}
+    columns = [*PROBE_COLUMNS, *compared_columns(probed)]
 
     def pick(r: dict[str, Any]) -> dict[str, float]:
-        return {c: float(r.get(c, _nan())) for c in PROBE_COLUMNS}
+        return {c: float(r.get(c, _nan())) for c in columns}
 
     return pick(probed[0]), pick(probed[-1])
 
@@ -329,18 +337,8 @@ def summarize(
                     auc=_interval([f.efficiency.auc for f in ordered], spec.confidence),
                     at_25=_interval([f.efficiency.at_25 for f in ordered], spec.confidence),
                     at_50=_interval([f.efficiency.at_50 for f in ordered], spec.confidence),
-                    probes_start={
-                        c: _interval(
-                            [f.probes_start.get(c, _nan()) for f in ordered], spec.confidence
-                        )
-                        for c in PROBE_COLUMNS
-                    },
-                    probes_end={
-                        c: _interval(
-                            [f.probes_end.get(c, _nan()) for f in ordered], spec.confidence
-                        )
-                        for c in PROBE_COLUMNS
-                    },
+                    probes_start=_probe_intervals([f.probes_start for f in ordered], spec),
+                    probes_end=_probe_intervals([f.probes_end for f in ordered], spec),
                 )
             tables.append(table)
             roles = [(pairs_base, spec.baseline), (pairs_method, spec.method)]
@@ -352,6 +350,11 @@ def summarize(
         if pairs_base and pairs_method:
             verdicts.append(_verdict(s, spec, pairs_method, pairs_base, pairs_control))
     return tables, verdicts
+
+
+def _probe_intervals(values: Sequence[dict[str, float]], spec: SummarySpec) -> dict[str, Interval]:
+    columns = dict.fromkeys([*PROBE_COLUMNS, *(c for v in values for c in v)])
+    return {c: _interval([v.get(c, _nan()) for v in values], spec.confidence) for c in columns}
 
 
 def _auto_threshold(runs: dict[RunKey, RunFigures], strategies: Sequence[str]) -> float | None:

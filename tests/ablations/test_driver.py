@@ -3,7 +3,9 @@
 - Every evaluation record (steps 0, 1, 2) holds the trainer's held-out metrics and the
   credit probes, with the exact-credit correlation defined for DATC's credit.
 - The probes never change the run: with ``datc_shuffled`` (a strategy with a random
-  stream) the training metrics of every step equal those of the same run without probes.
+  stream) and another credit compared on its batches (``datc`` with the midpoint gradient,
+  swapped in for one ``signals`` call), the training metrics of every step equal those of
+  the same run without probes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 
 from ablations.ablation_config import AblateConfig
 from ablations.credit_probes import ProbeConfig
-from ablations.driver import ablation_evals, train_with_evals
+from ablations.driver import ablation_evals, compare_credits, train_with_evals
 from ablations.results import RunKey
 from ablations.runner import run_train_config
 from ablations.settings import SETTINGS
@@ -35,7 +37,11 @@ PROBES = ProbeConfig(prompts=2, metric_samples=4, oracle_k=2)
 def _history(tmp_path: Path, name: str, probes: bool) -> list[dict[str, float]]:
     cfg = AblateConfig.model_validate(
         {
-            "strategies": ["uniform", {"name": "datc_shuffled", "beta": 2.0}],
+            "strategies": [
+                "uniform",
+                {"name": "datc_shuffled", "beta": 2.0},
+                {"label": "mid", "name": "datc", "grad_path": {"points": 1}},
+            ],
             "settings": {"positional_sparse": {"params": TINY}},
             "train": {
                 "steps": 2,
@@ -51,7 +57,8 @@ def _history(tmp_path: Path, name: str, probes: bool) -> list[dict[str, float]]:
     recipe = GRPORecipe(resolve_config(run_train_config(cfg, run, assets, tmp_path / name)))
     try:
         if probes:
-            return train_with_evals(recipe, lambda: ablation_evals(recipe, assets, PROBES))
+            compare = compare_credits(recipe, [cfg.strategy("mid")])
+            return train_with_evals(recipe, lambda: ablation_evals(recipe, assets, PROBES, compare))
         return train_with_evals(recipe, dict)
     finally:
         recipe.close()
@@ -67,6 +74,8 @@ def test_probes_are_recorded_and_do_not_change_the_run(tmp_path: Path) -> None:
         assert -1.0 <= record["probe/grad_split_half"] <= 1.0
         assert math.isfinite(record["probe/metric"])
     assert any(math.isfinite(r["probe/credit_corr"]) for r in probed)
+    assert any(math.isfinite(r["probe/credit_corr@mid"]) for r in probed)
+    assert any(math.isfinite(r["probe/oracle_credit_corr"]) for r in probed)
     for a, b in zip(probed, plain, strict=True):
         shared = {k for k in b if not k.startswith(("time/", "throughput/"))}
         assert {k: a[k] for k in shared} == {k: b[k] for k in shared}
