@@ -19,7 +19,7 @@ from ablations import credit_probes, probes
 from ablations.ablation_config import StrategyConfig
 from ablations.credit_probes import CompareCredit, ProbeConfig
 from ablations.settings import SettingAssets
-from adapters.grad_path import with_grad_path
+from adapters.grad_path import with_grad_path, without_grad_path
 from backends.torch.rollout_rewards import RolloutRewards
 from backends.torch.trainer import GRPORecipe
 from credit_core import get_strategy
@@ -58,16 +58,16 @@ def compare_credits(
     recipe: GRPORecipe, strategies: Sequence[StrategyConfig]
 ) -> list[CompareCredit]:
     """The credits of ``strategies`` for ``recipe``'s batches: each strategy with the
-    recipe's reward side, its direction gradient taken along ``grad_path`` if it has one."""
+    recipe's reward side (without the run's own ``grad_path``), its direction gradient
+    taken along its own ``grad_path`` if it has one."""
+    plain = without_grad_path(recipe.reward.signals)
     out = []
     for st in strategies:
-        reward = recipe.reward
+        signals = plain
         if st.grad_path is not None:
-            signals = with_grad_path(
-                reward.signals, recipe.policy.model, st.grad_path, recipe.cfg.rollout.temperature
-            )
-            reward = RolloutRewards(signals)
-        out.append(CompareCredit(st.label, get_strategy(st.credit), reward))
+            temperature = recipe.cfg.rollout.temperature
+            signals = with_grad_path(plain, recipe.policy.model, st.grad_path, temperature)
+        out.append(CompareCredit(st.label, get_strategy(st.credit), RolloutRewards(signals)))
     return out
 
 

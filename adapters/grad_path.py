@@ -209,3 +209,14 @@ def with_grad_path(
     if isinstance(scorer, ModelScorer) and scorer.model is dm:
         scorer = ModelScorer(wrapped)
     return RewardSignals(scorer=scorer, direction_model=wrapped)
+
+
+def without_grad_path(signals: RewardSignals) -> RewardSignals:
+    """``signals`` as they were before ``with_grad_path`` (unchanged if not wrapped)."""
+    dm = signals.direction_model
+    if not isinstance(dm, PathGradientDirection):
+        return signals
+    scorer = signals.scorer
+    if isinstance(scorer, ModelScorer) and scorer.model is dm:
+        scorer = ModelScorer(dm.inner)
+    return RewardSignals(scorer=scorer, direction_model=dm.inner)

@@ -34,7 +34,9 @@ TINY = {
 PROBES = ProbeConfig(prompts=2, metric_samples=4, oracle_k=2)
 
 
-def _history(tmp_path: Path, name: str, probes: bool) -> list[dict[str, float]]:
+def _history(
+    tmp_path: Path, name: str, probes: bool, strategy: str = "datc_shuffled"
+) -> list[dict[str, float]]:
     cfg = AblateConfig.model_validate(
         {
             "strategies": [
@@ -53,11 +55,11 @@ def _history(tmp_path: Path, name: str, probes: bool) -> list[dict[str, float]]:
     )
     kind = SETTINGS["positional_sparse"]
     assets = kind.build(kind.params.model_validate(TINY), "llama", tmp_path / "cache")
-    run = RunKey("positional_sparse", "llama", "datc_shuffled", 0)
+    run = RunKey("positional_sparse", "llama", strategy, 0)
     recipe = GRPORecipe(resolve_config(run_train_config(cfg, run, assets, tmp_path / name)))
     try:
         if probes:
-            compare = compare_credits(recipe, [cfg.strategy("mid")])
+            compare = compare_credits(recipe, [cfg.strategy("mid"), cfg.strategy("datc_shuffled")])
             return train_with_evals(recipe, lambda: ablation_evals(recipe, assets, PROBES, compare))
         return train_with_evals(recipe, dict)
     finally:
@@ -79,3 +81,11 @@ def test_probes_are_recorded_and_do_not_change_the_run(tmp_path: Path) -> None:
     for a, b in zip(probed, plain, strict=True):
         shared = {k for k in b if not k.startswith(("time/", "throughput/"))}
         assert {k: a[k] for k in shared} == {k: b[k] for k in shared}
+
+
+def test_compared_credits_on_a_path_gradient_run(tmp_path: Path) -> None:
+    """On a ``grad_path`` run, a compared credit is its own: ``mid`` (the run's own credit)
+    equals the run's correlation, and the plain ``datc_shuffled`` does not use the path."""
+    (first, *_) = _history(tmp_path, "c", probes=True, strategy="mid")
+    assert first["probe/credit_corr@mid"] == pytest.approx(first["probe/credit_corr"])
+    assert first["probe/credit_corr@datc_shuffled"] != pytest.approx(first["probe/credit_corr"])
