@@ -435,7 +435,7 @@ def write_outputs(cfg: AblateConfig, *, command: str) -> Outputs:
             )
         ]
         setting_rows = [r for r in rows if r["setting"] == s.name]
-        if any("probe_grad_cos" in r for r in setting_rows):
+        if any("probe_metric" in r for r in setting_rows):
             paths.append(
                 figs.plot_probes(
                     fig_dir / f"probes_{s.name}.png",

@@ -196,7 +196,7 @@ def compared_columns(rows: Iterable[dict[str, Any]]) -> list[str]:
 
 
 def _probe_ends(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
-    probed = sorted((r for r in rows if "probe_grad_cos" in r), key=lambda r: r["step"])
+    probed = sorted((r for r in rows if "probe_metric" in r), key=lambda r: r["step"])
     if not probed:
         return {}, {}
     columns = [*PROBE_COLUMNS, *compared_columns(probed)]

@@ -41,6 +41,7 @@ def _rows() -> list[dict[str, object]]:
                 if held is not None:
                     row["eval_reward_sampled"] = held
                     row["probe_grad_cos"] = 0.5
+                    row["probe_metric"] = held
                     row["probe_credit_corr@datc"] = corr
                     if strat == "datc":
                         row["probe_credit_corr"] = corr
