@@ -180,9 +180,12 @@ def plot_probes(
                 ax.set_title(family)
             if row == len(PROBE_PANELS) - 1:
                 ax.set_xlabel("step")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    if not handles:
-        handles, labels = axes[1][0].get_legend_handles_labels()
+    legend: dict[str, Any] = {}
+    for ax in axes.flat:  # uniform credit has no correlation: its line is in other panels
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    labels = [x for x in strategies if x in legend]
+    handles = [legend[x] for x in labels]
     if handles:
         fig.legend(
             handles, labels, loc="outside lower center", ncol=min(len(labels), 7), frameon=False
