@@ -7,7 +7,12 @@ setting's own ``train`` overrides, then the run's own fields (seed, credit, poli
 reward, output folder); it is validated by the trainer's ``TrainConfig``.
 
 ``strategies`` entries are what ``credit:`` accepts (``datc`` or ``{name: datc, beta: 2}``)
-plus an optional ``label`` naming the run (default: the strategy name; labels are unique).
+plus an optional ``label`` naming the run (default: the strategy name; labels are unique)
+and an optional ``grad_path`` (``{points: 1}``: the direction model's gradient at the
+midpoint to the policy's expected embedding, ``{points: n}``: integrated over n points;
+``adapters.grad_path``), which goes into the run's ``reward`` section, and an optional
+``settings`` list: the settings the strategy runs in (default: all; e.g. ``grad_path`` does
+not apply to the vocabulary bridge of ``minilm_bridge``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from ablations.credit_probes import ProbeConfig
 from ablations.settings import SETTINGS
+from adapters.grad_path import GradPathConfig
 from adapters.tiny import Family
 from backends.torch.config import (
     Section,
@@ -39,10 +46,19 @@ RUN_OWNED_KEYS = frozenset({"seed", "credit", "policy", "reward", "output_dir"})
 
 
 class StrategyConfig(Section):
-    """One strategy of the comparison: its label and its ``CreditConfig``."""
+    """One strategy of the comparison: its label, its ``CreditConfig`` and, optionally,
+    where the direction model's gradient is taken (``grad_path``, the trainer's
+    ``reward.grad_path``; None: at the sampled tokens)."""
 
     label: str
     credit: CreditConfig
+    grad_path: GradPathConfig | None = None
+    settings: list[str] | None = Field(
+        default=None, description="the settings this strategy runs in; null: all"
+    )
+
+    def runs_in(self, setting: str) -> bool:
+        return self.settings is None or setting in self.settings
 
     @classmethod
     def parse(cls, value: Any) -> StrategyConfig:
@@ -51,9 +67,15 @@ class StrategyConfig(Section):
         if isinstance(value, str):
             return cls(label=value, credit=CreditConfig.parse(value))
         if isinstance(value, Mapping):
-            body = {k: v for k, v in value.items() if k != "label"}
-            credit = CreditConfig.parse(body)
-            return cls(label=str(value.get("label", credit.name)), credit=credit)
+            own = ("label", "grad_path", "settings")
+            credit = CreditConfig.parse({k: v for k, v in value.items() if k not in own})
+            path = value.get("grad_path")
+            return cls(
+                label=str(value.get("label", credit.name)),
+                credit=credit,
+                grad_path=None if path is None else GradPathConfig.model_validate(path),
+                settings=value.get("settings"),
+            )
         raise ValueError(f"expected a strategy name or mapping, got {type(value).__name__}")
 
 
@@ -108,6 +130,7 @@ class AblateConfig(Section):
         default=1, ge=1, description="worker processes (each runs a shard of the plan, then merge)"
     )
     report: ReportConfig = Field(default_factory=ReportConfig)
+    probes: ProbeConfig = Field(default_factory=ProbeConfig)
 
     @field_validator("strategies", mode="before")
     @classmethod
@@ -143,6 +166,24 @@ class AblateConfig(Section):
         dupes = sorted({x for x in labels if labels.count(x) > 1})
         if dupes:
             raise ValueError(f"strategies: duplicate labels {dupes}; give each a 'label'")
+        unknown_compare = sorted(set(self.probes.compare) - set(labels))
+        if unknown_compare:
+            raise ValueError(
+                f"probes.compare: {unknown_compare} are not labels of the strategies {labels}"
+            )
+        for strategy in self.strategies:
+            unknown = sorted(set(strategy.settings or []) - set(self.settings))
+            if unknown:
+                raise ValueError(
+                    f"strategies: {strategy.label!r} names settings {unknown} that are not "
+                    f"in this config's settings {list(self.settings)}"
+                )
+            core = strategy.label in (self.baseline, self.method_label)
+            if core and strategy.settings is not None:
+                raise ValueError(
+                    f"strategies: the baseline and the method run in every setting; remove "
+                    f"'settings' from {strategy.label!r}"
+                )
         for role in ("baseline", "method", "control"):
             label = getattr(self, role)
             if label is not None and label not in labels:
@@ -176,7 +217,14 @@ class AblateConfig(Section):
         """The config as YAML input (``load_ablate_config`` reads it back to an equal one)."""
         data = self.model_dump(mode="json")
         data["strategies"] = [
-            {"label": s.label, "name": s.credit.name, **s.credit.params} for s in self.strategies
+            {
+                "label": s.label,
+                "name": s.credit.name,
+                **s.credit.params,
+                **({} if s.grad_path is None else {"grad_path": s.grad_path.model_dump()}),
+                **({} if s.settings is None else {"settings": list(s.settings)}),
+            }
+            for s in self.strategies
         ]
         return data
 

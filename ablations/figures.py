@@ -1,8 +1,12 @@
-"""PNG figures (matplotlib, Agg backend): reward curves and a credit heat-map.
+"""PNG figures (matplotlib, Agg backend): reward curves, credit probes and a credit heat-map.
 
 - ``plot_curves``: one column per model family; top row the training reward per step, bottom
   row the held-out reward at evaluation steps; one line per strategy (mean over seeds) with
   its shaded Student-t interval (no shading with a single seed).
+- ``plot_probes``: one column per model family; one row per credit probe (``probe_*``
+  columns: exact-credit correlation, gradient cosine, its split-half reliability) over the
+  evaluation steps; one line per strategy (mean over the seeds that have a value) with its
+  interval.
 - ``plot_credit``: a few sampled responses, one row each, every token a cell colored by its
   DATC weight w_t = A_t / A (1 = what GRPO gives every token; the color scale is centered
   at 1), with the token text written in the cell.
@@ -113,6 +117,81 @@ def plot_curves(
         )
     pct = f"{round(confidence * 100)}%"
     fig.suptitle(f"{title}\nmean over seeds, shaded {pct} interval", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+#: Probe columns and their axis labels, in figure order.
+PROBE_PANELS: tuple[tuple[str, str], ...] = (
+    ("probe_credit_corr", "corr(A_t, exact credit)"),
+    ("probe_grad_cos", "cos(batch grad, true grad)"),
+    ("probe_grad_split_half", "split-half cos of true grad"),
+    ("probe_oracle_credit_corr", "oracle (exact swaps) corr"),
+)
+
+
+def plot_probes(
+    path: Path,
+    *,
+    title: str,
+    rows: Iterable[dict[str, Any]],
+    families: Sequence[str],
+    strategies: Sequence[str],
+    confidence: float = 0.95,
+    baseline: str | None = None,
+) -> Path:
+    """Write the credit-probe figure of one setting to ``path`` (PNG)."""
+    plt = _pyplot()
+    data: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for r in rows:
+        for column, _ in PROBE_PANELS:
+            value = r.get(column)
+            if value is not None and not math.isnan(float(value)):
+                data[(r["family"], r["strategy"], column)][int(r["step"])].append(float(value))
+    fig, axes = plt.subplots(
+        len(PROBE_PANELS),
+        len(families),
+        figsize=(max(7.0, 5.0 * len(families)), 10.0),
+        squeeze=False,
+        sharex="col",
+        layout="constrained",
+    )
+    colors = plt.get_cmap("tab10")
+    for col, family in enumerate(families):
+        for row, (column, label) in enumerate(PROBE_PANELS):
+            ax = axes[row][col]
+            for i, strat in enumerate(strategies):
+                per_step = data.get((family, strat, column))
+                if not per_step:
+                    continue
+                steps, mean, low, high = _band(per_step, confidence)
+                color: Any = "black" if strat == baseline else colors(i % 10)
+                style = "--" if strat == baseline else "-"
+                ax.plot(steps, mean, style, color=color, label=strat, marker="o", markersize=3)
+                ax.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0)
+            ax.axhline(0.0, color="grey", linewidth=0.8)
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+            if row == 0:
+                ax.set_title(family)
+            if row == len(PROBE_PANELS) - 1:
+                ax.set_xlabel("step")
+    legend: dict[str, Any] = {}
+    for ax in axes.flat:  # uniform credit has no correlation: its line is in other panels
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    labels = [x for x in strategies if x in legend]
+    handles = [legend[x] for x in labels]
+    if handles:
+        fig.legend(
+            handles, labels, loc="outside lower center", ncol=min(len(labels), 7), frameon=False
+        )
+    pct = f"{round(confidence * 100)}%"
+    fig.suptitle(f"{title}: credit probes\nmean over seeds, shaded {pct} interval", fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -11,7 +11,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ablations.stats import Interval
 from ablations.summary import (
+    COMPARED_PREFIX,
+    PROBE_COLUMNS,
     SettingFamilyStats,
     StrategyStats,
     SummarySpec,
@@ -82,6 +85,67 @@ def table_markdown(
     return "\n".join(lines)
 
 
+def _span(a: Interval, b: Interval) -> str:
+    if a.n == 0 and b.n == 0:
+        return "n/a"
+    return f"{fmt(a.mean, 2, signed=True)} → {fmt(b.mean, 2, signed=True)}"
+
+
+def efficiency_markdown(table: SettingFamilyStats, primary_label: str) -> str:
+    """Sample efficiency and the credit probes of one (setting, family)."""
+    head = [
+        "strategy",
+        f"AUC held-out {primary_label}",
+        "at 25% of steps",
+        "at 50% of steps",
+        "final",
+        "credit corr (start → end)",
+        "grad cos (start → end)",
+        "split-half (start → end)",
+        "oracle credit corr (start → end)",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for st in table.strategies.values():
+        start, end = st.probes_start, st.probes_end
+        cells = [
+            f"`{st.strategy}`",
+            fmt_interval(st.auc),
+            fmt_interval(st.at_25),
+            fmt_interval(st.at_50),
+            fmt_interval(st.primary),
+            *(_span(start[c], end[c]) for c in PROBE_COLUMNS),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def compared_markdown(table: SettingFamilyStats) -> str | None:
+    """The credits of ``probes.compare`` judged on each run's batches (None if none)."""
+    columns = sorted(
+        {
+            c
+            for st in table.strategies.values()
+            for c in st.probes_end
+            if c.startswith(COMPARED_PREFIX)
+        }
+    )
+    if not columns:
+        return None
+    labels = [c.removeprefix(COMPARED_PREFIX) for c in columns]
+    head = [
+        "run's strategy (its batches)",
+        *(f"credit corr of `{x}` (start → end)" for x in labels),
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for st in table.strategies.values():
+        cells = [f"`{st.strategy}`"]
+        for c in columns:
+            a, b = st.probes_start.get(c), st.probes_end.get(c)
+            cells.append("n/a" if a is None or b is None else _span(a, b))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render_report(
     *,
     title: str,
@@ -115,6 +179,23 @@ def render_report(
         "without the first, split into rollout / reward and credit signals / update. "
         "*Peak RSS*: the process's resident memory, sampled during the run (CPU).",
         "",
+        "Sample efficiency and probes (second table of each setting). *AUC*: the held-out "
+        "metric's mean over training (trapezoid area under its evaluations divided by the "
+        "steps); *at 25% / 50%*: its value at that share of the step budget (interpolated). "
+        'The probes (mean over seeds at the first → last evaluation; docs/design.md, "When '
+        'token credit pays off"): *credit corr*: within-response correlation of the token '
+        "advantages with the exact token credit of the setting's rule (n/a for uniform "
+        "credit, which is constant in a response, and for settings without a per-token rule: "
+        "the MiniLM similarity settings); *grad cos*: cosine between the batch policy "
+        "gradient of the strategy's token advantages and a many-sample REINFORCE estimate of "
+        "the exact metric's gradient; *split-half*: the cosine between two independent "
+        "halves of that estimate (its reliability: a grad cos can only be read against it); "
+        "*oracle credit corr*: the credit correlation of DATC's allocation fed the direction "
+        "model's exact swap differences on the same batch (an upper bound, where computed). "
+        "A third table, where the config compares credits (`probes.compare`), gives the "
+        "credit correlation of those strategies on each run's own probe batches: credits "
+        "judged at the same policy and samples.",
+        "",
         "## Verdicts",
         "",
         f"The method (`{spec.method}`) against the baseline (`{spec.baseline}`, plain GRPO) on "
@@ -146,7 +227,12 @@ def render_report(
                 "",
                 table_markdown(t, spec, s.metric_label, primary_is_reward),
                 "",
+                efficiency_markdown(t, s.metric_label),
+                "",
             ]
+            compared = compared_markdown(t)
+            if compared is not None:
+                out += [compared, ""]
         for fig in figures.get(s.name, ()):
             rel = fig.relative_to(relative_to) if fig.is_relative_to(relative_to) else fig
             out.append(f"![{fig.stem}]({rel.as_posix()})")

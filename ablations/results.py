@@ -10,7 +10,9 @@ resumable and shards mergeable (``merge`` copies the current results of shard fo
 
 ``results.csv`` has one row per run and logged step (step 0 is the held-out evaluation of
 the initial policy), columns ``KEY_COLUMNS + METRIC_COLUMNS`` and then any extra metrics
-(``extra_<name>_sampled`` / ``_greedy``, reported at the last step). Run-level figures
+(``extra_<name>_sampled`` / ``_greedy`` at every evaluation; in older results at the last
+step only; the credit probes ``probe_<name>`` at every evaluation, absent from older
+results). Run-level figures
 (``wall_s``, ``peak_rss_mb``) repeat on every row of their run. Absent values are empty;
 floats keep ``SIGNIFICANT`` digits, and the report is computed from the file as written, so
 it can be recomputed from results.csv alone.
@@ -51,6 +53,9 @@ TRAINER_METRICS: dict[str, str] = {
     "time_update": "time/update",
 }
 RUN_COLUMNS: tuple[str, ...] = ("wall_s", "peak_rss_mb")
+#: History metrics ``<prefix>/<name>`` copied as columns ``<prefix>_<name>``: the exact
+#: held-out scores and the credit probes measured at evaluations (``ablations.driver``).
+EVAL_PREFIXES: frozenset[str] = frozenset({"extra", "probe"})
 METRIC_COLUMNS: tuple[str, ...] = (*TRAINER_METRICS, *RUN_COLUMNS)
 
 
@@ -137,6 +142,10 @@ def result_rows(run: RunKey, result: dict[str, Any]) -> list[dict[str, Any]]:
         for column, name in TRAINER_METRICS.items():
             if name in record:
                 row[column] = record[name]
+        for name, value in record.items():
+            head, sep, tail = name.partition("/")
+            if sep and head in EVAL_PREFIXES:
+                row[f"{head}_{tail}"] = value
         for column in RUN_COLUMNS:
             row[column] = result.get(column)
         if step == last:

@@ -7,9 +7,11 @@ figures and returns their paths (a shard returns None). ``merge`` copies the res
 shards (from their output folders) into one output folder and writes the same outputs.
 
 A run trains with the torch backend's ``GRPORecipe`` (``backends.torch.trainer``), with the
-trainer config built by ``run_train_config``; afterwards the exact held-out scores of the
-setting (``probes.extra_eval``) and, for the method's first family and seed, the credit
-heat-map data (``probes.credit_examples``) are computed from the final policy in memory.
+trainer config built by ``run_train_config``, through ``driver.train_with_evals``: at every
+evaluation the exact held-out scores of the setting (``probes.extra_eval``) and the credit
+probes (``credit_probes``) join the trainer's own held-out metrics. Afterwards, for the
+method's first family and seed, the credit heat-map data (``probes.credit_examples``) are
+computed from the final policy in memory.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from ablations.summary import SettingSpec, SummarySpec, summarize
 from backends.torch.errors import ConfigError
 
 #: Bumped when what a run computes changes, so that older results are redone.
-RESULT_VERSION = 1
+RESULT_VERSION = 2
 REPORT_FILE = "report.md"
 CSV_FILE = "results.csv"
 FIGURES_DIR = "figures"
@@ -59,12 +61,14 @@ Log = Callable[[str], None]
 
 
 def plan_runs(cfg: AblateConfig) -> list[RunKey]:
-    """Every run of ``cfg``, in report order: setting, family, strategy, seed."""
+    """Every run of ``cfg``, in report order: setting, family, strategy, seed (a strategy
+    only in the settings it runs in)."""
     return [
         RunKey(setting, family, strategy.label, seed)
         for setting in cfg.settings
         for family in cfg.families
         for strategy in cfg.strategies
+        if strategy.runs_in(setting)
         for seed in cfg.seeds
     ]
 
@@ -74,6 +78,8 @@ def run_train_config(
 ) -> dict[str, Any]:
     """The trainer config (a mapping for ``backends.torch.config``) of one run."""
     merged = deep_merge(deep_merge(cfg.train, assets.train), cfg.settings[run.setting].train)
+    path = cfg.strategy(run.strategy).grad_path
+    reward = assets.reward if path is None else {**assets.reward, "grad_path": path.model_dump()}
     own = {
         "seed": run.seed,
         "output_dir": str(run_dir / TRAIN_DIR),
@@ -83,7 +89,7 @@ def run_train_config(
             "tokenizer": str(assets.policy_dir / TOKENIZER_DIR),
         },
         "data": assets.data,
-        "reward": assets.reward,
+        "reward": reward,
         "logging": {
             "progress": False,
             "tensorboard": merged.get("logging", {}).get("tensorboard", False),
@@ -133,6 +139,7 @@ def execute_run(
 ) -> dict[str, Any]:
     """Train one run from scratch (a half-finished folder is cleared) and store its result."""
     from ablations import probes
+    from ablations.driver import ablation_evals, compare_credits, final_extra, train_with_evals
     from backends.torch.trainer import GRPORecipe, resolve_config
 
     folder = run.folder(output_dir)
@@ -144,9 +151,13 @@ def execute_run(
     with PeakRSS() as mem:
         recipe = GRPORecipe(train_cfg)
         try:
-            history = recipe.run().history
+            others = [cfg.strategy(x) for x in cfg.probes.compare]
+            compare = compare_credits(recipe, [o for o in others if o.runs_in(run.setting)])
+            history = train_with_evals(
+                recipe, lambda: ablation_evals(recipe, assets, cfg.probes, compare)
+            )
             wall = time.perf_counter() - start
-            extra = probes.extra_eval(recipe, assets.extra_eval)
+            extra = final_extra(history) or probes.extra_eval(recipe, assets.extra_eval)
             credit = probes.credit_examples(recipe, cfg.report.heatmap_responses) if heatmap else []
         except Exception as exc:
             raise RuntimeError(
@@ -183,19 +194,30 @@ class Outputs:
 
 
 #: Relative cost of building a setting's assets (largest first when spread over workers).
-_ASSET_COST = {"minilm_shared": 4, "verifiable": 3, "target_tokens": 2, "minilm_bridge": 1}
+_ASSET_COST = {
+    "minilm_shared": 4,
+    "verifiable": 3,
+    "keyword_sparse": 3,
+    "target_tokens": 2,
+    "minilm_bridge": 1,
+    "positional_sparse": 1,
+}
 
 
 def run_fingerprint(cfg: AblateConfig, run: RunKey) -> str:
     """A hash of everything in ``cfg`` that determines ``run``'s result: its training
-    section, the setting's parameters, the strategy's credit config, family and seed."""
+    section, the setting's parameters, the strategy's credit config (and gradient path),
+    the probes, family and seed."""
+    path = cfg.strategy(run.strategy).grad_path
     return spec_hash(
         {
+            **({} if path is None else {"grad_path": path.model_dump(mode="json")}),
             "version": RESULT_VERSION,
             "run": [run.setting, run.family, run.seed],
             "credit": cfg.strategy(run.strategy).credit.model_dump(mode="json"),
             "train": deep_merge(cfg.train, cfg.settings[run.setting].train),
             "params": cfg.setting_params(run.setting).model_dump(mode="json"),
+            "probes": cfg.probes.model_dump(mode="json"),
         }
     )
 
@@ -370,6 +392,8 @@ def _setting_info(results: dict[RunKey, dict[str, Any]]) -> dict[str, dict[str, 
             )
         if "target_text" in raw:
             facts["target text"] = repr(raw["target_text"])
+        if "scored positions" in raw:
+            facts["scored response positions"] = raw["scored positions"]
     return info
 
 
@@ -410,6 +434,19 @@ def write_outputs(cfg: AblateConfig, *, command: str) -> Outputs:
                 smooth=spec.smooth,
             )
         ]
+        setting_rows = [r for r in rows if r["setting"] == s.name]
+        if any("probe_metric" in r for r in setting_rows):
+            paths.append(
+                figs.plot_probes(
+                    fig_dir / f"probes_{s.name}.png",
+                    title=s.title,
+                    rows=setting_rows,
+                    families=list(cfg.families),
+                    strategies=spec.strategies,
+                    confidence=spec.confidence,
+                    baseline=spec.baseline,
+                )
+            )
         shown = next(
             (r for r in plan if r.setting == s.name and found[r].get("credit_examples")), None
         )
@@ -430,7 +467,13 @@ def write_outputs(cfg: AblateConfig, *, command: str) -> Outputs:
         f"{len(plan)} runs: {len(cfg.settings)} settings x {len(cfg.families)} "
         f"{'family' if len(cfg.families) == 1 else 'families'} "
         f"({', '.join(cfg.families)}) x {len(cfg.strategies)} strategies x {len(cfg.seeds)} "
-        f"seeds ({', '.join(map(str, cfg.seeds))}); training wall time summed over runs "
+        f"seeds ({', '.join(map(str, cfg.seeds))})"
+        + "".join(
+            f"; `{st.label}` only in {', '.join(st.settings)}"
+            for st in cfg.strategies
+            if st.settings is not None
+        )
+        + f"; training wall time summed over runs "
         f"{total / 60:.1f} min on {', '.join(map(str, threads))} torch thread(s) "
         "(pretraining and reward-model training not included; they are cached).",
     ]

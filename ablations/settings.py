@@ -1,4 +1,4 @@
-"""The four built-in settings: task data, pretrained policies and frozen reward models.
+"""The built-in settings: task data, pretrained policies and frozen reward models.
 
 Each setting turns its parameters into ``SettingAssets`` for one model family: a pretrained
 policy folder (``policy.path`` of the trainer), JSONL prompt files, and the trainer's
@@ -18,6 +18,14 @@ folder (``cache.cached_dir``), keyed by everything that determines it; reruns re
 4. ``verifiable``: sorting four digits; an exact checker sets the advantage (1 for the
    exact answer, else 0) and is the held-out metric (exact-match accuracy); a tiny BERT
    trained in-process on the fraction of correct positions supplies only the direction.
+5. ``positional_sparse``: 24-word responses of which 3 positions are scored by the frozen
+   ``positional`` reward model (``sparse_tasks``); exact reward and direction.
+6. ``keyword_sparse``: 24-word responses scored on a target word at 3 positions; reward and
+   direction from a tiny BERT trained in-process on that score (a learned direction), the
+   exact score reported beside it.
+
+Settings 1, 4, 5 and 6 also give the exact per-token decomposition of their score
+(``SettingAssets.token_rule``) for the credit probes; the MiniLM settings have none.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ablations import word_tasks
+from ablations import sparse_tasks, word_tasks
 from ablations.cache import cached_dir
 from ablations.corpus import docstring_sentences
 from ablations.pretrain import PretrainConfig, pretrain_policy
@@ -54,6 +62,8 @@ class SettingAssets:
       applied before the ablation config's own per-setting overrides;
     - ``extra_eval``: name -> exact scorer evaluated on held-out prompts after training;
     - ``info``: facts for the report (pretraining loss, reward-model fit, sizes).
+    - ``token_rule``: the exact per-token decomposition of the setting's score (the
+      probes' exact token credit), or None where the score has none (MiniLM similarity).
     """
 
     policy_dir: Path
@@ -62,6 +72,7 @@ class SettingAssets:
     train: dict[str, Any] = field(default_factory=dict)
     extra_eval: dict[str, ExtraScorer] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    token_rule: sparse_tasks.TokenRule | None = None
 
 
 class _Params(BaseModel):
@@ -88,6 +99,34 @@ class VerifiableParams(_Params):
     num_train: int = Field(default=512, ge=1)
     num_held_out: int = Field(default=64, ge=1)
     num_pretrain: int = Field(default=4000, ge=1)
+    seed: int = 0
+    pretrain: PretrainConfig = PretrainConfig(steps=150)
+    rm: RMTrainConfig = RMTrainConfig()
+
+
+class PositionalSparseParams(_Params):
+    """Setting 5: task sizes, scored positions, the positional RM, pretraining."""
+
+    num_train: int = Field(default=512, ge=1)
+    num_held_out: int = Field(default=64, ge=1)
+    num_pretrain: int = Field(default=4000, ge=1)
+    response_words: int = Field(default=sparse_tasks.SPARSE_WORDS, ge=2, le=28)
+    positions: tuple[int, ...] = sparse_tasks.SCORED_POSITIONS
+    embed_dim: int = Field(default=16, ge=1, description="positional RM embedding width")
+    rm_seed: int = Field(default=0, description="seed of the positional RM's random weights")
+    seed: int = 0
+    pretrain: PretrainConfig = PretrainConfig(steps=150)
+
+
+class KeywordSparseParams(_Params):
+    """Setting 6: task sizes, scored positions, the target-word rate, pretraining, RM."""
+
+    num_train: int = Field(default=512, ge=1)
+    num_held_out: int = Field(default=64, ge=1)
+    num_pretrain: int = Field(default=4000, ge=1)
+    response_words: int = Field(default=sparse_tasks.SPARSE_WORDS, ge=2, le=28)
+    positions: tuple[int, ...] = sparse_tasks.SCORED_POSITIONS
+    target_rate: float = Field(default=0.25, ge=0.0, le=1.0)
     seed: int = 0
     pretrain: PretrainConfig = PretrainConfig(steps=150)
     rm: RMTrainConfig = RMTrainConfig()
@@ -196,7 +235,7 @@ class _WordTaskAssets:
 
 def _word_task(
     setting: str,
-    p: TargetTokensParams | VerifiableParams,
+    p: TargetTokensParams | VerifiableParams | KeywordSparseParams,
     family: str,
     cache: Path,
     data: word_tasks.TaskData,
@@ -256,6 +295,7 @@ def build_target_tokens(p: TargetTokensParams, family: str, cache: Path) -> Sett
         train={"rollout": {"max_new_tokens": word_tasks.RESPONSE_WORDS}},
         extra_eval={"task_score": word_tasks.target_scorer},
         info=a.info,
+        token_rule=sparse_tasks.target_rule(),
     )
 
 
@@ -278,6 +318,81 @@ def build_verifiable(p: VerifiableParams, family: str, cache: Path) -> SettingAs
         },
         train={"rollout": {"max_new_tokens": word_tasks.SORT_DIGITS + 1}},
         info=a.info,
+        token_rule=sparse_tasks.SortTokenRule(sparse_tasks.word_ids(word_tasks.sort_words())),
+    )
+
+
+def build_positional_sparse(p: PositionalSparseParams, family: str, cache: Path) -> SettingAssets:
+    data = sparse_tasks.sparse_task(
+        num_train=p.num_train,
+        num_held_out=p.num_held_out,
+        num_pretrain=p.num_pretrain,
+        target_rate=0.0,
+        seed=p.seed,
+        response_words=p.response_words,
+    )
+    words = word_tasks.target_words()
+    task_spec = p.model_dump(exclude={"pretrain", "embed_dim", "rm_seed", "positions"})
+    policy_dir, pre = _policy(
+        cache,
+        "positional_sparse",
+        family,
+        {"words": words},
+        lambda: word_tasks.word_tokenizer(words),
+        data.pretrain_texts,
+        p.pretrain,
+    )
+    vocab = len(word_tasks.SPECIALS) + len(words)
+    rm_kwargs = {
+        "vocab_size": vocab,
+        "positions": list(p.positions),
+        "embed_dim": p.embed_dim,
+        "seed": p.rm_seed,
+    }
+    rm, _ = sparse_tasks.positional_reward_model(**rm_kwargs)  # type: ignore[arg-type]
+    return SettingAssets(
+        policy_dir=policy_dir,
+        data=_data_section(_data_dir(cache, "positional_sparse", task_spec, data)),
+        reward={
+            "direction_model": {
+                "kind": "module",
+                "factory": "ablations.sparse_tasks:positional_reward_model",
+                "factory_kwargs": rm_kwargs,
+                "include_prompt": False,
+            }
+        },
+        train={"rollout": {"max_new_tokens": p.response_words}},
+        info={"pretrain": pre, "vocab_size": vocab, "scored positions": list(p.positions)},
+        token_rule=sparse_tasks.positional_rule(rm),
+    )
+
+
+def build_keyword_sparse(p: KeywordSparseParams, family: str, cache: Path) -> SettingAssets:
+    data = sparse_tasks.sparse_task(
+        num_train=p.num_train,
+        num_held_out=p.num_held_out,
+        num_pretrain=p.num_pretrain,
+        target_rate=p.target_rate,
+        seed=p.seed,
+        response_words=p.response_words,
+    )
+
+    def examples(prompts: list[str], n: int, seed: int) -> list[tuple[str, str, float]]:
+        return sparse_tasks.keyword_rm_examples(prompts, n, seed, p.positions, p.response_words)
+
+    a = _word_task("keyword_sparse", p, family, cache, data, word_tasks.target_words(), examples)
+
+    def scorer(prompts: list[str], responses: list[str]) -> list[float]:
+        return [sparse_tasks.keyword_score(r, p.positions) for r in responses]
+
+    return SettingAssets(
+        policy_dir=a.policy_dir,
+        data=a.data,
+        reward={"direction_model": {"kind": "seq_classification", "path": str(a.rm_dir)}},
+        train={"rollout": {"max_new_tokens": p.response_words}},
+        extra_eval={"task_score": scorer},
+        info={**a.info, "scored positions": list(p.positions)},
+        token_rule=sparse_tasks.keyword_rule(p.positions),
     )
 
 
@@ -399,5 +514,19 @@ SETTINGS: dict[str, SettingKind] = {
         "eval_reward_sampled",
         "4. sorting, exact checker + direction RM",
         "exact-match accuracy",
+    ),
+    "positional_sparse": SettingKind(
+        PositionalSparseParams,
+        build_positional_sparse,
+        "eval_reward_sampled",
+        "5. sparse: 3 of 24 positions scored by an exact positional RM",
+        "positional reward (exact)",
+    ),
+    "keyword_sparse": SettingKind(
+        KeywordSparseParams,
+        build_keyword_sparse,
+        "extra_task_score_sampled",
+        "6. sparse: target words at 3 of 24 positions, in-process RM",
+        "keyword score (exact rule)",
     ),
 }

@@ -8,7 +8,13 @@ Per run (one setting, family, strategy, seed):
 - steps to threshold: the first training step at which the trailing moving average (window
   ``smooth``, full windows only) of ``reward_mean`` reaches the threshold, or None;
 - seconds per step (and its rollout / signals / update split): mean over training steps,
-  leaving out step 1 (warm-up) when there is more than one step; peak RSS; wall time.
+  leaving out step 1 (warm-up) when there is more than one step; peak RSS; wall time;
+- sample efficiency of the primary held-out metric over its evaluations (``efficiency``):
+  the normalized area under the curve (its trapezoid mean over steps 0..last) and its
+  value at 25% and 50% of the step budget (linear interpolation between evaluations); NaN
+  when the metric was measured at fewer than two steps (older results);
+- the credit probes (``probe_*`` columns, ``ablations.credit_probes``) at the first and the
+  last evaluation that has them; NaN for older results without them.
 
 Per strategy, over seeds: mean and Student-t interval of each metric, and the paired
 difference to the baseline strategy on the same seeds. The automatic threshold of a
@@ -18,6 +24,7 @@ best strategy's mean final train reward: the same bar for every strategy.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -77,6 +84,26 @@ class Cost:
         )
 
 
+#: The probes' results.csv columns, in report order.
+PROBE_COLUMNS: tuple[str, ...] = (
+    "probe_credit_corr",
+    "probe_grad_cos",
+    "probe_grad_split_half",
+    "probe_oracle_credit_corr",
+)
+#: Columns of the credits compared on every run's batches: ``probe_credit_corr@<label>``.
+COMPARED_PREFIX = "probe_credit_corr@"
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Sample efficiency of a held-out curve: normalized area, value at 25% / 50% budget."""
+
+    auc: float
+    at_25: float
+    at_50: float
+
+
 @dataclass(frozen=True)
 class RunFigures:
     final_train: float
@@ -86,6 +113,9 @@ class RunFigures:
     held_greedy: float
     curve: list[tuple[int, float]]
     cost: Cost
+    efficiency: Efficiency
+    probes_start: dict[str, float]
+    probes_end: dict[str, float]
 
 
 @dataclass
@@ -101,6 +131,11 @@ class StrategyStats:
     diff_train: Interval | None
     steps_to_threshold: list[int | None]
     cost: Cost
+    auc: Interval
+    at_25: Interval
+    at_50: Interval
+    probes_start: dict[str, Interval]
+    probes_end: dict[str, Interval]
 
 
 @dataclass
@@ -133,6 +168,45 @@ def _last(rows: Sequence[dict[str, Any]], column: str) -> float:
     return float(max(found, key=lambda r: r["step"])[column]) if found else _nan()
 
 
+def _interp(curve: Sequence[tuple[int, float]], step: float) -> float:
+    for (s0, v0), (s1, v1) in itertools.pairwise(curve):
+        if s0 <= step <= s1:
+            return v0 if s1 == s0 else v0 + (v1 - v0) * (step - s0) / (s1 - s0)
+    return _nan()
+
+
+def efficiency(curve: Sequence[tuple[int, float]], budget: int) -> Efficiency:
+    """Sample efficiency of a held-out ``curve`` [(step, value)] (sorted, finite values)
+    over a budget of ``budget`` steps: the trapezoid mean over [first step, last step],
+    and the values at 25% and 50% of the budget; NaN with fewer than two points."""
+    if len(curve) < 2 or budget <= 0:
+        return Efficiency(_nan(), _nan(), _nan())
+    span = curve[-1][0] - curve[0][0]
+    area = math.fsum((s1 - s0) * (v0 + v1) / 2 for (s0, v0), (s1, v1) in itertools.pairwise(curve))
+    return Efficiency(
+        area / span if span > 0 else _nan(),
+        _interp(curve, 0.25 * budget),
+        _interp(curve, 0.5 * budget),
+    )
+
+
+def compared_columns(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """The ``probe_credit_corr@<label>`` columns (``probes.compare``) present in ``rows``."""
+    return sorted({k for r in rows for k in r if k.startswith(COMPARED_PREFIX)})
+
+
+def _probe_ends(rows: Sequence[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    probed = sorted((r for r in rows if "probe_metric" in r), key=lambda r: r["step"])
+    if not probed:
+        return {}, {}
+    columns = [*PROBE_COLUMNS, *compared_columns(probed)]
+
+    def pick(r: dict[str, Any]) -> dict[str, float]:
+        return {c: float(r.get(c, _nan())) for c in columns}
+
+    return pick(probed[0]), pick(probed[-1])
+
+
 def run_figures(rows: Sequence[dict[str, Any]], primary: str, final_window: int) -> RunFigures:
     """The per-run figures of one run's rows (see the module docstring)."""
     train = sorted(
@@ -146,6 +220,12 @@ def run_figures(rows: Sequence[dict[str, Any]], primary: str, final_window: int)
     def tmean(col: str) -> float:
         return _mean(float(r[col]) for r in timed if col in r)
 
+    held = sorted(
+        (int(r["step"]), float(r[primary]))
+        for r in rows
+        if primary in r and not math.isnan(float(r[primary]))
+    )
+    start, end = _probe_ends(rows)
     return RunFigures(
         final_train=_mean(v for _, v in curve[-final_window:]),
         first_train=curve[0][1] if curve else _nan(),
@@ -161,6 +241,9 @@ def run_figures(rows: Sequence[dict[str, Any]], primary: str, final_window: int)
             peak_rss_mb=_last(rows, "peak_rss_mb"),
             wall_s=_last(rows, "wall_s"),
         ),
+        efficiency=efficiency(held, max((int(r["step"]) for r in rows), default=0)),
+        probes_start=start,
+        probes_end=end,
     )
 
 
@@ -251,6 +334,11 @@ def summarize(
                         for f in ordered
                     ],
                     cost=Cost.mean([f.cost for f in ordered]),
+                    auc=_interval([f.efficiency.auc for f in ordered], spec.confidence),
+                    at_25=_interval([f.efficiency.at_25 for f in ordered], spec.confidence),
+                    at_50=_interval([f.efficiency.at_50 for f in ordered], spec.confidence),
+                    probes_start=_probe_intervals([f.probes_start for f in ordered], spec),
+                    probes_end=_probe_intervals([f.probes_end for f in ordered], spec),
                 )
             tables.append(table)
             roles = [(pairs_base, spec.baseline), (pairs_method, spec.method)]
@@ -262,6 +350,11 @@ def summarize(
         if pairs_base and pairs_method:
             verdicts.append(_verdict(s, spec, pairs_method, pairs_base, pairs_control))
     return tables, verdicts
+
+
+def _probe_intervals(values: Sequence[dict[str, float]], spec: SummarySpec) -> dict[str, Interval]:
+    columns = dict.fromkeys([*PROBE_COLUMNS, *(c for v in values for c in v)])
+    return {c: _interval([v.get(c, _nan()) for v in values], spec.confidence) for c in columns}
 
 
 def _auto_threshold(runs: dict[RunKey, RunFigures], strategies: Sequence[str]) -> float | None:

@@ -120,7 +120,7 @@ def target_words() -> list[str]:
     return words
 
 
-def _non_target_words() -> list[str]:
+def non_target_words() -> list[str]:
     return [w for w in target_words() if w != ":" and w not in CATEGORIES[TARGET_CATEGORY]]
 
 
@@ -154,7 +154,7 @@ def target_task(
             seen.add(prompt)
             pool.append(prompt)
     held_out, train = pool[:num_held_out], pool[num_held_out:]
-    members, others = CATEGORIES[TARGET_CATEGORY], _non_target_words()
+    members, others = CATEGORIES[TARGET_CATEGORY], non_target_words()
     texts = []
     for _ in range(num_pretrain):
         words = [
@@ -170,7 +170,7 @@ def target_rm_examples(prompts: Sequence[str], n: int, seed: int) -> list[tuple[
     target-word rate q ~ U[0, 1] and small word pools (1 to 8 target words, 1 to 8 other
     words), so repetitive responses are seen too; a quarter are cut short."""
     rng = random.Random(seed)
-    members, others = CATEGORIES[TARGET_CATEGORY], _non_target_words()
+    members, others = CATEGORIES[TARGET_CATEGORY], non_target_words()
     out = []
     for _ in range(n):
         q = rng.random()
@@ -195,7 +195,7 @@ def sort_words() -> list[str]:
     return ["sort", "=", *(str(d) for d in range(10))]
 
 
-def _sort_answer(prompt: str) -> list[str]:
+def sort_answer(prompt: str) -> list[str]:
     parts = prompt.split()
     if len(parts) < 3 or parts[0] != "sort" or parts[-1] != "=":
         raise ValueError(f"sort: not a task prompt: {prompt!r}")
@@ -204,13 +204,13 @@ def _sort_answer(prompt: str) -> list[str]:
 
 def sort_checker(prompts: list[str], responses: list[str]) -> list[float]:
     """``TextScorer``: 1.0 where the response is exactly the sorted digits, else 0.0."""
-    return [float(r.split() == _sort_answer(p)) for p, r in zip(prompts, responses, strict=True)]
+    return [float(r.split() == sort_answer(p)) for p, r in zip(prompts, responses, strict=True)]
 
 
 def sort_partial_score(prompt: str, response: str) -> float:
     """Fraction of positions where the response has the right digit (the direction model's
     training target; a missing or extra word counts as a wrong position)."""
-    answer, words = _sort_answer(prompt), response.split()
+    answer, words = sort_answer(prompt), response.split()
     right = sum(a == w for a, w in zip(answer, words, strict=False))
     return right / max(len(answer), len(words))
 
@@ -234,7 +234,7 @@ def sort_task(*, num_train: int, num_held_out: int, num_pretrain: int, seed: int
     texts = []
     for _ in range(num_pretrain):
         p = prompt(rng.choice(train))
-        texts.append(f"{p} {' '.join(_sort_answer(p))}")
+        texts.append(f"{p} {' '.join(sort_answer(p))}")
     return TaskData(
         [{"prompt": prompt(d)} for d in train], [{"prompt": prompt(d)} for d in held_out], texts
     )
@@ -247,7 +247,7 @@ def sort_rm_examples(prompts: Sequence[str], n: int, seed: int) -> list[tuple[st
     out = []
     for _ in range(n):
         prompt = rng.choice(list(prompts))
-        words = _sort_answer(prompt)
+        words = sort_answer(prompt)
         for i in rng.sample(range(len(words)), rng.randint(0, len(words))):
             words[i] = str(rng.randrange(10))
         roll = rng.random()

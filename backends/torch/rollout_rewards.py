@@ -15,6 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from adapters.config import build_reward_signals
 from adapters.direction import DirectionModel, RewardOutput
+from adapters.grad_path import with_grad_path
 from adapters.policy import lm_head_of
 from adapters.scorers import ModelScorer, RewardSignals
 from backends.torch.config import TrainConfig
@@ -86,7 +87,9 @@ def build_prompts_and_reward(
     """Training prompts, held-out prompts and the reward of ``cfg`` for this policy.
 
     ``reward`` (``adapters.config.RewardSignalsConfig``) takes precedence; a built-in
-    ``data.task`` supplies its own reward otherwise.
+    ``data.task`` supplies its own reward otherwise. With ``reward.grad_path`` the direction
+    model's gradient is taken along the path to ``model``'s expected embeddings
+    (``adapters.grad_path``; ``model`` is called directly, so not under FSDP sharding).
     """
     data = cfg.data
     vocab = int(lm_head_of(model)[0].shape[0])
@@ -109,6 +112,10 @@ def build_prompts_and_reward(
         raise ConfigError(
             "reward: set reward.direction_model and/or reward.reward (or use a data.task)"
         )
+    if cfg.reward is not None and cfg.reward.grad_path is not None:
+        if cfg.distributed.strategy == "fsdp":
+            raise ConfigError("reward.grad_path: not supported with FSDP (the policy is sharded)")
+        signals = with_grad_path(signals, model, cfg.reward.grad_path, cfg.rollout.temperature)
     if data.num_eval_prompts is not None:
         held_out = held_out[: data.num_eval_prompts]
     return train, held_out, RolloutRewards(signals)

@@ -10,7 +10,7 @@ import yaml
 
 from ablations.ablation_config import AblateConfig, deep_merge, load_ablate_config
 from ablations.results import RunKey, parse_shard, shard_runs
-from ablations.runner import plan_runs, run_train_config
+from ablations.runner import plan_runs, run_fingerprint, run_train_config
 from ablations.settings import SettingAssets
 from backends.torch.errors import ConfigError
 from tests.helpers.paths import REPO as ROOT
@@ -30,10 +30,16 @@ BASE: dict[str, object] = {"strategies": ["uniform", "datc"], "settings": ["targ
 
 def test_shipped_configs_load_and_have_the_promised_shape() -> None:
     quick = load_ablate_config(QUICK)
-    assert list(quick.settings) == ["target_tokens", "minilm_shared", "minilm_bridge", "verifiable"]
+    originals = ["target_tokens", "minilm_shared", "minilm_bridge", "verifiable"]
+    assert list(quick.settings) == [*originals, "positional_sparse"]  # one sparse setting
     assert [s.label for s in quick.strategies] == ["uniform", "datc", "datc_shuffled"]
-    assert quick.seeds == [0, 1] and len(plan_runs(quick)) == 24
+    assert quick.seeds == [0, 1] and len(plan_runs(quick)) == 30
     full = load_ablate_config(FULL)
+    assert list(full.settings) == [*originals, "positional_sparse", "keyword_sparse"]
+    mid = full.strategy("datc_mid")
+    assert mid.credit.name == "datc" and mid.grad_path is not None and mid.grad_path.points == 1
+    assert mid.settings is not None and "minilm_bridge" not in mid.settings
+    assert full.strategy("datc").grad_path is None  # DATC stays the published method
     assert {s.credit.name for s in full.strategies} == {
         "uniform",
         "datc",
@@ -43,8 +49,58 @@ def test_shipped_configs_load_and_have_the_promised_shape() -> None:
         "datc_inverse",
         "saliency",
     }
-    assert full.families == ["llama", "gpt2"] and len(full.seeds) >= 3
-    assert len(plan_runs(full)) == 4 * 7 * 2 * len(full.seeds)
+    assert full.families == ["llama", "gpt2"] and len(full.seeds) >= 4
+    assert len(plan_runs(full)) == (6 * 7 + 5) * 2 * len(full.seeds)
+
+
+def test_strategy_grad_path_and_settings(tmp_path: Path) -> None:
+    cfg = AblateConfig.model_validate(
+        {
+            **BASE,
+            "settings": ["target_tokens", "minilm_bridge"],
+            "strategies": [
+                "uniform",
+                "datc",
+                {
+                    "label": "mid",
+                    "name": "datc",
+                    "grad_path": {"points": 1},
+                    "settings": ["target_tokens"],
+                },
+            ],
+        }
+    )
+    assert [r.strategy for r in plan_runs(cfg) if r.setting == "minilm_bridge"].count("mid") == 0
+    assert len(plan_runs(cfg)) == (3 + 2) * 2
+    assets = SettingAssets(
+        policy_dir=tmp_path,
+        data={},
+        reward={"direction_model": {"kind": "module", "factory": "x:y"}},
+    )
+    out = run_train_config(cfg, RunKey("target_tokens", "llama", "mid", 0), assets, tmp_path)
+    assert out["reward"]["grad_path"] == {"points": 1} and out["credit"] == {"name": "datc"}
+    plain = run_train_config(cfg, RunKey("target_tokens", "llama", "datc", 0), assets, tmp_path)
+    assert "grad_path" not in plain["reward"]
+    assert run_fingerprint(cfg, RunKey("target_tokens", "llama", "mid", 0)) != run_fingerprint(
+        cfg, RunKey("target_tokens", "llama", "datc", 0)
+    )
+    again = AblateConfig.model_validate(cfg.to_yaml_dict())
+    assert again == cfg
+    with pytest.raises(ValueError, match="names settings"):
+        AblateConfig.model_validate(
+            {
+                **BASE,
+                "strategies": [
+                    "uniform",
+                    "datc",
+                    {"name": "datc", "label": "m", "settings": ["verifiable"]},
+                ],
+            }
+        )
+    with pytest.raises(ValueError, match="run in every setting"):
+        AblateConfig.model_validate(
+            {**BASE, "strategies": ["uniform", {"name": "datc", "settings": ["target_tokens"]}]}
+        )
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,14 @@ from tests.helpers.paths import REPO
 pytestmark = pytest.mark.slow
 
 QUICK = REPO / "configs" / "ablate" / "quick.yaml"
+#: The settings of quick.yaml: the four original ones and one sparse setting.
+QUICK_SETTINGS = (
+    "target_tokens",
+    "minilm_shared",
+    "minilm_bridge",
+    "verifiable",
+    "positional_sparse",
+)
 TINY_TASK = (
     "{num_train: 16, num_held_out: 4, num_pretrain: 32, pretrain: {steps: 2, batch_size: 4},"
     " rm: {examples: 32, steps: 2, batch_size: 8, hidden: 16}}"
@@ -42,8 +50,11 @@ TINY = [
     "train.rollout.prompts_per_step=2",
     "train.data.num_eval_prompts=2",
     "report.heatmap_responses=2",
-    *(f"settings.{name}.train={{steps: 2, eval: {{interval: 1}}}}" for name in SETTINGS),
+    *(f"settings.{name}.train={{steps: 2, eval: {{interval: 1}}}}" for name in QUICK_SETTINGS),
     f"settings.target_tokens.params={TINY_TASK}",
+    "settings.positional_sparse.params={num_train: 16, num_held_out: 4, num_pretrain: 32, "
+    "pretrain: {steps: 2, batch_size: 4}}",
+    "probes={prompts: 2, metric_samples: 4}",
     f"settings.verifiable.params={TINY_TASK}",
     "settings.minilm_shared.params={pretrain: {steps: 2, batch_size: 4}}",
     "settings.minilm_bridge.params={pretrain: {steps: 2, batch_size: 4, max_len: 16}}",
@@ -76,11 +87,11 @@ def quick_run(
 def test_quick_config_writes_every_output(quick_run: tuple[Path, list[str], list[str]]) -> None:
     out, overrides, printed = quick_run
     cfg = load_ablate_config(QUICK, overrides)
-    assert cfg.workers == 2 and set(cfg.settings) == set(SETTINGS)
+    assert cfg.workers == 2 and list(cfg.settings) == list(QUICK_SETTINGS)
     rows = read_csv(out / CSV_FILE)
     runs = {(r["setting"], r["family"], r["strategy"], r["seed"]) for r in rows}
     expected = {(r.setting, r.family, r.strategy, r.seed) for r in plan_runs(cfg)}
-    assert runs == expected and len(expected) == 4 * 1 * 3 * 2
+    assert runs == expected and len(expected) == 5 * 1 * 3 * 2
     for run in expected:
         steps = sorted(
             r["step"] for r in rows if (r["setting"], r["family"], r["strategy"], r["seed"]) == run
@@ -89,15 +100,24 @@ def test_quick_config_writes_every_output(quick_run: tuple[Path, list[str], list
     last = [r for r in rows if r["step"] == 2]
     assert all("eval_reward_sampled" in r and "reward_mean" in r and "time_step" in r for r in last)
     assert all("extra_task_score_sampled" in r for r in last if r["setting"] == "target_tokens")
+    # the probes at every evaluation; an exact-credit correlation only where a rule exists
+    evals = [r for r in rows if "eval_reward_sampled" in r]
+    assert all("probe_metric" in r for r in evals)  # NaN probes (zero gradients) are empty
+    assert any("probe_grad_cos" in r and "probe_grad_split_half" in r for r in evals)
+    probed = {r["setting"] for r in evals if "probe_credit_corr" in r}
+    assert probed <= {"target_tokens", "verifiable", "positional_sparse"}  # no MiniLM rule
+    assert not any("probe_credit_corr" in r for r in evals if r["strategy"] == "uniform")
+    kinds = [SETTINGS[name] for name in QUICK_SETTINGS]
     report = (out / REPORT_FILE).read_text()
-    for kind in SETTINGS.values():
+    for kind in kinds:
         assert f"## {kind.title}" in report
-    assert report.count("- ") >= 4 and "## Verdicts" in report
-    for kind in SETTINGS.values():  # one verdict line per setting
+    assert report.count("- ") >= 5 and "## Verdicts" in report and "credit corr" in report
+    for kind in kinds:  # one verdict line per setting
         assert sum(line.startswith(f"- {kind.title}:") for line in report.splitlines()) == 1
     figures = sorted((out / "figures").glob("*.png"))
     names = {f.name for f in figures}
-    assert {f"curves_{name}.png" for name in SETTINGS} <= names
+    assert {f"curves_{name}.png" for name in QUICK_SETTINGS} <= names
+    assert {f"probes_{name}.png" for name in QUICK_SETTINGS} <= names
     assert any(n.startswith("credit_") for n in names)
     assert all(is_png(f) for f in figures)
     # the CLI ends with the report and the figures
@@ -119,7 +139,7 @@ def test_resume_redoes_only_the_deleted_run(
     (victim.folder(out) / RESULT_FILE).unlink()  # its train/ folder stays, half a run
     logs: list[str] = []
     run_ablation(cfg, command="test", log=logs.append)
-    assert any(", 23 already done, 1 to run" in line for line in logs), logs
+    assert any(", 29 already done, 1 to run" in line for line in logs), logs
     # redone in this process, it reproduces what the worker process computed
     assert _measured(victim.folder(out) / RESULT_FILE) == original
     for run, content in before.items():
@@ -194,6 +214,6 @@ def test_merge_names_missing_runs(cache: Path, tmp_path: Path) -> None:
         QUICK, [*TINY, f"cache_dir={cache}", f"output_dir={tmp_path / 'm'}", "workers=1"]
     )
     with pytest.raises(
-        ConfigError, match=r"24 of 24 runs have no result for this config yet \(target_tokens/"
+        ConfigError, match=r"30 of 30 runs have no result for this config yet \(target_tokens/"
     ):
         merge(cfg, [tmp_path / "nowhere"], command="test")

@@ -1,0 +1,222 @@
+"""A curvature-robust reward gradient: g averaged along the path to the expected embedding.
+
+docs/design.md, "Curvature-robust direction". DATC takes g_t = dR/dx_t at the sampled
+embeddings x_t = E[y_t]. ``path_reward_grad`` takes it instead at the points
+
+    x_t(a) = E[y_t] + a (m1_t - E[y_t]),   m1_t = p_t^T E (the policy's expected embedding),
+
+for every response token at once, and averages over a in ``GradPathConfig.alphas()``: one
+point a = 1/2 is the midpoint gradient; n points (k + 1/2)/n the midpoint rule of the
+integrated gradient int_0^1 g(x(a)) da, whose dot product with m1 - E[y] is the exact change
+of R along that (joint) path as n grows. Each point costs one RM forward and backward.
+
+``PathGradientDirection`` wraps a fast-path ``EmbeddingDirectionModel`` (the RM reads the
+policy's token ids) so that ``score(..., with_grad=True)`` returns that gradient as
+``reward_grad``: every strategy that reads ``reward_grad`` (``datc`` included) then uses
+it, with no change to the strategy contract. m1 comes from an ``ExpectedEmbeddings``
+callable; ``PolicyExpectedEmbeddings`` computes it with the policy itself (one no-grad
+policy forward with ``PolicyStats``). The trainer builds it from ``reward.grad_path``
+(``backends.torch.rollout_rewards``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from adapters.direction import DirectionModel, EmbeddingDirectionModel, RewardOutput
+from adapters.policy import response_logprobs_and_stats
+from adapters.scorers import ModelScorer, RewardSignals
+from credit_core import CreditError
+
+
+class GradPathConfig(BaseModel):
+    """``reward.grad_path``: how many points of the path to the expected embedding."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    points: int = Field(
+        default=1, ge=1, le=64, description="1: midpoint gradient; n > 1: integrated gradient"
+    )
+
+    def alphas(self) -> list[float]:
+        """The path positions a_k = (k + 1/2) / n, k = 0 .. n - 1 (equal weights)."""
+        return [(k + 0.5) / self.points for k in range(self.points)]
+
+
+class ExpectedEmbeddings(Protocol):
+    """m1 (B, R, d) = p_t^T E at every response position of a rollout batch."""
+
+    def __call__(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+    ) -> torch.Tensor: ...
+
+
+def path_reward_grad(
+    model: EmbeddingDirectionModel,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    m1: torch.Tensor,
+    alphas: list[float],
+) -> torch.Tensor:
+    """mean_a dR/dx evaluated at x(a) (see module doc), at policy response positions.
+
+    m1 (B, R, d): the expected embeddings of the response positions. Returns (B, R, d) in
+    the table's accumulation dtype, 0 at padding. Only the response tokens move along the
+    path; prompt and special tokens stay at their embeddings. Raises ``CreditError`` for a
+    bridged RM (another tokenizer: its positions are not the policy's).
+    """
+    if not alphas:
+        raise CreditError("alphas: expected at least one path position")
+    prepared = model.prepare(prompt_ids, prompt_mask, response_ids, response_mask)
+    index = prepared.policy_index
+    if index is None:
+        raise CreditError(
+            "grad_path: the reward model reads another tokenizer (vocabulary bridge); the "
+            "path to the expected embedding needs the RM to read the policy's token ids"
+        )
+    inputs = prepared.inputs
+    acc = torch.promote_types(model.table.dtype, torch.float32)
+    base = model.table[inputs.input_ids].to(acc)
+    B, R = index.shape
+    if tuple(m1.shape) != (B, R, base.shape[2]):
+        raise CreditError(
+            f"m1: expected shape {(B, R, base.shape[2])} (batch, response, RM width), "
+            f"got {tuple(m1.shape)}"
+        )
+    rows, cols = torch.nonzero(index >= 0, as_tuple=True)
+    where = index[rows, cols]
+    step = torch.zeros_like(base)
+    step[rows, where] = m1.to(base.device, acc)[rows, cols] - base[rows, where]
+    total = torch.zeros_like(base)
+    for a in alphas:
+        x = (base + a * step).detach().requires_grad_(True)
+        with torch.enable_grad():
+            rewards = model.reward_from_embeds(x, inputs)
+            (g,) = torch.autograd.grad(rewards.sum(), x, allow_unused=True)
+        if g is not None:
+            total += g.to(acc)
+    out = torch.zeros(B, R, base.shape[2], dtype=acc, device=base.device)
+    out[rows, cols] = total[rows, where] / len(alphas)
+    return out.to(response_ids.device)
+
+
+@dataclass(frozen=True)
+class PolicyExpectedEmbeddings:
+    """m1 from the policy ``model`` (a causal LM) at ``temperature`` with table ``embedding``
+    (V_policy, d): one no-grad forward of [prompt | response] with ``PolicyStats``."""
+
+    model: torch.nn.Module
+    embedding: torch.Tensor
+    temperature: float
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        ids = torch.cat([prompt_ids, response_ids], dim=1)
+        mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
+        _, stats = response_logprobs_and_stats(
+            self.model,
+            ids,
+            mask,
+            response_ids.shape[1],
+            temperature=self.temperature,
+            reward_embedding=self.embedding,
+        )
+        assert stats is not None  # reward_embedding was given
+        return stats.m1
+
+
+class PathGradientDirection(DirectionModel):
+    """``inner`` with its reward gradient taken along the path (``path_reward_grad``).
+
+    Rewards are ``inner``'s at the sampled tokens (one RM forward); with ``with_grad`` the
+    gradient costs ``len(path.alphas())`` RM forward + backward passes and one ``expected``
+    call. ``reward_embedding`` is ``inner``'s.
+    """
+
+    def __init__(
+        self, inner: EmbeddingDirectionModel, expected: ExpectedEmbeddings, path: GradPathConfig
+    ) -> None:
+        if not inner.identical_vocab:
+            raise CreditError(
+                "grad_path: the reward model reads another tokenizer (vocabulary bridge); "
+                "the path to the expected embedding needs the RM to read the policy's ids"
+            )
+        self.inner = inner
+        self.expected = expected
+        self.path = path
+        self.reward_embedding = inner.reward_embedding
+
+    def score(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        *,
+        with_grad: bool,
+    ) -> RewardOutput:
+        out = self.inner.score(
+            prompt_ids, prompt_mask, response_ids, response_mask, with_grad=False
+        )
+        if not with_grad:
+            return out
+        m1 = self.expected(prompt_ids, prompt_mask, response_ids, response_mask)
+        grad = path_reward_grad(
+            self.inner,
+            prompt_ids,
+            prompt_mask,
+            response_ids,
+            response_mask,
+            m1,
+            self.path.alphas(),
+        )
+        grad = torch.where((response_mask != 0).unsqueeze(2), grad, 0.0)
+        return RewardOutput(out.rewards, grad.to(out.rewards.dtype), out.diagnostics)
+
+
+def with_grad_path(
+    signals: RewardSignals, policy: torch.nn.Module, path: GradPathConfig, temperature: float
+) -> RewardSignals:
+    """``signals`` with its direction model wrapped in ``PathGradientDirection`` (m1 from
+    ``policy`` at ``temperature``); a scorer that was the direction model's own reward
+    becomes the wrapper's, so rewards and gradient still share one call."""
+    dm = signals.direction_model
+    if not isinstance(dm, EmbeddingDirectionModel):
+        raise CreditError(
+            "reward.grad_path: needs a direction model that reads input embeddings "
+            f"(an EmbeddingDirectionModel), got {type(dm).__name__}"
+        )
+    wrapped = PathGradientDirection(
+        dm, PolicyExpectedEmbeddings(policy, dm.reward_embedding, temperature), path
+    )
+    scorer = signals.scorer
+    if isinstance(scorer, ModelScorer) and scorer.model is dm:
+        scorer = ModelScorer(wrapped)
+    return RewardSignals(scorer=scorer, direction_model=wrapped)
+
+
+def without_grad_path(signals: RewardSignals) -> RewardSignals:
+    """``signals`` as they were before ``with_grad_path`` (unchanged if not wrapped)."""
+    dm = signals.direction_model
+    if not isinstance(dm, PathGradientDirection):
+        return signals
+    scorer = signals.scorer
+    if isinstance(scorer, ModelScorer) and scorer.model is dm:
+        scorer = ModelScorer(dm.inner)
+    return RewardSignals(scorer=scorer, direction_model=dm.inner)
