@@ -56,6 +56,18 @@ DTYPES: dict[str, torch.dtype] = {
 _COMMON_FIELDS = frozenset({"kind", "max_length", "dtype", "on_nonfinite_grad"})
 
 
+def _given(model: BaseModel) -> set[str]:
+    """The fields set to something other than their default: a resolved config written
+    back with every default filled in (``factory: null`` under an ``encoder_similarity``)
+    sets nothing more than the one it was resolved from."""
+    fields = type(model).model_fields
+    return {
+        name
+        for name in model.model_fields_set
+        if getattr(model, name) != fields[name].get_default(call_default_factory=True)
+    }
+
+
 class RewardModelConfig(BaseModel):
     """A differentiable reward model (the direction model); see the module docstring."""
 
@@ -84,7 +96,7 @@ class RewardModelConfig(BaseModel):
     @model_validator(mode="after")
     def _fields_match_kind(self) -> RewardModelConfig:
         spec = REWARD_MODEL_KINDS[self.kind]
-        for name in sorted(self.model_fields_set - spec.fields - _COMMON_FIELDS):
+        for name in sorted(_given(self) - spec.fields - _COMMON_FIELDS):
             raise ValueError(f"{name}: not a setting of kind {self.kind!r}")
         for name in spec.required:
             if getattr(self, name) is None:
@@ -111,7 +123,7 @@ class ScorerConfig(BaseModel):
     @model_validator(mode="after")
     def _fields_match_kind(self) -> ScorerConfig:
         allowed = {"kind", "function", "kwargs"} if self.kind == "callable" else {"kind", "model"}
-        for name in sorted(self.model_fields_set - allowed):
+        for name in sorted(_given(self) - allowed):
             raise ValueError(f"{name}: not a setting of kind {self.kind!r}")
         if self.kind == "callable" and self.function is None:
             raise ValueError("function: required for kind 'callable'")

@@ -149,6 +149,30 @@ def test_resolved_config_round_trips(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "reward",
+    [
+        {"direction_model": {"kind": "encoder_similarity", "target_text": "a happy dog"}},
+        {
+            "direction_model": {"kind": "module", "factory": "pkg.mod:build"},
+            "reward": {"kind": "callable", "function": "pkg.mod:score"},
+        },
+    ],
+)
+def test_a_resolved_reward_section_round_trips(tmp_path: Path, reward: dict[str, object]) -> None:
+    """Every default written out (``factory: null`` under ``encoder_similarity``, ``model:
+    null`` under a callable reward) reads back as the same config, so a run with a
+    reward model can be resumed."""
+    cfg = load_config(write(tmp_path, BASE), [f"reward={yaml.safe_dump(reward)}"])
+    dump_config(cfg, tmp_path / "resolved.yaml")
+    assert load_config(tmp_path / "resolved.yaml") == cfg
+    with pytest.raises(ConfigError, match="factory: not a setting of kind 'encoder_similarity'"):
+        load_config(
+            write(tmp_path, BASE),
+            ["reward.direction_model={kind: encoder_similarity, target_text: t, factory: a:b}"],
+        )
+
+
 def test_data_needs_exactly_one_source() -> None:
     with pytest.raises(ConfigError, match=r"data: .*exactly one of 'task'"):
         config_from_dict({"policy": {"preset": {}}, "data": {}})
