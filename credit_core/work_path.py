@@ -35,11 +35,11 @@ WorkPath = Literal["two_matmul", "stats"]
 WORK_PATHS: tuple[str, ...] = ("auto", "two_matmul", "stats")
 
 #: Smallest reward-embedding width d at which the two-matmul kernel is used by ``auto``.
-#: Indicative CPU measurement (H = d, V = 32k, 0.5-4 k rows, 1-2 threads on a shared machine;
-#: to be re-measured with ``python -m benchmarks signals``): at d = 64 the two kernels are
-#: within 15% of each other (the current one ahead with 2 threads), from d = 128 on the
-#: two-matmul kernel is 35-70% faster (docs/performance.md, section 1b).
-TWO_MATMUL_MIN_EMBED_DIM = 128
+#: Measured on 2 quiet CPU threads (``scripts/bench_two_matmul.py``, 4 x 1024 rows, V = 32k;
+#: docs/results/two_matmul/): ``policy_stats`` / two-matmul = 1.36 at H = d = 896, 1.31 at
+#: 256, 1.27 at 128, 1.29 at 64, 1.24 at 32; at d = 16 it is 1.08 with H = 16 but 0.82 with
+#: H = 64, so below d = 32 the ``policy_stats`` path stays.
+TWO_MATMUL_MIN_EMBED_DIM = 32
 
 
 def choose_work_path(embed_dim: int, path: str = "auto") -> WorkPath:
