@@ -24,7 +24,8 @@ $(STAMP): pyproject.toml constraints.txt requirements/openrlhf-cpu.txt
 	touch $(STAMP)
 
 # The quick ablation: GRPO vs DATC vs its shuffled control, 5 settings (one sparse) x 2 seeds
-# (DEMO_TIME on 2 quiet CPU cores); ends with the paths of report.md and the figures.
+# (about 5 minutes on 2 cores, measured with an empty cache); ends with the paths of
+# report.md and the figures.
 demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m ablations configs/ablate/quick.yaml
 

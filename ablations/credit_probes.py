@@ -22,9 +22,9 @@ fresh batch of held-out prompts sampled by the trainer's own rollout
   held-out metric at every evaluation).
 - ``probe/credit_corr@<label>`` (``compare``): the credit correlation of another credit
   (a strategy of the ablation, with its gradient path) on the same probe batch, computed by
-  the same ``GRPORecipe.signals`` with that strategy and reward side swapped in for the
-  call (``credit_as``): different credits judged at the same policy and samples (e.g.
-  DATC's credit along uniform's trajectory).
+  the same ``GRPORecipe.signals`` with that strategy and reward side for the call
+  (``strategy=``, ``rewards=``): different credits judged at the same policy and samples
+  (e.g. DATC's credit along uniform's trajectory).
 - ``probe/oracle_credit_corr`` (with ``oracle_k > 0``, settings with a rule): the same
   correlation for the oracle credit of the probe batch: DATC's work with the direction
   model's exact swap differences over the sampled and top-k tokens
@@ -40,8 +40,7 @@ batch. Policy gradients are taken with ``torch.autograd.grad`` (no ``.grad`` is 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -292,22 +291,6 @@ def oracle_token_advantages(
     return advantages.to(w.dtype).unsqueeze(1) * w
 
 
-@contextmanager
-def credit_as(
-    recipe: GRPORecipe, strategy: CreditStrategy, reward: RolloutRewards
-) -> Iterator[None]:
-    """``recipe.signals`` computes ``strategy``'s credit with ``reward`` inside the block
-    (the recipe's strategy, its signal flags and reward side are restored after it)."""
-    saved = (recipe.strategy, recipe.need_reward_grad, recipe.need_policy_stats, recipe.reward)
-    recipe.strategy, recipe.reward = strategy, reward
-    recipe.need_reward_grad = "reward_grad" in strategy.requires
-    recipe.need_policy_stats = "policy_stats" in strategy.requires
-    try:
-        yield
-    finally:
-        (recipe.strategy, recipe.need_reward_grad, recipe.need_policy_stats, recipe.reward) = saved
-
-
 def probe(
     recipe: GRPORecipe,
     cfg: ProbeConfig,
@@ -341,8 +324,9 @@ def probe(
         credit = exact_token_credit(values, probs, batch.response_ids, mask)
         corr = within_response_corr(token_adv, credit, mask)
         for other in compare:
-            with credit_as(recipe, other.strategy, other.reward):
-                theirs = recipe.signals(batch, prompts).token_advantages
+            theirs = recipe.signals(
+                batch, prompts, strategy=other.strategy, rewards=other.reward
+            ).token_advantages
             compared[other.label] = within_response_corr(theirs, credit, mask)
         direction = recipe.reward.direction
         if cfg.oracle_k > 0 and direction is not None:

@@ -51,10 +51,10 @@ def main(config: str) -> None:
             ),
             "old-policy log-probs": lambda: r._old_policy_pass(r.model, batch),
             "old-policy log-probs + W0": lambda: r._old_policy_pass(
-                r.model, batch, reward_grad=grad
+                r.model, batch, embedding=r.reward.embedding, reward_grad=grad
             ),
             "old-policy log-probs + PolicyStats": lambda: r._old_policy_pass(
-                r.model, batch, stats=True
+                r.model, batch, embedding=r.reward.embedding, stats=True
             ),
             "whole signals()": lambda: r.signals(batch, r.train_prompts),
         }

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import torch
 
-from credit_core import CreditBatch
+from credit_core import CreditResult
 from tests.helpers.paths import REPO
 
 README = (REPO / "README.md").read_text()
@@ -37,6 +37,8 @@ SKIPPED = {
     "the same runner on tiny settings",
     "make test": "the whole test suite, which includes this test",
     ".venv/bin/credit-ablate configs/ablate/quick.yaml": "what `make demo` runs (minutes)",
+    ".venv/bin/credit-ablate configs/ablate/credit_variants.yaml": "the probe study behind "
+    "docs/results/credit_variants (48 runs, tens of minutes)",
     ".venv/bin/credit-ablate configs/ablate/full.yaml": "the full comparison (hours; shards "
     "meant for two machines)",
     ".venv/bin/credit-ablate merge": "merges the output folders of the full run's shards",
@@ -92,12 +94,16 @@ def test_the_python_blocks_run(requires_grad: bool) -> None:
     for block in blocks("python"):
         namespace = api_inputs(requires_grad)
         exec(compile(block, "README.md (python block)", "exec"), namespace)
-        batch: CreditBatch = namespace["batch"]
+        mask: torch.Tensor = namespace["mask"]
         token_adv: torch.Tensor = namespace["token_adv"]
-        assert token_adv.shape == batch.mask.shape and token_adv.dtype == torch.float32
-        assert (token_adv[~batch.mask] == 0).all() and torch.isfinite(token_adv).all()
+        assert token_adv.shape == mask.shape and token_adv.dtype == torch.float32
+        assert (token_adv[~mask] == 0).all() and torch.isfinite(token_adv).all()
         assert not namespace["stats"].m1.requires_grad
         assert namespace["strategy"].requires == {"reward_grad", "policy_stats"}
+        # the streamed W0 gives the same credit as PolicyStats + the reward gradient
+        assert not namespace["w0"].requires_grad
+        same: CreditResult = namespace["same"]
+        torch.testing.assert_close(same.token_advantages, token_adv, rtol=1e-4, atol=1e-5)
 
 
 # -------------------------------------------------------------------------------- shell

@@ -73,7 +73,7 @@ from backends.torch.rollout import (
     encode_prompts,
     pad_responses,
 )
-from backends.torch.rollout_rewards import build_prompts_and_reward
+from backends.torch.rollout_rewards import RolloutRewards, build_prompts_and_reward
 from backends.torch.schedule import build_optimizer
 from backends.torch.step import StepSignals, StepTiming, UpdateResult, UpdateTerms, merged
 from credit_core import (
@@ -114,6 +114,13 @@ class PolicyPass:
     work: torch.Tensor | None = None
 
 
+def _reads(strategy: CreditStrategy) -> frozenset[str]:
+    """The signals the trainer computes for ``strategy``: rewards are scored before the old
+    policy's pass, so a strategy with ``work_requires`` gets W0 streamed from the reward
+    gradient instead of ``PolicyStats``."""
+    return type(strategy).signals_to_compute(reward_grad_first=True)
+
+
 def _labels(batch: RolloutBatch, pool: Sequence[Prompt]) -> list[Any]:
     """The label of each row's prompt (``batch.group`` indexes ``pool``)."""
     return [pool[g].label for g in batch.group.tolist()]
@@ -144,13 +151,11 @@ class GRPORecipe:
         )
         self.strategy: CreditStrategy = get_strategy(cfg.credit)
         # rewards are scored before the old policy's pass: W0 can be streamed (work_requires)
-        self.reads = type(self.strategy).signals_to_compute(reward_grad_first=True)
-        self.need_reward_grad = bool(self.reads & {"reward_grad", "unsigned_work"})
-        self.need_policy_stats = bool(self.reads & {"policy_stats", "unsigned_work"})
+        self.reads = _reads(self.strategy)
         self.train_prompts, self.eval_prompts, self.reward = build_prompts_and_reward(
             cfg, self.policy.model, self.policy.tokenizer, device=dev
         )
-        if (self.need_reward_grad or self.need_policy_stats) and self.reward.direction is None:
+        if self.reads and self.reward.direction is None:
             raise ConfigError(
                 f"credit: strategy {cfg.credit.name!r} needs a differentiable reward model "
                 "(reward.direction_model), but the config has none"
@@ -333,14 +338,15 @@ class GRPORecipe:
         model: torch.nn.Module,
         batch: RolloutBatch,
         *,
+        embedding: torch.Tensor | None = None,
         stats: bool = False,
         reward_grad: torch.Tensor | None = None,
     ) -> PolicyPass:
         """No-grad log-probs (B, R) at the rollout temperature, micro-batched, with
         ``PolicyStats`` (``stats``) or DATC's W0 from ``reward_grad`` (B, R, d), in the same
-        forward."""
+        forward; both need the reward embedding table ``embedding`` (V, d)."""
         cfg = self.cfg
-        emb = self.reward.embedding
+        emb = embedding
         R = batch.response_len
         logps, parts, works = [], [], []
         with torch.no_grad():
@@ -375,17 +381,30 @@ class GRPORecipe:
             torch.cat(works) if works else None,
         )
 
-    def signals(self, batch: RolloutBatch, pool: Sequence[Prompt]) -> StepSignals:
+    def signals(
+        self,
+        batch: RolloutBatch,
+        pool: Sequence[Prompt],
+        *,
+        strategy: CreditStrategy | None = None,
+        rewards: RolloutRewards | None = None,
+    ) -> StepSignals:
         """The credit path: rewards, advantages, old/ref log-probs, the strategy's signals
         and token advantages of ``batch`` (whose ``group`` indexes ``pool``).
 
         Used by training, and by anything that wants the trainer's own credit for a batch
-        (the ablation probes, ``benchmarks/step.py``).
+        (the ablation probes, ``benchmarks/step.py``). ``strategy`` and ``rewards`` replace
+        the run's own for this call (the probes judge other credits on the same batch).
         """
         cfg = self.cfg
-        reward = self.reward.compute(
+        strategy = strategy or self.strategy
+        side = rewards or self.reward
+        reads = _reads(strategy)
+        if reads and side.direction is None:
+            raise ConfigError(f"credit: strategy {strategy.name!r} needs a direction model")
+        reward = side.compute(
             batch,
-            with_grad=self.need_reward_grad,
+            with_grad=bool(reads & {"reward_grad", "unsigned_work"}),
             micro_batch_size=cfg.algorithm.micro_batch_size,
             labels=_labels(batch, pool),
         )
@@ -395,20 +414,21 @@ class GRPORecipe:
         old = self._old_policy_pass(
             self.model,
             batch,
-            stats="policy_stats" in self.reads,
-            reward_grad=reward.reward_grad if "unsigned_work" in self.reads else None,
+            embedding=side.embedding,
+            stats="policy_stats" in reads,
+            reward_grad=reward.reward_grad if "unsigned_work" in reads else None,
         )
         ref_logp = kl_ref = None
         if self.ref_model is not None:
             ref_logp = self._old_policy_pass(self.ref_model, batch).logp
             kl_ref = kl_estimate(old.logp, ref_logp, cfg.algorithm.kl_estimator)
         credit = assign_credit(
-            self.strategy,
+            strategy,
             advantages,
             batch.response_mask,
             batch.response_ids,
             CreditSignals(
-                reward_grad=reward.reward_grad if "reward_grad" in self.reads else None,
+                reward_grad=reward.reward_grad if "reward_grad" in reads else None,
                 policy_stats=old.stats,
                 unsigned_work=old.work,
             ),
