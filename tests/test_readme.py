@@ -37,6 +37,8 @@ SKIPPED = {
     "the same runner on tiny settings",
     "make test": "the whole test suite, which includes this test",
     ".venv/bin/credit-ablate configs/ablate/quick.yaml": "what `make demo` runs (minutes)",
+    ".venv/bin/credit-trl --config configs/trl/tiny_datc.yaml": "80 TRL steps (about a "
+    "minute); tests/backends/trl runs the same CLI end to end on fewer steps",
     ".venv/bin/credit-ablate configs/ablate/credit_variants.yaml": "the probe study behind "
     "docs/results/credit_variants (48 runs, tens of minutes)",
     ".venv/bin/credit-ablate configs/ablate/full.yaml": "the full comparison (hours; shards "

@@ -9,7 +9,9 @@ installation of either package, if present, still wins.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 STUBS_DIR = Path(__file__).resolve().parent.parent / "stubs"
@@ -22,3 +24,22 @@ def install_openrlhf_stubs() -> None:
     """
     if str(STUBS_DIR) not in sys.path:
         sys.path.append(str(STUBS_DIR))
+
+
+@contextlib.contextmanager
+def stubs_hidden() -> Iterator[None]:
+    """Inside the block, ``tests/stubs`` is off ``sys.path`` and no stub module is imported:
+    a library that probes for vllm or flash_attn (TRL does, at import) sees neither."""
+    on_path = str(STUBS_DIR) in sys.path
+    if on_path:
+        sys.path.remove(str(STUBS_DIR))
+    names = {p.name for p in STUBS_DIR.iterdir() if p.is_dir()}
+    saved = {k: m for k, m in sys.modules.items() if k.split(".")[0] in names}
+    for key in saved:
+        del sys.modules[key]
+    try:
+        yield
+    finally:
+        sys.modules.update(saved)
+        if on_path:
+            sys.path.append(str(STUBS_DIR))
