@@ -111,16 +111,7 @@ def plot_curves(
             else:
                 ax.set_xlabel("step")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    if handles:
-        fig.legend(
-            handles, labels, loc="outside lower center", ncol=min(len(labels), 7), frameon=False
-        )
-    pct = f"{round(confidence * 100)}%"
-    fig.suptitle(f"{title}\nmean over seeds, shaded {pct} interval", fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(fig, path, f"{title}\nmean over seeds", confidence, handles, labels)
 
 
 #: Probe columns and their axis labels, in figure order.
@@ -186,15 +177,23 @@ def plot_probes(
             legend.setdefault(label, handle)
     labels = [x for x in strategies if x in legend]
     handles = [legend[x] for x in labels]
+    title = f"{title}: credit probes\nmean over seeds"
+    return _finish(fig, path, title, confidence, handles, labels)
+
+
+def _finish(
+    fig: Any, path: Path, title: str, confidence: float, handles: list[Any], labels: list[str]
+) -> Path:
+    """Legend below the panels, the title with the interval's level, saved as PNG."""
     if handles:
         fig.legend(
             handles, labels, loc="outside lower center", ncol=min(len(labels), 7), frameon=False
         )
     pct = f"{round(confidence * 100)}%"
-    fig.suptitle(f"{title}: credit probes\nmean over seeds, shaded {pct} interval", fontsize=10)
+    fig.suptitle(f"{title}, shaded {pct} interval", fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path
 
 
