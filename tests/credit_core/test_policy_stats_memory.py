@@ -1,58 +1,23 @@
 """``policy_stats`` never materializes (B, T, V): its peak-RSS growth is a fraction of it.
 
 Measured in a fresh process at B=2, T=1024, H=64, V=32768, d=64, where the full float32
-logits would take B*T*V*4 = 256 MiB. The growth must stay under a quarter of that.
-
-ru_maxrss is the high-water mark of the process, and a child inherits the parent's mark
-across fork/exec (the pytest process is large), so the script forks once more before it
-imports torch: the grandchild starts with a clean, small mark. Growth is measured from the
-current RSS after the inputs exist and a small warm-up call has loaded the kernels, to the
-peak after the full call. The same is measured for the naive dense computation, for scale.
-
-The script runs with glibc's mmap threshold fixed at 1 MiB (``MALLOC_MMAP_THRESHOLD_``).
-By default glibc raises that threshold after the first large free and then keeps freed
-tile-sized blocks resident, so the figure would measure the allocator's cache and vary from
-run to run (observed 18-116 MiB for the same call); with it fixed, every block of 1 MiB or
-more is returned when freed, and RSS follows what ``policy_stats`` actually holds.
+logits would take B*T*V*4 = 256 MiB. The growth must stay under a quarter of that. Growth
+is measured (``tests.helpers.peak_rss``, a fresh small process) from the current RSS after
+the inputs exist and a small warm-up call has loaded the kernels, to the peak after the
+full call. The same is measured for the naive dense computation, for scale.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
+
+from tests.helpers.peak_rss import measure
 
 B, T, H, V, D = 2, 1024, 64, 32768, 64
 DENSE_BYTES = B * T * V * 4
 
-SCRIPT = textwrap.dedent(
-    f"""
-    import json, os, resource, sys
-
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid:
-        os.close(write_fd)
-        with os.fdopen(read_fd) as pipe:
-            report = pipe.read()
-        _, status = os.waitpid(pid, 0)
-        print(report)
-        sys.exit(os.waitstatus_to_exitcode(status))
-
-    os.close(read_fd)
-    import torch
+BODY = f"""
     from credit_core import policy_stats
-
-    def current_rss():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    def peak_rss():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
     torch.manual_seed(0)
     hidden = torch.randn({B}, {T}, {H})
@@ -72,21 +37,13 @@ SCRIPT = textwrap.dedent(
     naive = peak_rss() - before
     err = float((dense_m1 - stats.m1).abs().max())
     del p
-    with os.fdopen(write_fd, "w") as pipe:
-        pipe.write(json.dumps({{"streamed": streamed, "naive": naive, "m1_err": err}}))
-    os._exit(0)
+    report(streamed=streamed, naive=naive, m1_err=err)
     """
-)
 
 
 @pytest.mark.slow
 def test_policy_stats_peak_rss_is_a_fraction_of_dense_logits() -> None:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert done.returncode == 0, done.stderr
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures = measure(BODY)
     mib = 2**20
     print(
         f"\npolicy_stats B={B} T={T} H={H} V={V} d={D}: peak RSS +{figures['streamed'] / mib:.1f}"

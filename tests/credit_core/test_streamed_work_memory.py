@@ -3,62 +3,23 @@ of it, and within twice its one working buffer.
 
 Measured in a fresh process at B=2, T=1024, H=64, V=32768, d=64, where the full float32
 logits would take B*T*V*4 = 256 MiB. The growth must stay under a quarter of that, and under
-twice the kernel's working buffer (e stacked on u: 2 x DEFAULT_TILE_ELEMENTS float32). The
-measurement is that of ``test_policy_stats_memory.py``:
-
-ru_maxrss is the high-water mark of the process, and a child inherits the parent's mark
-across fork/exec (the pytest process is large), so the script forks once more before it
-imports torch: the grandchild starts with a clean, small mark. Growth is measured from the
-current RSS after the inputs exist and a small warm-up call has loaded the kernels, to the
-peak after the full call. The same is measured for the naive dense computation, for scale.
-
-The script runs with glibc's mmap threshold fixed at 1 MiB (``MALLOC_MMAP_THRESHOLD_``).
-By default glibc raises that threshold after the first large free and then keeps freed
-tile-sized blocks resident, so the figure would measure the allocator's cache and vary from
-run to run (observed 18-116 MiB for the same call); with it fixed, every block of 1 MiB or
-more is returned when freed, and RSS follows what the kernel actually holds.
+twice the kernel's working buffer (e stacked on u: 2 x DEFAULT_TILE_ELEMENTS float32),
+measured as in ``test_policy_stats_memory.py`` (``tests.helpers.peak_rss``).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
 from credit_core.policy_stats import DEFAULT_TILE_ELEMENTS
+from tests.helpers.peak_rss import measure
 
 B, T, H, V, D = 2, 1024, 64, 32768, 64
 DENSE_BYTES = B * T * V * 4
 BUFFER_BYTES = 2 * DEFAULT_TILE_ELEMENTS * 4
 
-SCRIPT = textwrap.dedent(
-    f"""
-    import json, os, resource, sys
-
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid:
-        os.close(write_fd)
-        with os.fdopen(read_fd) as pipe:
-            report = pipe.read()
-        _, status = os.waitpid(pid, 0)
-        print(report)
-        sys.exit(os.waitstatus_to_exitcode(status))
-
-    os.close(read_fd)
-    import torch
+BODY = f"""
     from credit_core import streamed_unsigned_work
-
-    def current_rss():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    def peak_rss():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
     torch.manual_seed(0)
     hidden = torch.randn({B}, {T}, {H})
@@ -83,21 +44,13 @@ SCRIPT = textwrap.dedent(
     naive = peak_rss() - before
     err = float((dense - w0).abs().max() / dense.abs().max())
     del p, u
-    with os.fdopen(write_fd, "w") as pipe:
-        pipe.write(json.dumps({{"streamed": streamed, "naive": naive, "w0_err": err}}))
-    os._exit(0)
+    report(streamed=streamed, naive=naive, w0_err=err)
     """
-)
 
 
 @pytest.mark.slow
 def test_streamed_work_peak_rss_is_a_fraction_of_dense_logits() -> None:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env
-    )
-    assert done.returncode == 0, done.stderr
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures = measure(BODY)
     mib = 2**20
     print(
         f"\nstreamed_unsigned_work B={B} T={T} H={H} V={V} d={D}: "
