@@ -8,11 +8,9 @@ reward, output folder); it is validated by the trainer's ``TrainConfig``.
 
 ``strategies`` entries are what ``credit:`` accepts (``datc`` or ``{name: datc, beta: 2}``)
 plus an optional ``label`` naming the run (default: the strategy name; labels are unique)
-and an optional ``grad_path`` (``{points: 1}``: the direction model's gradient at the
-midpoint to the policy's expected embedding, ``{points: n}``: integrated over n points;
-``adapters.grad_path``), which goes into the run's ``reward`` section, and an optional
-``settings`` list: the settings the strategy runs in (default: all; e.g. ``grad_path`` does
-not apply to the vocabulary bridge of ``minilm_bridge``).
+and an optional ``settings`` list: the settings the strategy runs in (default: all; e.g.
+the path gradient of ``datc_mid`` and ``datc_ig`` needs a reward model that reads the
+policy's token ids, not the vocabulary bridge of ``minilm_bridge``).
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ablations.credit_probes import ProbeConfig
 from ablations.settings import SETTINGS
-from adapters.grad_path import GradPathConfig
 from adapters.tiny import Family
 from backends.torch.config import (
     Section,
@@ -46,13 +43,11 @@ RUN_OWNED_KEYS = frozenset({"seed", "credit", "policy", "reward", "output_dir"})
 
 
 class StrategyConfig(Section):
-    """One strategy of the comparison: its label, its ``CreditConfig`` and, optionally,
-    where the direction model's gradient is taken (``grad_path``, the trainer's
-    ``reward.grad_path``; None: at the sampled tokens)."""
+    """One strategy of the comparison: its label, its ``CreditConfig`` and the settings it
+    runs in."""
 
     label: str
     credit: CreditConfig
-    grad_path: GradPathConfig | None = None
     settings: list[str] | None = Field(
         default=None, description="the settings this strategy runs in; null: all"
     )
@@ -67,13 +62,11 @@ class StrategyConfig(Section):
         if isinstance(value, str):
             return cls(label=value, credit=CreditConfig.parse(value))
         if isinstance(value, Mapping):
-            own = ("label", "grad_path", "settings")
+            own = ("label", "settings")
             credit = CreditConfig.parse({k: v for k, v in value.items() if k not in own})
-            path = value.get("grad_path")
             return cls(
                 label=str(value.get("label", credit.name)),
                 credit=credit,
-                grad_path=None if path is None else GradPathConfig.model_validate(path),
                 settings=value.get("settings"),
             )
         raise ValueError(f"expected a strategy name or mapping, got {type(value).__name__}")
@@ -221,7 +214,6 @@ class AblateConfig(Section):
                 "label": s.label,
                 "name": s.credit.name,
                 **s.credit.params,
-                **({} if s.grad_path is None else {"grad_path": s.grad_path.model_dump()}),
                 **({} if s.settings is None else {"settings": list(s.settings)}),
             }
             for s in self.strategies

@@ -58,16 +58,18 @@ def compare_credits(
     recipe: GRPORecipe, strategies: Sequence[StrategyConfig]
 ) -> list[CompareCredit]:
     """The credits of ``strategies`` for ``recipe``'s batches: each strategy with the
-    recipe's reward side (without the run's own ``grad_path``), its direction gradient
-    taken along its own ``grad_path`` if it has one."""
+    recipe's reward side (without the run strategy's path gradient), its direction gradient
+    taken where it reads it (``reward_grad_points``)."""
     plain = without_grad_path(recipe.reward.signals)
     out = []
     for st in strategies:
+        strategy = get_strategy(st.credit)
         signals = plain
-        if st.grad_path is not None:
+        if strategy.reward_grad_points:
             temperature = recipe.cfg.rollout.temperature
-            signals = with_grad_path(plain, recipe.policy.model, st.grad_path, temperature)
-        out.append(CompareCredit(st.label, get_strategy(st.credit), RolloutRewards(signals)))
+            points = strategy.reward_grad_points
+            signals = with_grad_path(plain, recipe.policy.model, points, temperature)
+        out.append(CompareCredit(st.label, strategy, RolloutRewards(signals)))
     return out
 
 

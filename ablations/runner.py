@@ -78,8 +78,6 @@ def run_train_config(
 ) -> dict[str, Any]:
     """The trainer config (a mapping for ``backends.torch.config``) of one run."""
     merged = deep_merge(deep_merge(cfg.train, assets.train), cfg.settings[run.setting].train)
-    path = cfg.strategy(run.strategy).grad_path
-    reward = assets.reward if path is None else {**assets.reward, "grad_path": path.model_dump()}
     own = {
         "seed": run.seed,
         "output_dir": str(run_dir / TRAIN_DIR),
@@ -89,7 +87,7 @@ def run_train_config(
             "tokenizer": str(assets.policy_dir / TOKENIZER_DIR),
         },
         "data": assets.data,
-        "reward": reward,
+        "reward": assets.reward,
         "logging": {
             "progress": False,
             "tensorboard": merged.get("logging", {}).get("tensorboard", False),
@@ -206,12 +204,10 @@ _ASSET_COST = {
 
 def run_fingerprint(cfg: AblateConfig, run: RunKey) -> str:
     """A hash of everything in ``cfg`` that determines ``run``'s result: its training
-    section, the setting's parameters, the strategy's credit config (and gradient path),
+    section, the setting's parameters, the strategy's credit config,
     the probes, family and seed."""
-    path = cfg.strategy(run.strategy).grad_path
     return spec_hash(
         {
-            **({} if path is None else {"grad_path": path.model_dump(mode="json")}),
             "version": RESULT_VERSION,
             "run": [run.setting, run.family, run.seed],
             "credit": cfg.strategy(run.strategy).credit.model_dump(mode="json"),

@@ -29,7 +29,6 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adapters.direction import DirectionModel
-from adapters.grad_path import GradPathConfig
 from adapters.minilm import load_minilm
 from adapters.reward_models import EncoderSimilarityRM, ModuleRM, SeqClassificationRM
 from adapters.scorers import CallableScorer, ModelScorer, RewardSignals, Scorer, import_object
@@ -131,23 +130,17 @@ class ScorerConfig(BaseModel):
 
 
 class RewardSignalsConfig(BaseModel):
-    """``direction_model`` (differentiable) and ``reward`` (default: the direction model);
-    ``grad_path``: take the direction model's gradient along the path to the policy's
-    expected embedding (``adapters.grad_path``; applied by the trainer, which owns the
-    policy); None: at the sampled tokens (DATC as published)."""
+    """``direction_model`` (differentiable) and ``reward`` (default: the direction model)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     direction_model: RewardModelConfig | None = None
     reward: ScorerConfig | None = None
-    grad_path: GradPathConfig | None = None
 
     @model_validator(mode="after")
     def _something_sets_the_reward(self) -> RewardSignalsConfig:
         if self.reward is None and self.direction_model is None:
             raise ValueError("reward: required when no direction_model is configured")
-        if self.grad_path is not None and self.direction_model is None:
-            raise ValueError("grad_path: needs a direction_model")
         r = self.reward
         if r is not None and r.kind == "model" and r.model is None and self.direction_model is None:
             raise ValueError("reward.model: required when no direction_model is configured")

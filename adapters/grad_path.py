@@ -5,7 +5,7 @@ embeddings x_t = E[y_t]. ``path_reward_grad`` takes it instead at the points
 
     x_t(a) = E[y_t] + a (m1_t - E[y_t]),   m1_t = p_t^T E (the policy's expected embedding),
 
-for every response token at once, and averages over a in ``GradPathConfig.alphas()``: one
+for every response token at once, and averages over a in ``path_alphas(n)``: one
 point a = 1/2 is the midpoint gradient; n points (k + 1/2)/n the midpoint rule of the
 integrated gradient int_0^1 g(x(a)) da, whose dot product with m1 - E[y] is the exact change
 of R along that (joint) path as n grows. Each point costs one RM forward and backward.
@@ -15,8 +15,8 @@ policy's token ids) so that ``score(..., with_grad=True)`` returns that gradient
 ``reward_grad``: every strategy that reads ``reward_grad`` (``datc`` included) then uses
 it, with no change to the strategy contract. m1 comes from an ``ExpectedEmbeddings``
 callable; ``PolicyExpectedEmbeddings`` computes it with the policy itself (one no-grad
-policy forward with ``PolicyStats``). The trainer builds it from ``reward.grad_path``
-(``backends.torch.rollout_rewards``).
+policy forward with ``PolicyStats``). A backend builds it (``with_grad_path``) for a
+strategy whose ``reward_grad_points`` is n >= 1 (``datc_mid``, ``datc_ig``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.direction import DirectionModel, EmbeddingDirectionModel, RewardOutput
 from adapters.policy import response_logprobs_and_stats
@@ -33,18 +32,12 @@ from adapters.scorers import ModelScorer, RewardSignals
 from credit_core import CreditError
 
 
-class GradPathConfig(BaseModel):
-    """``reward.grad_path``: how many points of the path to the expected embedding."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    points: int = Field(
-        default=1, ge=1, le=64, description="1: midpoint gradient; n > 1: integrated gradient"
-    )
-
-    def alphas(self) -> list[float]:
-        """The path positions a_k = (k + 1/2) / n, k = 0 .. n - 1 (equal weights)."""
-        return [(k + 0.5) / self.points for k in range(self.points)]
+def path_alphas(points: int) -> list[float]:
+    """The path positions a_k = (k + 1/2) / n, k = 0 .. n - 1 (equal weights) of ``points``
+    = n >= 1 points: 1 is the midpoint gradient, n > 1 the integrated gradient."""
+    if isinstance(points, bool) or not isinstance(points, int) or points < 1:
+        raise CreditError(f"points: expected an int >= 1, got {points!r}")
+    return [(k + 0.5) / points for k in range(points)]
 
 
 class ExpectedEmbeddings(Protocol):
@@ -81,8 +74,9 @@ def path_reward_grad(
     index = prepared.policy_index
     if index is None:
         raise CreditError(
-            "grad_path: the reward model reads another tokenizer (vocabulary bridge); the "
-            "path to the expected embedding needs the RM to read the policy's token ids"
+            "the path gradient (datc_mid, datc_ig): the reward model reads another tokenizer "
+            "(vocabulary bridge); the path to the expected embedding needs the RM to read the "
+            "policy's token ids"
         )
     inputs = prepared.inputs
     acc = torch.promote_types(model.table.dtype, torch.float32)
@@ -145,21 +139,22 @@ class PathGradientDirection(DirectionModel):
     """``inner`` with its reward gradient taken along the path (``path_reward_grad``).
 
     Rewards are ``inner``'s at the sampled tokens (one RM forward); with ``with_grad`` the
-    gradient costs ``len(path.alphas())`` RM forward + backward passes and one ``expected``
-    call. ``reward_embedding`` is ``inner``'s.
+    gradient costs ``points`` RM forward + backward passes and one ``expected`` call.
+    ``reward_embedding`` is ``inner``'s.
     """
 
     def __init__(
-        self, inner: EmbeddingDirectionModel, expected: ExpectedEmbeddings, path: GradPathConfig
+        self, inner: EmbeddingDirectionModel, expected: ExpectedEmbeddings, points: int
     ) -> None:
         if not inner.identical_vocab:
             raise CreditError(
-                "grad_path: the reward model reads another tokenizer (vocabulary bridge); "
-                "the path to the expected embedding needs the RM to read the policy's ids"
+                "the path gradient (datc_mid, datc_ig): the reward model reads another "
+                "tokenizer (vocabulary bridge); the path to the expected embedding needs the "
+                "RM to read the policy's token ids"
             )
         self.inner = inner
         self.expected = expected
-        self.path = path
+        self.alphas = path_alphas(points)
         self.reward_embedding = inner.reward_embedding
 
     def score(
@@ -184,26 +179,28 @@ class PathGradientDirection(DirectionModel):
             response_ids,
             response_mask,
             m1,
-            self.path.alphas(),
+            self.alphas,
         )
         grad = torch.where((response_mask != 0).unsqueeze(2), grad, 0.0)
         return RewardOutput(out.rewards, grad.to(out.rewards.dtype), out.diagnostics)
 
 
 def with_grad_path(
-    signals: RewardSignals, policy: torch.nn.Module, path: GradPathConfig, temperature: float
+    signals: RewardSignals, policy: torch.nn.Module, points: int, temperature: float
 ) -> RewardSignals:
-    """``signals`` with its direction model wrapped in ``PathGradientDirection`` (m1 from
-    ``policy`` at ``temperature``); a scorer that was the direction model's own reward
-    becomes the wrapper's, so rewards and gradient still share one call."""
+    """``signals`` with its direction model wrapped in ``PathGradientDirection`` over
+    ``points`` points (m1 from ``policy`` at ``temperature``); a scorer that was the
+    direction model's own reward becomes the wrapper's, so rewards and gradient still share
+    one call."""
     dm = signals.direction_model
     if not isinstance(dm, EmbeddingDirectionModel):
         raise CreditError(
-            "reward.grad_path: needs a direction model that reads input embeddings "
-            f"(an EmbeddingDirectionModel), got {type(dm).__name__}"
+            "the path gradient (reward_grad_points >= 1: datc_mid, datc_ig) needs a direction "
+            "model that reads input embeddings (an EmbeddingDirectionModel), got "
+            f"{type(dm).__name__}"
         )
     wrapped = PathGradientDirection(
-        dm, PolicyExpectedEmbeddings(policy, dm.reward_embedding, temperature), path
+        dm, PolicyExpectedEmbeddings(policy, dm.reward_embedding, temperature), points
     )
     scorer = signals.scorer
     if isinstance(scorer, ModelScorer) and scorer.model is dm:

@@ -45,6 +45,38 @@ class DATCStrategy(ScoreStrategy):
         return _work(batch, signed=True)
 
 
+class DATCMidpointStrategy(DATCStrategy):
+    """DATC with the reward gradient taken at the midpoint between the sampled embeddings
+    and the policy's expected embeddings (docs/design.md, "Curvature-robust direction");
+    the allocation is DATC's."""
+
+    name = "datc_mid"
+
+    @property
+    def reward_grad_points(self) -> int:
+        return 1
+
+
+class PathParams(ScoreParams):
+    """``ScoreParams`` plus the number of points of the integrated gradient."""
+
+    points: int = Field(4, ge=2, le=64, description="points of the path (midpoint rule)")
+
+
+class DATCIntegratedStrategy(DATCStrategy):
+    """DATC with the reward gradient averaged over ``points`` points of the path from the
+    sampled embeddings to the policy's expected embeddings (the midpoint rule of the
+    integrated gradient; docs/design.md, "Curvature-robust direction")."""
+
+    name = "datc_ig"
+    Params: ClassVar[type[BaseModel]] = PathParams
+    params: PathParams
+
+    @property
+    def reward_grad_points(self) -> int:
+        return self.params.points
+
+
 class DATCUnsignedStrategy(ScoreStrategy):
     """Ablation: s_t = |W_t|, magnitude without direction."""
 
@@ -149,6 +181,8 @@ class DATCShuffledStrategy(DATCStrategy):
 BUILTIN_STRATEGIES: tuple[type[CreditStrategy], ...] = (
     UniformStrategy,
     DATCStrategy,
+    DATCMidpointStrategy,
+    DATCIntegratedStrategy,
     DATCUnsignedStrategy,
     DATCNoSignStrategy,
     DATCShuffledStrategy,

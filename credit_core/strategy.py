@@ -68,6 +68,12 @@ class CreditStrategy(ABC):
       {"reward_grad", "policy_stats"}``. Backends ask ``signals_to_compute``.
     - ``Params``: a pydantic model of the parameters (unknown keys rejected).
 
+    ``reward_grad_points`` says where the ``reward_grad`` the strategy reads is taken: 0 (the
+    default, DATC as published) at the sampled tokens' embeddings; n >= 1 averaged over n
+    points of the path from them to the policy's expected embeddings (docs/design.md,
+    "Curvature-robust direction"). A backend that cannot take that gradient refuses the
+    strategy.
+
     Subclasses implement ``assign_with_diagnostics``; ``assign`` returns its tensor. A
     strategy with mutable state (a random stream, running statistics) overrides
     ``state_dict``/``load_state_dict`` so that a resumed run continues it exactly.
@@ -103,6 +109,11 @@ class CreditStrategy(ABC):
         if reward_grad_first and cls.work_requires is not None:
             return cls.work_requires
         return cls.requires
+
+    @property
+    def reward_grad_points(self) -> int:
+        """Points of the path at which ``reward_grad`` is averaged; 0: at the samples."""
+        return 0
 
     def signals_for(self, batch: CreditBatch) -> frozenset[str]:
         """The signals this strategy reads from ``batch``: ``work_requires`` if the batch

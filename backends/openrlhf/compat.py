@@ -104,6 +104,13 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
             f"into the reward, so advantages differ within a response; strategy {name!r} needs "
             "--algo.kl.use_loss (GRPO style) or --algo.kl.init_coef 0"
         )
+    if strategy.reward_grad_points:
+        problems.append(
+            f"strategy {name!r} takes the reward gradient on the path to the policy's "
+            "expected embeddings, which needs the policy's probabilities before the reward "
+            "model's backward pass; this backend takes them in separate passes (use datc here, "
+            "or the torch or TRL backend)"
+        )
     if int(_get(args, "data.max_images_per_prompt", 0) or 0) > 0:
         problems.append(
             "--data.max_images_per_prompt > 0: vision-language inputs are not supported"

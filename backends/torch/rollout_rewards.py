@@ -83,13 +83,15 @@ def build_prompts_and_reward(
     tokenizer: PreTrainedTokenizerBase,
     *,
     device: torch.device,
+    grad_points: int = 0,
 ) -> tuple[list[Prompt], list[Prompt], RolloutRewards]:
     """Training prompts, held-out prompts and the reward of ``cfg`` for this policy.
 
     ``reward`` (``adapters.config.RewardSignalsConfig``) takes precedence; a built-in
-    ``data.task`` supplies its own reward otherwise. With ``reward.grad_path`` the direction
-    model's gradient is taken along the path to ``model``'s expected embeddings
-    (``adapters.grad_path``; ``model`` is called directly, so not under FSDP sharding).
+    ``data.task`` supplies its own reward otherwise. With ``grad_points`` >= 1 (the credit
+    strategy's ``reward_grad_points``) the direction model's gradient is averaged over that
+    many points of the path to ``model``'s expected embeddings (``adapters.grad_path``;
+    ``model`` is called directly, so not under FSDP sharding).
     """
     data = cfg.data
     vocab = int(lm_head_of(model)[0].shape[0])
@@ -112,10 +114,14 @@ def build_prompts_and_reward(
         raise ConfigError(
             "reward: set reward.direction_model and/or reward.reward (or use a data.task)"
         )
-    if cfg.reward is not None and cfg.reward.grad_path is not None:
+    if grad_points:
         if cfg.distributed.strategy == "fsdp":
-            raise ConfigError("reward.grad_path: not supported with FSDP (the policy is sharded)")
-        signals = with_grad_path(signals, model, cfg.reward.grad_path, cfg.rollout.temperature)
+            raise ConfigError(
+                f"credit.name: {cfg.credit.name!r} takes the reward gradient on the path to "
+                "the policy's expected embeddings, which needs the whole policy in each "
+                "process: not supported with distributed.strategy fsdp (use ddp)"
+            )
+        signals = with_grad_path(signals, model, grad_points, cfg.rollout.temperature)
     if data.num_eval_prompts is not None:
         held_out = held_out[: data.num_eval_prompts]
     return train, held_out, RolloutRewards(signals)

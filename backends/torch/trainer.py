@@ -153,7 +153,11 @@ class GRPORecipe:
         # rewards are scored before the old policy's pass: W0 can be streamed (work_requires)
         self.reads = _reads(self.strategy)
         self.train_prompts, self.eval_prompts, self.reward = build_prompts_and_reward(
-            cfg, self.policy.model, self.policy.tokenizer, device=dev
+            cfg,
+            self.policy.model,
+            self.policy.tokenizer,
+            device=dev,
+            grad_points=self.strategy.reward_grad_points,
         )
         if self.reads and self.reward.direction is None:
             raise ConfigError(

@@ -37,12 +37,12 @@ def test_shipped_configs_load_and_have_the_promised_shape() -> None:
     full = load_ablate_config(FULL)
     assert list(full.settings) == [*originals, "positional_sparse", "keyword_sparse"]
     mid = full.strategy("datc_mid")
-    assert mid.credit.name == "datc" and mid.grad_path is not None and mid.grad_path.points == 1
+    assert mid.credit.name == "datc_mid"
     assert mid.settings is not None and "minilm_bridge" not in mid.settings
-    assert full.strategy("datc").grad_path is None  # DATC stays the published method
     assert {s.credit.name for s in full.strategies} == {
         "uniform",
         "datc",
+        "datc_mid",
         "datc_unsigned",
         "datc_nosign",
         "datc_shuffled",
@@ -53,7 +53,7 @@ def test_shipped_configs_load_and_have_the_promised_shape() -> None:
     assert len(plan_runs(full)) == (6 * 7 + 5) * 2 * len(full.seeds)
 
 
-def test_strategy_grad_path_and_settings(tmp_path: Path) -> None:
+def test_strategy_label_and_settings(tmp_path: Path) -> None:
     cfg = AblateConfig.model_validate(
         {
             **BASE,
@@ -61,12 +61,7 @@ def test_strategy_grad_path_and_settings(tmp_path: Path) -> None:
             "strategies": [
                 "uniform",
                 "datc",
-                {
-                    "label": "mid",
-                    "name": "datc",
-                    "grad_path": {"points": 1},
-                    "settings": ["target_tokens"],
-                },
+                {"label": "mid", "name": "datc_mid", "settings": ["target_tokens"]},
             ],
         }
     )
@@ -78,9 +73,7 @@ def test_strategy_grad_path_and_settings(tmp_path: Path) -> None:
         reward={"direction_model": {"kind": "module", "factory": "x:y"}},
     )
     out = run_train_config(cfg, RunKey("target_tokens", "llama", "mid", 0), assets, tmp_path)
-    assert out["reward"]["grad_path"] == {"points": 1} and out["credit"] == {"name": "datc"}
-    plain = run_train_config(cfg, RunKey("target_tokens", "llama", "datc", 0), assets, tmp_path)
-    assert "grad_path" not in plain["reward"]
+    assert out["credit"] == {"name": "datc_mid"} and out["reward"] == assets.reward
     assert run_fingerprint(cfg, RunKey("target_tokens", "llama", "mid", 0)) != run_fingerprint(
         cfg, RunKey("target_tokens", "llama", "datc", 0)
     )

@@ -42,7 +42,7 @@ def _history(
             "strategies": [
                 "uniform",
                 {"name": "datc_shuffled", "beta": 2.0},
-                {"label": "mid", "name": "datc", "grad_path": {"points": 1}},
+                {"label": "mid", "name": "datc_mid"},
             ],
             "settings": {"positional_sparse": {"params": TINY}},
             "train": {
@@ -84,8 +84,9 @@ def test_probes_are_recorded_and_do_not_change_the_run(tmp_path: Path) -> None:
 
 
 def test_compared_credits_on_a_path_gradient_run(tmp_path: Path) -> None:
-    """On a ``grad_path`` run, a compared credit is its own: ``mid`` (the run's own credit)
-    equals the run's correlation, and the plain ``datc_shuffled`` does not use the path."""
+    """On a path-gradient run (``datc_mid``), a compared credit is its own: ``mid`` (the
+    run's own credit) equals the run's correlation, and the plain ``datc_shuffled`` does not
+    use the path."""
     (first, *_) = _history(tmp_path, "c", probes=True, strategy="mid")
     assert first["probe/credit_corr@mid"] == pytest.approx(first["probe/credit_corr"])
     assert first["probe/credit_corr@datc_shuffled"] != pytest.approx(first["probe/credit_corr"])

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from adapters.grad_path import (
-    GradPathConfig,
     PathGradientDirection,
+    path_alphas,
     path_reward_grad,
     with_grad_path,
 )
@@ -91,8 +91,11 @@ def _reward_at(
 
 
 def test_path_positions() -> None:
-    assert GradPathConfig().alphas() == [0.5]
-    assert GradPathConfig(points=4).alphas() == [0.125, 0.375, 0.625, 0.875]
+    assert path_alphas(1) == [0.5]
+    assert path_alphas(4) == [0.125, 0.375, 0.625, 0.875]
+    for bad in (0, -1, True, 1.0):
+        with pytest.raises(CreditError, match="points: expected an int >= 1"):
+            path_alphas(bad)  # type: ignore[arg-type]
 
 
 def test_at_the_sampled_point_it_is_the_rms_own_gradient() -> None:
@@ -109,7 +112,7 @@ def test_midpoint_is_exact_for_a_quadratic_rm() -> None:
     rm = _rm(QuadraticRM())
     p_ids, p_mask, r_ids, r_mask, logits = _batch()
     m1 = _m1(rm, logits)
-    g = path_reward_grad(rm, p_ids, p_mask, r_ids, r_mask, m1, GradPathConfig().alphas())
+    g = path_reward_grad(rm, p_ids, p_mask, r_ids, r_mask, m1, path_alphas(1))
     step = torch.where(r_mask.unsqueeze(2), m1 - rm.reward_embedding[r_ids], 0.0)
     predicted = (g * step).sum(dim=(1, 2))
     exact = _reward_at(rm, r_ids, r_mask, m1) - _reward_at(
@@ -125,7 +128,7 @@ def test_integrated_gradient_is_complete_for_a_nonlinear_rm() -> None:
     rm = _rm(TanhRM())
     p_ids, p_mask, r_ids, r_mask, logits = _batch()
     m1 = _m1(rm, logits * 0.3)
-    alphas = GradPathConfig(points=64).alphas()
+    alphas = path_alphas(64)
     g = path_reward_grad(rm, p_ids, p_mask, r_ids, r_mask, m1, alphas)
     step = torch.where(r_mask.unsqueeze(2), m1 - rm.reward_embedding[r_ids], 0.0)
     exact = _reward_at(rm, r_ids, r_mask, m1) - _reward_at(
@@ -142,14 +145,12 @@ def test_wrapper_keeps_the_reward_and_datc_invariants_hold() -> None:
     def expected(*_: torch.Tensor) -> torch.Tensor:
         return m1
 
-    signals = with_grad_path(
-        RewardSignals(ModelScorer(rm), rm), torch.nn.Linear(1, 1), GradPathConfig(points=2), 1.0
-    )
+    signals = with_grad_path(RewardSignals(ModelScorer(rm), rm), torch.nn.Linear(1, 1), 2, 1.0)
     assert isinstance(signals.direction_model, PathGradientDirection)
     assert (
         isinstance(signals.scorer, ModelScorer) and signals.scorer.model is signals.direction_model
     )
-    wrapped = PathGradientDirection(rm, expected, GradPathConfig(points=2))
+    wrapped = PathGradientDirection(rm, expected, 2)
     out = wrapped.score(p_ids, p_mask, r_ids, r_mask, with_grad=True)
     torch.testing.assert_close(
         out.rewards, rm.score(p_ids, p_mask, r_ids, r_mask, with_grad=False).rewards

@@ -18,6 +18,8 @@ pytestmark = pytest.mark.usefixtures("single_torch_thread")
 BUILTINS = (
     "uniform",
     "datc",
+    "datc_mid",
+    "datc_ig",
     "datc_unsigned",
     "datc_nosign",
     "datc_shuffled",

@@ -30,7 +30,16 @@ from credit_core import (
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
-SCORE_BASED = ("datc", "datc_unsigned", "datc_nosign", "datc_shuffled", "datc_inverse", "saliency")
+SCORE_BASED = (
+    "datc",
+    "datc_mid",
+    "datc_ig",
+    "datc_unsigned",
+    "datc_nosign",
+    "datc_shuffled",
+    "datc_inverse",
+    "saliency",
+)
 SETTINGS = settings(max_examples=30, deadline=None)
 
 
@@ -113,6 +122,8 @@ def expected_scores(name: str, batch: CreditBatch) -> torch.Tensor:
     work = token_work(batch.policy_stats, batch.reward_grad, batch.advantages)
     return {
         "datc": work,
+        "datc_mid": work,  # the path gradient is the backend's; the allocation is DATC's
+        "datc_ig": work,
         "datc_shuffled": work,
         "datc_unsigned": work.abs(),
         "datc_nosign": token_work(batch.policy_stats, batch.reward_grad, None),
@@ -399,6 +410,8 @@ def test_uniform_needs_no_signal() -> None:
     [
         ("uniform", set()),
         ("datc", {"reward_grad", "policy_stats"}),
+        ("datc_mid", {"reward_grad", "policy_stats"}),
+        ("datc_ig", {"reward_grad", "policy_stats"}),
         ("datc_unsigned", {"reward_grad", "policy_stats"}),
         ("datc_nosign", {"reward_grad", "policy_stats"}),
         ("datc_shuffled", {"reward_grad", "policy_stats"}),
@@ -414,6 +427,29 @@ def test_required_signals_are_declared_and_enforced(name: str, requires: set[str
     for signal in requires:
         with pytest.raises(CreditError, match=rf"'{name}' requires signal '{signal}'"):
             strategy.assign(replace(full, **{signal: None}))
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "points"),
+    [
+        ("uniform", {}, 0),
+        ("datc", {}, 0),
+        ("saliency", {}, 0),
+        ("datc_mid", {}, 1),
+        ("datc_ig", {}, 4),
+        ("datc_ig", {"points": 8}, 8),
+    ],
+)
+def test_where_the_reward_gradient_is_taken(name: str, params: dict[str, int], points: int) -> None:
+    """0: at the sampled tokens (DATC as published); n: averaged over n points of the path
+    to the expected embeddings (docs/design.md, "Curvature-robust direction")."""
+    assert get_strategy(name, **params).reward_grad_points == points
+
+
+@pytest.mark.parametrize("points", [1, 65, True])
+def test_the_integrated_gradient_takes_two_to_64_points(points: object) -> None:
+    with pytest.raises(CreditError, match="parameter 'points'"):
+        get_strategy("datc_ig", points=points)
 
 
 def test_shuffled_state_dict_resumes_the_permutation_stream() -> None:

@@ -312,6 +312,12 @@ def test_compat_accepts_grpo_and_names_every_misfit() -> None:
         "needs a differentiable reward model",
     ):
         assert fragment in text
+    for name in ("datc_mid", "datc_ig"):  # the path gradient needs the policy beside the RM
+        with pytest.raises(CreditError, match=rf"strategy '{name}' takes the reward gradient on"):
+            resolve_credit(
+                openrlhf_args([*GRPO_FLAGS, *rm_flags]),
+                OpenRLHFCreditConfig(credit=CreditConfig.parse(name)),
+            )
     uniform = resolve_credit(
         openrlhf_args(["--algo.advantage.estimator", "gae"]), OpenRLHFCreditConfig()
     )

@@ -20,12 +20,15 @@ import yaml
 from safetensors.torch import load_file
 
 from adapters.direction import EmbeddingDirectionModel
+from adapters.grad_path import PathGradientDirection, path_alphas, path_reward_grad
 from adapters.policy import response_logprobs_and_stats, response_logprobs_and_work
 from backends.torch.checkpoint import checkpoint_folders
 from backends.torch.config import config_from_dict, load_config
 from backends.torch.errors import ConfigError
 from backends.torch.loss import aggregate, ppo_clip_loss
 from backends.torch.metrics import read_jsonl
+from backends.torch.models import build_policy
+from backends.torch.rollout_rewards import build_prompts_and_reward
 from backends.torch.trainer import GRPORecipe, RunResult, train
 from credit_core import group_advantages, token_work
 from credit_core.builtin_strategies import BUILTIN_STRATEGIES
@@ -58,6 +61,61 @@ def test_every_builtin_strategy_completes_three_steps_computing_only_what_it_nee
         assert record["signals/reward_grad_rows"] == (batch if "reward_grad" in requires else 0)
         assert record["signals/policy_stats_rows"] == (batch if "policy_stats" in requires else 0)
         assert record["credit/weight_min"] > 0  # lam < 1: every token keeps the sign of A
+
+
+# ------------------------------------------- datc_mid, datc_ig: where the gradient is taken
+
+
+@pytest.mark.parametrize(("credit", "points"), [("datc_mid", 1), ({"name": "datc_ig"}, 4)])
+def test_a_path_gradient_strategy_takes_g_on_the_path_to_the_expected_embeddings(
+    tmp_path: Path, credit: Any, points: int
+) -> None:
+    """docs/design.md, "Curvature-robust direction": rewards at the samples; g averaged over
+    x(a) = E[y] + a (m1 - E[y]), a = (k + 1/2) / n, m1 the policy's expected embeddings at
+    the rollout temperature; ``datc`` keeps the gradient at the samples."""
+    cfg = tiny_config(tmp_path / "run", credit=credit, rollout={"temperature": 0.7})
+    recipe = GRPORecipe(config_from_dict(cfg))
+    try:
+        prompts, positions, groups = recipe._my_prompts(
+            recipe.sampler.next_batch(), recipe.train_prompts
+        )
+        batch = recipe.rollout(prompts, positions, groups, group_size=4, greedy=False, tag="t")
+        out = recipe.reward.compute(batch, with_grad=True, micro_batch_size=8)
+        direction = recipe.reward.direction
+        assert isinstance(direction, PathGradientDirection)
+        inner = direction.inner
+        ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)
+        mask = torch.cat([batch.prompt_mask.long(), batch.response_mask.long()], dim=1)
+        _, stats = response_logprobs_and_stats(
+            recipe.policy.model,
+            ids,
+            mask,
+            batch.response_len,
+            temperature=0.7,
+            reward_embedding=inner.reward_embedding,
+        )
+        assert stats is not None
+        rollout = (batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+        expected = path_reward_grad(inner, *rollout, stats.m1, path_alphas(points))
+        expected = torch.where(batch.response_mask.bool().unsqueeze(2), expected, 0.0)
+        assert out.reward_grad is not None
+        torch.testing.assert_close(out.reward_grad, expected, rtol=1e-5, atol=1e-6)
+        plain = inner.score(*rollout, with_grad=True)
+        torch.testing.assert_close(out.rewards, plain.rewards)
+        assert not torch.allclose(out.reward_grad, plain.reward_grad)  # type: ignore[arg-type]
+    finally:
+        recipe.close()
+
+
+def test_a_path_gradient_strategy_is_refused_under_fsdp(tmp_path: Path) -> None:
+    cfg = config_from_dict(
+        tiny_config(tmp_path / "run", credit="datc_mid", distributed={"strategy": "fsdp"})
+    )
+    policy = build_policy(cfg.policy, seed=0, device=torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"credit.name: 'datc_mid' .* not supported with"):
+        build_prompts_and_reward(
+            cfg, policy.model, policy.tokenizer, device=torch.device("cpu"), grad_points=1
+        )
 
 
 # --------------------------------------------------- uniform: plain GRPO, nothing extra

@@ -9,6 +9,7 @@ import pytest
 import torch
 from trl import GRPOTrainer
 
+from adapters.grad_path import PathGradientDirection, path_alphas, path_reward_grad
 from backends.trl.capture import causal_lm_of
 from backends.trl.tasks import PolicyPreset, TaskData, tiny_policy
 from credit_core import CreditError, CreditSignals, assign_credit, get_strategy, policy_stats
@@ -81,16 +82,22 @@ def _recompute(trainer: Any, inputs: dict[str, Any]) -> torch.Tensor:
         temperature=trainer.temperature,
         lm_head_bias=head.bias,
     )
-    with torch.enable_grad():
-        grad = trainer.direction.score(
-            inputs["prompt_ids"],
-            inputs["prompt_mask"],
-            inputs["completion_ids"],
-            inputs["completion_mask"],
-            with_grad=True,
-        ).reward_grad
+    strategy = get_strategy(trainer.credit_args.credit_config)
+    rollout = (
+        inputs["prompt_ids"],
+        inputs["prompt_mask"],
+        inputs["completion_ids"],
+        inputs["completion_mask"],
+    )
+    if strategy.reward_grad_points:  # on the path to this forward's expected embeddings
+        alphas = path_alphas(strategy.reward_grad_points)
+        grad = path_reward_grad(trainer.direction.inner, *rollout, stats.m1, alphas)
+        grad = torch.where(inputs["completion_mask"].bool().unsqueeze(2), grad, 0.0)
+    else:
+        with torch.enable_grad():
+            grad = trainer.direction.score(*rollout, with_grad=True).reward_grad
     return assign_credit(
-        get_strategy(trainer.credit_args.credit_config),
+        strategy,
         A,
         mask,
         inputs["completion_ids"],
@@ -98,14 +105,17 @@ def _recompute(trainer: Any, inputs: dict[str, Any]) -> torch.Tensor:
     ).token_advantages
 
 
+@pytest.mark.parametrize("name", ["datc", "datc_mid"])
 def test_datc_advantages_reaching_trl_loss_are_credit_cores(
-    task: TaskData, tokenizer: Any, tmp_path: Any, loss_inputs: list[dict[str, Any]]
+    task: TaskData, tokenizer: Any, tmp_path: Any, loss_inputs: list[dict[str, Any]], name: str
 ) -> None:
+    """``datc_mid``: the reward gradient at the midpoint to the expected embeddings of the
+    policy at TRL's temperature, recomputed from the loss forward's own statistics."""
     trainer = make_trainer(
         task,
         tokenizer,
         tmp_path,
-        credit={"name": "datc", "beta": 1.0, "lam": 0.5},
+        credit={"name": name, "beta": 1.0, "lam": 0.5},
         per_device_train_batch_size=32,
         num_generations=8,
         max_completion_length=24,
@@ -114,6 +124,7 @@ def test_datc_advantages_reaching_trl_loss_are_credit_cores(
         temperature=0.7,
     )
     assert trainer.credit_phase == "loss" and not trainer.takes_old_logp_forward
+    assert isinstance(trainer.direction, PathGradientDirection) == (name == "datc_mid")
     trainer.train()
     assert len(loss_inputs) == 4  # 2 steps x 2 micro-batches
     padded = 0
