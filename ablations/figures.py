@@ -133,7 +133,8 @@ def plot_probes(
     confidence: float = 0.95,
     baseline: str | None = None,
 ) -> Path:
-    """Write the credit-probe figure of one setting to ``path`` (PNG)."""
+    """Write the credit-probe figure of one setting to ``path`` (PNG): one row of panels
+    per probe of ``PROBE_PANELS`` that has values in ``rows``."""
     plt = _pyplot()
     data: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(
         lambda: defaultdict(list)
@@ -143,17 +144,20 @@ def plot_probes(
             value = r.get(column)
             if value is not None and not math.isnan(float(value)):
                 data[(r["family"], r["strategy"], column)][int(r["step"])].append(float(value))
+    measured = {column for (_, _, column) in data}  # a probe off in this run has no panel
+    panels = [(column, label) for column, label in PROBE_PANELS if column in measured]
+    panels = panels or list(PROBE_PANELS[:1])
     fig, axes = plt.subplots(
-        len(PROBE_PANELS),
+        len(panels),
         len(families),
-        figsize=(max(7.0, 5.0 * len(families)), 10.0),
+        figsize=(max(7.0, 5.0 * len(families)), 2.5 * len(panels)),
         squeeze=False,
         sharex="col",
         layout="constrained",
     )
     colors = plt.get_cmap("tab10")
     for col, family in enumerate(families):
-        for row, (column, label) in enumerate(PROBE_PANELS):
+        for row, (column, label) in enumerate(panels):
             ax = axes[row][col]
             for i, strat in enumerate(strategies):
                 per_step = data.get((family, strat, column))
@@ -169,7 +173,7 @@ def plot_probes(
             ax.grid(alpha=0.3)
             if row == 0:
                 ax.set_title(family)
-            if row == len(PROBE_PANELS) - 1:
+            if row == len(panels) - 1:
                 ax.set_xlabel("step")
     legend: dict[str, Any] = {}
     for ax in axes.flat:  # uniform credit has no correlation: its line is in other panels
