@@ -12,20 +12,11 @@ from credit_core import (
     get_strategy,
     list_strategies,
 )
+from tests.credit_core.test_strategies import SCORE_BASED
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
-BUILTINS = (
-    "uniform",
-    "datc",
-    "datc_mid",
-    "datc_ig",
-    "datc_unsigned",
-    "datc_nosign",
-    "datc_shuffled",
-    "datc_inverse",
-    "saliency",
-)
+BUILTINS = ("uniform", *SCORE_BASED)  # docs/design.md, "Strategies"
 
 
 def test_unknown_strategy_lists_the_registered_names() -> None:
