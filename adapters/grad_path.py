@@ -185,23 +185,29 @@ class PathGradientDirection(DirectionModel):
         return RewardOutput(out.rewards, grad.to(out.rewards.dtype), out.diagnostics)
 
 
-def with_grad_path(
-    signals: RewardSignals, policy: torch.nn.Module, points: int, temperature: float
-) -> RewardSignals:
-    """``signals`` with its direction model wrapped in ``PathGradientDirection`` over
-    ``points`` points (m1 from ``policy`` at ``temperature``); a scorer that was the
-    direction model's own reward becomes the wrapper's, so rewards and gradient still share
-    one call."""
-    dm = signals.direction_model
-    if not isinstance(dm, EmbeddingDirectionModel):
+def path_direction(
+    direction: DirectionModel | None, policy: torch.nn.Module, points: int, temperature: float
+) -> PathGradientDirection:
+    """``direction`` wrapped in ``PathGradientDirection`` over ``points`` points, m1 from
+    ``policy`` at ``temperature``; ``CreditError`` unless it reads input embeddings."""
+    if not isinstance(direction, EmbeddingDirectionModel):
         raise CreditError(
             "the path gradient (reward_grad_points >= 1: datc_mid, datc_ig) needs a direction "
             "model that reads input embeddings (an EmbeddingDirectionModel), got "
-            f"{type(dm).__name__}"
+            f"{type(direction).__name__}"
         )
-    wrapped = PathGradientDirection(
-        dm, PolicyExpectedEmbeddings(policy, dm.reward_embedding, temperature), points
-    )
+    expected = PolicyExpectedEmbeddings(policy, direction.reward_embedding, temperature)
+    return PathGradientDirection(direction, expected, points)
+
+
+def with_grad_path(
+    signals: RewardSignals, policy: torch.nn.Module, points: int, temperature: float
+) -> RewardSignals:
+    """``signals`` with its direction model wrapped by ``path_direction``; a scorer that was
+    the direction model's own reward becomes the wrapper's, so rewards and gradient still
+    share one call."""
+    dm = signals.direction_model
+    wrapped = path_direction(dm, policy, points, temperature)
     scorer = signals.scorer
     if isinstance(scorer, ModelScorer) and scorer.model is dm:
         scorer = ModelScorer(wrapped)

@@ -38,8 +38,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from adapters.config import build_direction_model
-from adapters.direction import DirectionModel, EmbeddingDirectionModel
-from adapters.grad_path import PathGradientDirection, PolicyExpectedEmbeddings
+from adapters.direction import DirectionModel
+from adapters.grad_path import path_direction
 from adapters.reward_models import SeqClassificationRM
 from backends.trl.capture import HiddenCapture, lm_head
 from backends.trl.config import CreditGRPOConfig
@@ -106,8 +106,9 @@ class CreditGRPOTrainer(GRPOTrainer):
         self.direction: DirectionModel | None = None
         if self.needs_reward_grad or self.needs_policy_stats:
             self.direction = direction_model or self._build_direction(args)
-        if self.strategy.reward_grad_points:
-            self.direction = self._path_direction(self.direction)
+        if self.strategy.reward_grad_points:  # datc_mid, datc_ig: m1 at TRL's temperature
+            points = self.strategy.reward_grad_points
+            self.direction = path_direction(self.direction, self.policy, points, self.temperature)
         self.credit_phase: CreditPhase = (
             "loss" if self.needs_policy_stats and not self.takes_old_logp_forward else "generation"
         )
@@ -154,23 +155,6 @@ class CreditGRPOTrainer(GRPOTrainer):
             "set direction (e.g. {kind: seq_classification, path: ...}), give TRL a reward "
             "model in reward_funcs, or pass direction_model= to CreditGRPOTrainer"
         )
-
-    def _path_direction(self, direction: DirectionModel | None) -> PathGradientDirection:
-        """``direction`` with its gradient averaged over the strategy's
-        ``reward_grad_points`` points of the path to the policy's expected embeddings
-        (``datc_mid``, ``datc_ig``; m1 from one more no-grad policy forward at TRL's
-        temperature)."""
-        if not isinstance(direction, EmbeddingDirectionModel):
-            raise CreditError(
-                f"direction: strategy {self.strategy.name!r} takes the reward gradient on the "
-                "path to the policy's expected embeddings, which needs a direction model that "
-                f"reads input embeddings (an EmbeddingDirectionModel), got "
-                f"{type(direction).__name__}"
-            )
-        expected = PolicyExpectedEmbeddings(
-            self.policy, direction.reward_embedding, self.temperature
-        )
-        return PathGradientDirection(direction, expected, self.strategy.reward_grad_points)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         """TRL's checkpoint, plus the strategy's mutable state (``datc_shuffled``'s random

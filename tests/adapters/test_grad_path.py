@@ -20,6 +20,7 @@ import torch
 from adapters.grad_path import (
     PathGradientDirection,
     path_alphas,
+    path_direction,
     path_reward_grad,
     with_grad_path,
 )
@@ -173,3 +174,6 @@ def test_bad_inputs_are_refused() -> None:
         path_reward_grad(rm, p_ids, p_mask, r_ids, r_mask, _m1(rm, logits)[:, :2], [0.5])
     with pytest.raises(CreditError, match="at least one"):
         path_reward_grad(rm, p_ids, p_mask, r_ids, r_mask, _m1(rm, logits), [])
+    for direction in (None, object()):  # no direction model; one without input embeddings
+        with pytest.raises(CreditError, match="needs a direction model that reads input emb"):
+            path_direction(direction, torch.nn.Linear(1, 1), 1, 1.0)  # type: ignore[arg-type]
