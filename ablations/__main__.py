@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from backends.torch.config import add_override_argument, check_device
 from backends.torch.errors import ConfigError
 from credit_core.cli import add_debug_argument, run_cli
+from credit_core.preemption import PREEMPTED_EXIT
 
 if TYPE_CHECKING:
     from ablations.config import AblateConfig
@@ -87,7 +88,7 @@ def _ablate(args_in: list[str]) -> int:
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     from ablations.ablation_config import load_ablate_config
     from ablations.results import parse_shard
-    from ablations.runner import Outputs, merge, run_ablation, run_workers
+    from ablations.runner import Outputs, RunStoppedError, merge, run_ablation, run_workers
 
     command = "python -m ablations " + shlex.join(args_in)
     outputs: Outputs | None
@@ -108,17 +109,21 @@ def _ablate(args_in: list[str]) -> int:
         def log(message: str) -> None:
             print(tag + message, flush=True)
 
-        if cfg.workers > 1 and count == 1 and not args.assets_only:
-            outputs = run_workers(cfg, command=command, log=log)
-        else:
-            outputs = run_ablation(
-                cfg,
-                command=command,
-                shard_index=index,
-                shard_count=count,
-                log=log,
-                assets_only=args.assets_only,
-            )
+        try:
+            if cfg.workers > 1 and count == 1 and not args.assets_only:
+                outputs = run_workers(cfg, command=command, log=log)
+            else:
+                outputs = run_ablation(
+                    cfg,
+                    command=command,
+                    shard_index=index,
+                    shard_count=count,
+                    log=log,
+                    assets_only=args.assets_only,
+                )
+        except RunStoppedError as exc:
+            print(f"{PROG}: {tag}{exc}", file=sys.stderr, flush=True)
+            return PREEMPTED_EXIT
     if outputs is not None:
         print(f"report:  {outputs.report}")
         print(f"results: {outputs.csv}")

@@ -122,6 +122,12 @@ class AblateConfig(Section):
     workers: int = Field(
         default=1, ge=1, description="worker processes (each runs a shard of the plan, then merge)"
     )
+    worker_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        description="a worker that shows no progress (no new metrics line, no new run or "
+        "asset) for this long is taken as hung: it is killed and the runner stops, naming it",
+    )
     report: ReportConfig = Field(default_factory=ReportConfig)
     probes: ProbeConfig = Field(default_factory=ProbeConfig)
 

@@ -1,18 +1,14 @@
-"""The ablation's training loop: ``GRPORecipe.run`` plus extra measurements at evaluations.
+"""What the ablation measures at each evaluation of ``GRPORecipe.run(at_eval)``.
 
-``train_with_evals(recipe, at_eval)`` runs the same loop as ``GRPORecipe.run`` (held-out
-evaluation at step 0 and whenever ``eval.interval`` is due, checkpoints when due, a metrics
-record per step) through the recipe's public API (``train_step``, ``evaluate``, ``save``,
-``logger``), and merges ``at_eval()`` into every evaluation record.
-``ablation_evals`` is what the runner measures there: the setting's exact held-out scores
-(``probes.extra_eval``, as ``extra/<name>_<mode>``) and the credit probes
+``ablation_evals`` is what the runner merges into every evaluation record: the setting's
+exact held-out scores (``probes.extra_eval``, as ``extra/<name>_<mode>``) and the credit probes
 (``credit_probes.probe``, as ``probe/...``), with the credits of ``probes.compare``
 (``compare_credits``) judged on the same batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ablations import credit_probes, probes
@@ -25,33 +21,6 @@ from backends.torch.trainer import GRPORecipe
 from credit_core import get_strategy
 
 EXTRA_PREFIX = "extra/"
-
-
-def _due(step: int, interval: int, last: int) -> bool:
-    return interval > 0 and (step % interval == 0 or step == last)
-
-
-def train_with_evals(
-    recipe: GRPORecipe, at_eval: Callable[[], dict[str, float]]
-) -> list[dict[str, Any]]:
-    """Train ``recipe`` to ``cfg.steps``; returns the metric history (one record per step)."""
-    cfg = recipe.cfg
-    logger = recipe.logger
-    try:
-        if recipe.step == 0 and cfg.eval.interval > 0:
-            logger.log(0, {**recipe.evaluate(), **at_eval()})
-        while recipe.step < cfg.steps:
-            metrics = recipe.train_step()
-            if _due(recipe.step, cfg.eval.interval, cfg.steps):
-                metrics.update(recipe.evaluate())
-                metrics.update(at_eval())
-            logger.log(recipe.step, metrics)
-            if _due(recipe.step, cfg.checkpoint.interval, cfg.steps):
-                recipe.save()
-            logger.advance()
-    finally:
-        logger.close()
-    return logger.history
 
 
 def compare_credits(

@@ -7,7 +7,7 @@ figures and returns their paths (a shard returns None). ``merge`` copies the res
 shards (from their output folders) into one output folder and writes the same outputs.
 
 A run trains with the torch backend's ``GRPORecipe`` (``backends.torch.trainer``), with the
-trainer config built by ``run_train_config``, through ``driver.train_with_evals``: at every
+trainer config built by ``run_train_config``, through ``GRPORecipe.run(at_eval)``: at every
 evaluation the exact held-out scores of the setting (``probes.extra_eval``) and the credit
 probes (``credit_probes``) join the trainer's own held-out metrics. Afterwards, for the
 method's first family and seed, the credit heat-map data (``probes.credit_examples``) are
@@ -16,6 +16,7 @@ computed from the final policy in memory.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -49,6 +50,8 @@ from ablations.results import (
 from ablations.settings import SETTINGS, SettingAssets
 from ablations.summary import SettingSpec, SummarySpec, summarize
 from backends.torch.errors import ConfigError
+from credit_core.cli import CommandError
+from credit_core.preemption import PreemptionWatch, signal_name
 
 #: Bumped when what a run computes changes, so that older results are redone.
 RESULT_VERSION = 2
@@ -58,6 +61,28 @@ FIGURES_DIR = "figures"
 TRAIN_DIR = "train"
 
 Log = Callable[[str], None]
+WORKERS_DIR = ".workers"
+
+
+class RunStoppedError(Exception):
+    """A stop signal ended the ablation; finished runs are kept and a rerun continues."""
+
+
+class WorkerFailedError(CommandError):
+    """A worker process died, hung or failed; the message names it and its run."""
+
+
+def _worker_status(out: Path, shard_index: int) -> Path:
+    return out / WORKERS_DIR / f"worker-{shard_index}.json"
+
+
+def _set_status(out: Path, shard_index: int, task: str, progress: Path | None = None) -> None:
+    """What worker ``shard_index`` does now (``task``), and the file whose growth shows its
+    progress (a run's metrics file); the runner reads it to name a worker that fails."""
+    file = _worker_status(out, shard_index)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"task": task, "progress": str(progress) if progress else None}
+    file.write_text(json.dumps(doc), encoding="utf-8")
 
 
 def plan_runs(cfg: AblateConfig) -> list[RunKey]:
@@ -137,7 +162,7 @@ def execute_run(
 ) -> dict[str, Any]:
     """Train one run from scratch (a half-finished folder is cleared) and store its result."""
     from ablations import probes
-    from ablations.driver import ablation_evals, compare_credits, final_extra, train_with_evals
+    from ablations.driver import ablation_evals, compare_credits, final_extra
     from backends.torch.trainer import GRPORecipe, resolve_config
 
     folder = run.folder(output_dir)
@@ -151,12 +176,18 @@ def execute_run(
         try:
             others = [cfg.strategy(x) for x in cfg.probes.compare]
             compare = compare_credits(recipe, [o for o in others if o.runs_in(run.setting)])
-            history = train_with_evals(
-                recipe, lambda: ablation_evals(recipe, assets, cfg.probes, compare)
-            )
+            done = recipe.run(lambda: ablation_evals(recipe, assets, cfg.probes, compare))
+            if done.preempted is not None:
+                raise RunStoppedError(
+                    f"run {run.relpath}: {done.preempted.signal} received, stopped after step "
+                    f"{done.preempted.step}; it is redone from the start on the next invocation"
+                )
+            history = done.history
             wall = time.perf_counter() - start
             extra = final_extra(history) or probes.extra_eval(recipe, assets.extra_eval)
             credit = probes.credit_examples(recipe, cfg.report.heatmap_responses) if heatmap else []
+        except RunStoppedError:
+            raise
         except Exception as exc:
             raise RuntimeError(
                 f"run {run.relpath} failed at step {recipe.step}: {type(exc).__name__}: {exc} "
@@ -257,6 +288,7 @@ def run_ablation(
             key=lambda p: (-_ASSET_COST.get(p[0], 0), p),
         )
         for setting, family in pairs[shard_index::shard_count]:
+            _set_status(out, shard_index, f"assets of {setting}/{family}")
             build_assets(cfg, setting, family, log)
         return None
     mine = shard_runs(plan, shard_index, shard_count)
@@ -273,7 +305,11 @@ def run_ablation(
     for i, run in enumerate(pending, start=1):
         key = (run.setting, run.family)
         if key not in assets:
+            _set_status(out, shard_index, f"assets of {run.setting}/{run.family}")
             assets[key] = build_assets(cfg, run.setting, run.family, log)
+        _set_status(
+            out, shard_index, f"run {run.relpath}", run.folder(out) / TRAIN_DIR / "metrics.jsonl"
+        )
         heatmap = (run.strategy, run.family, run.seed) == (method, cfg.families[0], cfg.seeds[0])
         result = execute_run(cfg, run, assets[key], out, heatmap=heatmap)
         final = [r for r in result["history"] if "eval/reward_sampled" in r]
@@ -295,7 +331,12 @@ def run_workers(cfg: AblateConfig, *, command: str, log: Log = print) -> Outputs
     """Run the plan with ``cfg.workers`` worker processes on this machine (each a shard,
     ``cfg.threads`` torch threads each): first the assets, spread over the workers, then the
     runs; then write the outputs. The resolved config is written to the output folder for
-    the workers (``ablate_config.yaml``)."""
+    the workers (``ablate_config.yaml``).
+
+    The runner supervises its workers (``_supervise``): one that dies, fails or hangs ends
+    the runner (the others are stopped) with a ``WorkerFailedError`` naming it and its run; a
+    stop signal is passed to every worker and ends the runner with ``RunStoppedError``. Finished
+    runs are kept either way, so the same command continues."""
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg_file = out / WORKER_CONFIG
@@ -304,31 +345,88 @@ def run_workers(cfg: AblateConfig, *, command: str, log: Log = print) -> Outputs
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     for phase, extra in (("assets", ["--assets-only"]), ("runs", [])):
         log(f"[ablate] {phase}: {n} worker processes")
+        shutil.rmtree(out / WORKERS_DIR, ignore_errors=True)
+        argv = [sys.executable, "-m", "ablations", str(cfg_file)]
         procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "ablations",
-                    str(cfg_file),
-                    "--shard",
-                    f"{i}/{n}",
-                    *extra,
-                ],
-                env=env,
-            )
-            for i in range(n)
+            subprocess.Popen([*argv, "--shard", f"{i}/{n}", *extra], env=env) for i in range(n)
         ]
+        _supervise(procs, out, cfg.worker_timeout_s, phase)
+    return write_outputs(cfg, command=command)
+
+
+def _last_progress(out: Path, index: int) -> tuple[str, float]:
+    """Worker ``index``'s task and the time it last showed progress (0: never)."""
+    file = _worker_status(out, index)
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+        times = [file.stat().st_mtime]
+        if doc.get("progress") and Path(doc["progress"]).exists():
+            times.append(Path(doc["progress"]).stat().st_mtime)
+        return str(doc["task"]), max(times)
+    except (OSError, ValueError, KeyError, TypeError):
+        return "start-up", 0.0
+
+
+def _exit_text(code: int) -> str:
+    return f"killed by {signal_name(-code)}" if code < 0 else f"exit status {code}"
+
+
+def _supervise(
+    procs: list[subprocess.Popen[bytes]], out: Path, timeout_s: float, phase: str
+) -> None:
+    """Wait for every worker of ``phase`` to end; raise as ``run_workers`` says otherwise."""
+    started = time.time()
+    failure = None
+    with PreemptionWatch("credit-ablate", grace_s=None) as watch:
         try:
-            codes = [p.wait() for p in procs]
+            while any(p.poll() is None for p in procs):
+                if watch.requested:
+                    break
+                for i, p in enumerate(procs):
+                    task, seen = _last_progress(out, i)
+                    code = p.poll()
+                    if code not in (None, 0):
+                        failure = f"worker {i} ended ({_exit_text(code)}) during {task}"
+                    elif code is None and time.time() - max(seen, started) > timeout_s:
+                        p.kill()
+                        failure = (
+                            f"worker {i} showed no progress for {timeout_s:g} s during {task} "
+                            "(worker_timeout_s) and was killed"
+                        )
+                    if failure:
+                        break
+                if failure:
+                    break
+                time.sleep(0.2)
+            if watch.requested:
+                tasks = [_last_progress(out, i)[0] for i, p in enumerate(procs) if p.poll() is None]
+                for p in procs:
+                    if p.poll() is None:
+                        p.send_signal(watch.requested)
+                for p in procs:
+                    p.wait()
+                raise RunStoppedError(
+                    f"{signal_name(watch.requested)} received: the {phase} phase was stopped "
+                    f"({', '.join(tasks) or 'no worker was busy'}); finished runs are kept, "
+                    "run the same command to continue"
+                )
         finally:
             for p in procs:
                 if p.poll() is None:
                     p.terminate()
-        failed = [f"worker {i} (exit code {c})" for i, c in enumerate(codes) if c != 0]
-        if failed:
-            raise RuntimeError(f"ablation {phase} phase failed: {', '.join(failed)}")
-    return write_outputs(cfg, command=command)
+                    try:
+                        p.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
+    bad = [f"worker {i} ({_exit_text(p.returncode)})" for i, p in enumerate(procs) if p.returncode]
+    if failure is None and bad:
+        failure = ", ".join(bad)
+    if failure:
+        raise WorkerFailedError(
+            f"ablation {phase} phase: {failure}; the other workers were stopped; finished runs "
+            "are kept, run the same command to continue (a failed run prints its traceback above)"
+        )
 
 
 def merge(cfg: AblateConfig, sources: Sequence[Path], *, command: str) -> Outputs:

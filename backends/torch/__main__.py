@@ -9,12 +9,14 @@ with status 2 (``credit_core.cli``); ``--debug`` shows their traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from backends.torch.config import add_override_argument, check_device, load_config
 from backends.torch.errors import ConfigError
 from credit_core.cli import add_debug_argument, run_cli
+from credit_core.preemption import PREEMPTED_EXIT
 
 PROG = "credit-train"
 
@@ -43,13 +45,29 @@ def _train(argv: list[str]) -> int:
     from backends.torch.trainer import train
 
     result = train(cfg, resume=args.resume)
-    print(f"{PROG}: {result.last_step} steps done; run folder {result.run_dir}")
+    main_rank = os.environ.get("RANK", "0") == "0"
+    if result.preempted is not None:
+        if main_rank:
+            print(f"{PROG}: {result.preempted.message()}", file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT
+    if main_rank:
+        print(f"{PROG}: {result.last_step} steps done; run folder {result.run_dir}")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``credit-train``; the exit status."""
-    return run_cli(PROG, _train, argv, expected=(ConfigError,))
+    """Entry point of ``credit-train``; the exit status: 0 done, 2 an expected failure (one
+    message), ``PREEMPTED_EXIT`` (75) stopped by a signal after a checkpoint.
+
+    A process of a multi-process run ends with ``os._exit`` once its output is flushed: the
+    process group and the models are already released (``GRPORecipe.close``), and no C++
+    destructor left for interpreter shutdown can keep the process from ending."""
+    status = run_cli(PROG, _train, argv, expected=(ConfigError,))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ one aside (``step_000012.corrupt-1``), says so, and returns the newest intact on
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -34,7 +35,7 @@ import random
 import re
 import shutil
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -43,6 +44,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.hf_storage import (
     HuggingFaceStorageReader,
     HuggingFaceStorageWriter,
@@ -52,6 +54,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from backends.torch.distributed import DistContext
 from backends.torch.errors import ConfigError
+from credit_core.cli import CommandError
 
 log = logging.getLogger(__name__)
 
@@ -258,6 +261,72 @@ def _hash_share(folder: Path, names: list[str], ctx: DistContext) -> dict[str, s
 # -------------------------------------------------------------------------------- save
 
 
+class CheckpointWriteError(CommandError):
+    """A checkpoint could not be written (full disk, quota, permission, ...); the message
+    names the folder, the cause and the newest intact checkpoint, which is untouched."""
+
+
+def remove_partial(root: str | Path) -> list[Path]:
+    """Remove the ``step_N.tmp`` folders under ``root``: checkpoints whose writing started
+    and never completed (a kill, a full disk). Returns what was removed."""
+    root = Path(root)
+    stale = sorted(root.glob("*.tmp")) if root.is_dir() else []
+    for folder in stale:
+        shutil.rmtree(folder, ignore_errors=True)
+        log.warning("removed %s, a checkpoint whose writing never completed", folder)
+    return stale
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The ``OSError`` behind a write failure: ``exc`` itself, its cause or context, or one
+    of the per-rank failures of DCP's ``CheckpointException``."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError):
+            return e
+        if isinstance(e, CheckpointException):
+            todo.extend(pair[0] for pair in e.failures.values())  # (exception, trace)
+        todo.extend([e.__cause__, e.__context__])
+    return None
+
+
+def _cause(exc: BaseException, folder: Path) -> str:
+    """What a write failure means, in words (free space for a full disk)."""
+    os_error = _os_error(exc)
+    if os_error is None:
+        return f"{type(exc).__name__}: {exc}"
+    what = os_error.strerror or str(os_error)
+    if os_error.errno == errno.ENOSPC:
+        try:
+            free = shutil.disk_usage(folder).free / 2**20
+            what += f" ({free:.1f} MiB free on that filesystem)"
+        except OSError:
+            pass
+    elif os_error.errno == errno.EDQUOT:
+        what += " (disk quota exceeded for this user)"
+    elif os_error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        what += " (no permission to write there)"
+    return what
+
+
+def _agreed(ctx: DistContext, root: Path, write: Callable[[], None]) -> None:
+    """Run this rank's ``write``; collective: if it failed on any rank, every rank raises
+    the same ``OSError`` naming the ranks and causes (no rank is left waiting)."""
+    problem = None
+    try:
+        write()
+    except (OSError, CheckpointException) as exc:
+        problem = f"rank {ctx.rank}: {_cause(exc, root)}"
+    problems = [p for p in ctx.all_gather_object(problem) if p is not None]
+    if problems:
+        raise OSError("; ".join(problems))
+
+
 @dataclass(frozen=True)
 class TrainingState:
     """One rank's view of everything a checkpoint restores.
@@ -301,14 +370,48 @@ def save_checkpoint(
     root = Path(root)
     final = root / step_dir_name(state.step)
     tmp = root / (step_dir_name(state.step) + ".tmp")
+    if ctx.broadcast_object(final.exists()):
+        raise FileExistsError(f"checkpoint {final} already exists")
+    try:
+        _agreed(ctx, root, lambda: _begin(root, tmp, ctx))
+        _agreed(ctx, root, lambda: _write_state(tmp, state, export, ctx))
+        names = _files_under(tmp)
+        digests = _hash_share(tmp, names, ctx)
+        _agreed(ctx, root, lambda: _commit(tmp, final, names, digests, state.step, ctx))
+    except OSError as exc:
+        if ctx.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        intact = [f.name for f in checkpoint_folders(root) if f != final]
+        kept = (
+            f"the newest checkpoint, {intact[-1]}, is untouched"
+            if intact
+            else "there is no earlier checkpoint"
+        )
+        raise CheckpointWriteError(
+            f"checkpoint of step {state.step} could not be written under {root}: {exc}; "
+            f"the partial {tmp.name} was removed; {kept}; free space or choose another "
+            "output_dir, then continue with --resume"
+        ) from exc
+    if ctx.is_main and keep_last is not None:
+        for old in checkpoint_folders(root)[:-keep_last]:
+            trash = old.with_name(old.name + ".tmp")
+            os.replace(old, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+    ctx.barrier()
+    return final
+
+
+def _begin(root: Path, tmp: Path, ctx: DistContext) -> None:
     if ctx.is_main:
         root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob("*.tmp"):
-            shutil.rmtree(stale, ignore_errors=True)
-        if final.exists():
-            raise FileExistsError(f"checkpoint {final} already exists")
+        remove_partial(root)
         tmp.mkdir()
-    ctx.barrier()
+
+
+def _write_state(
+    tmp: Path, state: TrainingState, export: ModelExport | None, ctx: DistContext
+) -> None:
+    """Every rank's shards and rank file; rank 0 also the shared state and the export."""
     tensors, skeleton = split_tensors({"model": state.model, "optimizer": state.optimizer})
     with _quiet_single_process():
         dcp_save(
@@ -332,24 +435,21 @@ def save_checkpoint(
             _write_safetensors(tmp / MODEL_FILE, export.weights, {"step": str(state.step)})
             for name, text in export.files.items():
                 _write_text(tmp / name, text)
-    ctx.barrier()
-    names = _files_under(tmp)
-    digests = _hash_share(tmp, names, ctx)
-    if ctx.is_main:
-        files = {n: {"bytes": (tmp / n).stat().st_size, "sha256": digests[n]} for n in names}
-        manifest = {"step": state.step, "world_size": ctx.world_size, "files": files}
-        _write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1))
-        _fsync_dir(tmp / STATE_DIR)
-        _fsync_dir(tmp)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-        if keep_last is not None:
-            for old in checkpoint_folders(root)[:-keep_last]:
-                trash = old.with_name(old.name + ".tmp")
-                os.replace(old, trash)
-                shutil.rmtree(trash, ignore_errors=True)
-    ctx.barrier()
-    return final
+
+
+def _commit(
+    tmp: Path, final: Path, names: list[str], digests: dict[str, str], step: int, ctx: DistContext
+) -> None:
+    """Rank 0 writes the manifest and renames ``tmp`` to ``final`` (atomic)."""
+    if not ctx.is_main:
+        return
+    files = {n: {"bytes": (tmp / n).stat().st_size, "sha256": digests[n]} for n in names}
+    manifest = {"step": step, "world_size": ctx.world_size, "files": files}
+    _write_text(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1))
+    _fsync_dir(tmp / STATE_DIR)
+    _fsync_dir(tmp)
+    os.replace(tmp, final)
+    _fsync_dir(final.parent)
 
 
 # ------------------------------------------------------------------------------ verify

@@ -197,6 +197,12 @@ class CheckpointConfig(Section):
         description="where the policy is also written as a Hugging Face model (gathered on "
         "rank 0): the last step's checkpoint only, or every checkpoint",
     )
+    preemption_grace_s: float | None = Field(
+        default=600.0,
+        gt=0,
+        description="after SIGTERM/SIGUSR1 the run finishes its step, checkpoints and exits "
+        "75; if that takes longer than this many seconds it ends at once (null: no limit)",
+    )
 
 
 class DistributedConfig(Section):

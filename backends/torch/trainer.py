@@ -23,9 +23,10 @@ Each phase result reports its own metrics; ``StepTiming`` times the three phases
 from __future__ import annotations
 
 import copy
+import gc
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ from backends.torch.rollout import (
     pad_responses,
 )
 from backends.torch.rollout_rewards import RolloutRewards, build_prompts_and_reward
+from backends.torch.run_lock import RunLock, acquire_run_lock
 from backends.torch.schedule import build_optimizer
 from backends.torch.step import StepSignals, StepTiming, UpdateResult, UpdateTerms, merged
 from credit_core import (
@@ -84,19 +86,38 @@ from credit_core import (
     get_strategy,
     group_advantages,
 )
+from credit_core.preemption import PreemptionWatch, signal_name
 
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_DIR = "checkpoints"
 _INNER = "module."  # PolicyModule holds the HF model as .module
 
 
+@dataclass(frozen=True)
+class Preempted:
+    """A run stopped by ``signal`` after ``step`` (every rank the same), whose state is in
+    ``checkpoint``: ``--resume`` continues from there."""
+
+    signal: str
+    step: int
+    checkpoint: Path
+
+    def message(self) -> str:
+        return (
+            f"{self.signal} received: stopped after step {self.step}, checkpoint "
+            f"{self.checkpoint} written; continue with --resume"
+        )
+
+
 @dataclass
 class RunResult:
-    """What ``train`` returns: the run folder and every logged record ``{"step": k, ...}``."""
+    """What ``train`` returns: the run folder and every logged record ``{"step": k, ...}``;
+    ``preempted`` if a stop signal ended it before ``cfg.steps``."""
 
     run_dir: Path
     history: list[dict[str, float]] = field(default_factory=list)
     last_step: int = 0
+    preempted: Preempted | None = None
 
     def series(self, name: str) -> list[tuple[int, float]]:
         """(step, value) of metric ``name`` wherever it was logged."""
@@ -138,7 +159,17 @@ class GRPORecipe:
         self.cfg = cfg
         self.ctx: DistContext = init_distributed(cfg.distributed, cfg.device)
         self.run_dir = Path(cfg.output_dir)
-        self._check_run_dir(resume)
+        self._lock: RunLock | None = None
+        try:
+            self._lock = self._own_run_dir()
+            self._check_run_dir(resume)
+            self._build(resume)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, resume: bool) -> None:
+        cfg = self.cfg
         check_batch_split(cfg, self.ctx.world_size)
         torch.manual_seed(cfg.seed)
         dev = self.ctx.device
@@ -192,10 +223,26 @@ class GRPORecipe:
 
     # ------------------------------------------------------------------------------ setup
 
+    def _own_run_dir(self) -> RunLock | None:
+        """Rank 0 locks the run folder for the life of the run (``run_lock``); every rank
+        raises the same ``RunFolderBusyError`` if a live run holds it."""
+        lock, refusal = None, None
+        if self.ctx.is_main:
+            try:
+                lock = acquire_run_lock(self.run_dir)
+            except ConfigError as exc:
+                refusal = exc
+        refusal = self.ctx.broadcast_object(refusal)
+        if refusal is not None:
+            raise refusal
+        return lock
+
     def _check_run_dir(self, resume: bool) -> None:
         holds_run = (self.run_dir / METRICS_FILE).exists() or (
             self.run_dir / CHECKPOINT_DIR
         ).exists()
+        if self.ctx.is_main:
+            ckpt.remove_partial(self.run_dir / CHECKPOINT_DIR)
         if holds_run and not resume:
             raise ConfigError(
                 f"output_dir: {str(self.run_dir)!r} already holds a run; pass --resume to "
@@ -615,26 +662,61 @@ class GRPORecipe:
     def _due(self, interval: int) -> bool:
         return interval > 0 and (self.step % interval == 0 or self.step == self.cfg.steps)
 
-    def run(self) -> RunResult:
-        """Train to ``cfg.steps``; log every step, evaluate and checkpoint when due."""
+    def _stop_signal(self, watch: PreemptionWatch) -> int:
+        """The stop signal any rank received (0: none); collective, so every rank stops at
+        the same step."""
+        flag = torch.tensor([float(watch.requested)], dtype=torch.float64)
+        return int(self.ctx.all_reduce_max(flag)[0])
+
+    def run(self, at_eval: Callable[[], dict[str, float]] | None = None) -> RunResult:
+        """Train to ``cfg.steps``; log every step, evaluate and checkpoint when due.
+
+        ``at_eval()`` is merged into every evaluation record (the ablation's measurements).
+        A stop signal (``credit_core.preemption``) ends the run after the step in progress,
+        with a checkpoint of that step (``RunResult.preempted``).
+        """
         cfg = self.cfg
+        extra = at_eval or dict
+        preempted = None
+        watch = PreemptionWatch("credit-train", grace_s=cfg.checkpoint.preemption_grace_s)
         try:
-            if self.step == 0 and cfg.eval.interval > 0:
-                self.logger.log(0, self.evaluate())
-            while self.step < cfg.steps:
-                metrics = self.train_step()
-                if self._due(cfg.eval.interval):
-                    metrics.update(self.evaluate())
-                self.logger.log(self.step, metrics)
-                if self._due(cfg.checkpoint.interval):
-                    self.save()
-                self.logger.advance()
+            with watch:
+                if self.step == 0 and cfg.eval.interval > 0:
+                    self.logger.log(0, {**self.evaluate(), **extra()})
+                while self.step < cfg.steps:
+                    metrics = self.train_step()
+                    if self._due(cfg.eval.interval):
+                        metrics.update(self.evaluate())
+                        metrics.update(extra())
+                    self.logger.log(self.step, metrics)
+                    stop = self._stop_signal(watch)
+                    if self._due(cfg.checkpoint.interval) or stop:
+                        saved = self.save()
+                        if stop and self.step < cfg.steps:
+                            preempted = Preempted(signal_name(stop), self.step, saved)
+                    self.logger.advance()
+                    if preempted is not None:
+                        break
         finally:
             self.logger.close()
-        return RunResult(self.run_dir, self.logger.history, self.step)
+        return RunResult(self.run_dir, self.logger.history, self.step, preempted)
 
     def close(self) -> None:
+        """Release the run: every rank done, then everything that holds the process group
+        (the DDP/FSDP-wrapped model, its optimizer, the rollout engine) freed while the
+        group is still registered, then the group destroyed, then the run folder's lock.
+
+        The order matters: a DDP reducer freed after ``destroy_process_group`` destroys the
+        gloo group itself, holding the GIL, while a gloo worker thread may need the GIL to
+        free the last tensors of a finished collective: the process then never exits."""
+        if self.ctx.active:
+            self.ctx.barrier()
+        for name in ("model", "optimizer", "scheduler", "engine", "policy", "ref_model"):
+            self.__dict__.pop(name, None)
+        gc.collect()
         shutdown(self.ctx)
+        if self._lock is not None:
+            self._lock.release()
 
 
 def resolve_config(

@@ -17,7 +17,7 @@ import pytest
 
 from ablations.ablation_config import AblateConfig
 from ablations.credit_probes import ProbeConfig
-from ablations.driver import ablation_evals, compare_credits, train_with_evals
+from ablations.driver import ablation_evals, compare_credits
 from ablations.results import RunKey
 from ablations.runner import run_train_config
 from ablations.settings import SETTINGS
@@ -60,8 +60,8 @@ def _history(
     try:
         if probes:
             compare = compare_credits(recipe, [cfg.strategy("mid"), cfg.strategy("datc_shuffled")])
-            return train_with_evals(recipe, lambda: ablation_evals(recipe, assets, PROBES, compare))
-        return train_with_evals(recipe, dict)
+            return recipe.run(lambda: ablation_evals(recipe, assets, PROBES, compare)).history
+        return recipe.run().history
     finally:
         recipe.close()
 
