@@ -15,10 +15,22 @@ by ``TrlParser`` with ``--config file.yaml``, command-line overrides) with
 failures (a bad config, an unknown strategy or parameter, a missing file or package, an
 unsupported TRL) print one line ``credit-trl: error: ...`` naming the key and exit 2;
 ``--debug`` shows the traceback instead.
+
+Preemption and a full disk, with TRL's own checkpoints (``checkpoint-N`` folders written in
+place by transformers' ``Trainer``, ``trainer_state.json`` last):
+
+- SIGTERM or SIGUSR1 (``credit_core.preemption``): the step in progress ends, every process
+  agreeing on the step, a ``checkpoint-N`` is saved, one line names it and the exit status is
+  ``PREEMPTED_EXIT`` (75); ``--resume_from_checkpoint true`` continues from it;
+- a write that fails (``OSError``: full disk, quota, permission) while a checkpoint or the
+  final model is saved: one line naming the folder and the cause, exit 2; a ``checkpoint-N``
+  left without its ``trainer_state.json`` is incomplete and is removed, since
+  ``--resume_from_checkpoint true`` would otherwise pick it as the newest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -28,6 +40,7 @@ from typing import Any
 import yaml
 
 from credit_core import CreditError
+from credit_core.preemption import PREEMPTED_EXIT, PreemptionWatch, signal_name
 
 PROG = "credit-trl"
 
@@ -217,6 +230,58 @@ def _fail(exc: BaseException) -> int:
     return 2
 
 
+def stop_on_signal(watch: PreemptionWatch) -> Any:
+    """A ``TrainerCallback`` that, once ``watch`` has a stop signal on any process (an
+    all-reduce at each step end), saves a checkpoint and stops training after that step."""
+    import torch
+    import torch.distributed as dist
+    from transformers import TrainerCallback
+
+    class StopOnSignal(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            flag = torch.tensor([float(watch.requested)], device=args.device)
+            if dist.is_available() and dist.is_initialized():
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item():
+                watch.requested = int(flag.item())
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+
+    return StopOnSignal()
+
+
+def _resume_from(value: str | None) -> str | bool | None:
+    """``--resume_from_checkpoint``: a checkpoint folder, or ``true`` for the newest one in
+    ``output_dir`` (``Trainer.train(resume_from_checkpoint=True)``)."""
+    return True if value is not None and value.lower() == "true" else value
+
+
+def _incomplete_checkpoint(output_dir: str, step: int) -> str:
+    """Remove ``checkpoint-<step>`` if its writing never completed; say what was done."""
+    import shutil
+    from pathlib import Path
+
+    folder = Path(output_dir) / f"checkpoint-{step}"
+    if folder.is_dir() and not (folder / "trainer_state.json").exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        return f"; the incomplete {folder} was removed"
+    return ""
+
+
+def _write_failure(exc: OSError, output_dir: str, step: int) -> str:
+    import shutil
+
+    cause = exc.strerror or str(exc)
+    with contextlib.suppress(OSError):
+        cause += f" ({shutil.disk_usage(output_dir).free / 2**20:.1f} MiB free there)"
+    return (
+        f"writing under {output_dir} failed at step {step}: {cause}: {exc.filename or ''}"
+        f"{_incomplete_checkpoint(output_dir, step)}; free space or choose another "
+        "output_dir, then continue with --resume_from_checkpoint true"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``credit-trl`` with ``argv`` (default ``sys.argv[1:]``); the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -234,9 +299,25 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         return _fail(exc)
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    trainer.save_model(training_args.output_dir)
-    trainer.accelerator.print(f"credit-trl: model saved to {training_args.output_dir}")
+    out = training_args.output_dir
+    watch = PreemptionWatch(PROG, grace_s=None)
+    trainer.add_callback(stop_on_signal(watch))
+    try:
+        with watch:
+            trainer.train(resume_from_checkpoint=_resume_from(training_args.resume_from_checkpoint))
+        if watch.requested:
+            step = trainer.state.global_step
+            trainer.accelerator.print(
+                f"{PROG}: {signal_name(watch.requested)} received: stopped after step {step}, "
+                f"{out}/checkpoint-{step} saved; continue with --resume_from_checkpoint true"
+            )
+            return PREEMPTED_EXIT
+        trainer.save_model(out)
+    except OSError as exc:
+        if debug:
+            raise
+        return _fail(OSError(_write_failure(exc, out, trainer.state.global_step)))
+    trainer.accelerator.print(f"credit-trl: model saved to {out}")
     if run.task is not None and script_args.eval_samples_per_prompt > 0:
         from backends.trl.tasks import held_out_reward
 

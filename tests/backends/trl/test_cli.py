@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import errno
+import json
+import os
+import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from backends.trl.cli import main
+from credit_core.preemption import PREEMPTED_EXIT
 from tests.helpers.paths import REPO
 
 CONFIG = str(REPO / "configs" / "trl" / "tiny_datc.yaml")
@@ -48,3 +55,63 @@ def test_missing_config_file_and_debug(tmp_path: Path, capsys: pytest.CaptureFix
     assert "none.yaml" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError):
         main(["--config", str(tmp_path / "none.yaml"), "--debug"])
+
+
+# ------------------------------------------------------------------ preemption, full disk
+
+
+def short_run(tmp_path: Path, *extra: str) -> list[str]:
+    """The tiny config, 3 steps, a checkpoint after every step, small batches."""
+    argv = ["--config", CONFIG, "--output_dir", str(tmp_path), "--max_steps", "3"]
+    argv += ["--save_strategy", "steps", "--save_steps", "1", "--eval_samples_per_prompt", "0"]
+    return [*argv, "--per_device_train_batch_size", "16", *extra]
+
+
+def during_step(monkeypatch: pytest.MonkeyPatch, step: int, action: Callable[[], None]) -> None:
+    """Run ``action`` in the middle of training step ``step`` (1-based)."""
+    from backends.trl.trainer import CreditGRPOTrainer
+
+    real = CreditGRPOTrainer.training_step
+
+    def training_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.state.global_step == step - 1:
+            action()
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(CreditGRPOTrainer, "training_step", training_step)
+
+
+def test_sigterm_saves_a_checkpoint_after_the_step_and_exits_75(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with monkeypatch.context() as mp:
+        during_step(mp, 2, lambda: os.kill(os.getpid(), signal.SIGTERM))
+        assert main(short_run(tmp_path)) == PREEMPTED_EXIT
+    out = capsys.readouterr().out
+    assert "credit-trl: SIGTERM received: stopped after step 2" in out
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert main(short_run(tmp_path, "--resume_from_checkpoint", "true")) == 0
+    state = json.loads((tmp_path / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3
+
+
+def test_a_full_disk_while_saving_is_one_line_exit_2_and_no_incomplete_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from backends.trl.trainer import CreditGRPOTrainer
+
+    real = CreditGRPOTrainer._save_rng_state
+
+    def save_rng_state(self: Any, output_dir: str) -> None:
+        if self.state.global_step == 2:  # after the weights, before trainer_state.json
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"{output_dir}/rng_state.pth")
+        real(self, output_dir)
+
+    monkeypatch.setattr(CreditGRPOTrainer, "_save_rng_state", save_rng_state)
+    assert main(short_run(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert err.count("credit-trl: error:") == 1 and "Traceback" not in err
+    assert "failed at step 2: No space left on device" in err and "MiB free" in err
+    assert "checkpoint-2 was removed" in err
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1"]
