@@ -419,9 +419,12 @@ def _supervise(
                     except subprocess.TimeoutExpired:
                         p.kill()
                         p.wait()
-    bad = [f"worker {i} ({_exit_text(p.returncode)})" for i, p in enumerate(procs) if p.returncode]
-    if failure is None and bad:
-        failure = ", ".join(bad)
+    if failure is None:
+        failure = ", ".join(
+            f"worker {i} ended ({_exit_text(p.returncode)}) during {_last_progress(out, i)[0]}"
+            for i, p in enumerate(procs)
+            if p.returncode
+        )
     if failure:
         raise WorkerFailedError(
             f"ablation {phase} phase: {failure}; the other workers were stopped; finished runs "

@@ -7,6 +7,8 @@
   in-process, it reproduces what a worker process computed).
 - ``--shard 0/2`` + ``--shard 1/2`` + ``merge`` gives the same results table as one
   unsharded run (every column but the timing ones, which are measurements).
+- A stop signal in the middle of a run ends the command with that run named and exit 75;
+  the rerun redoes that run only.
 
 Sizes are cut down with ``--set`` (tiny pretraining, tiny reward models, 2 prompts x 2
 samples, 2 steps) so the module stays well under two minutes on 2 cores.
@@ -15,8 +17,11 @@ samples, 2 steps) so the module stays well under two minutes on 2 cores.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +31,7 @@ from ablations.figures import is_png
 from ablations.results import RESULT_FILE, read_csv
 from ablations.runner import CSV_FILE, REPORT_FILE, merge, plan_runs, run_ablation
 from ablations.settings import SETTINGS
+from credit_core.preemption import PREEMPTED_EXIT
 from tests.helpers.paths import REPO
 
 pytestmark = pytest.mark.slow
@@ -217,3 +223,40 @@ def test_merge_names_missing_runs(cache: Path, tmp_path: Path) -> None:
         ConfigError, match=r"30 of 30 runs have no result for this config yet \(target_tokens/"
     ):
         merge(cfg, [tmp_path / "nowhere"], command="test")
+
+
+def test_a_signalled_run_stops_the_worker_with_its_run_named_and_a_rerun_continues(
+    quick_run: tuple[Path, list[str], list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """SIGTERM in the middle of a run: the run ends after its step, the command says which
+    run stopped and exits 75; the rerun redoes that run only."""
+    from backends.torch.trainer import GRPORecipe
+
+    src, overrides, _ = quick_run
+    out = tmp_path / "copy"
+    shutil.copytree(src, out)
+    cfg = load_ablate_config(QUICK, [*overrides, f"output_dir={out}", "workers=1"])
+    victim = plan_runs(cfg)[3]
+    (victim.folder(out) / RESULT_FILE).unlink()
+    real = GRPORecipe.signals
+
+    def signals(self: GRPORecipe, *args: Any, **kwargs: Any) -> Any:
+        if self.step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, *args, **kwargs)
+
+    argv = [
+        str(QUICK),
+        *(x for o in [*overrides, f"output_dir={out}", "workers=1"] for x in ("--set", o)),
+    ]
+    with monkeypatch.context() as mp:
+        mp.setattr(GRPORecipe, "signals", signals)
+        assert main(argv) == PREEMPTED_EXIT
+    err = capsys.readouterr().err
+    assert f"credit-ablate: run {victim.relpath}: SIGTERM received, stopped after step 1" in err
+    assert not (victim.folder(out) / RESULT_FILE).exists()
+    assert main(argv) == 0
+    assert ", 29 already done, 1 to run" in capsys.readouterr().out
