@@ -260,3 +260,51 @@ def test_a_live_run_folder_refuses_a_second_process_and_sigterm_requeues(tmp_pat
     assert int(read_jsonl(run / "metrics.jsonl")[-1]["step"]) == stopped
     resumed = train(tiny_config(run, steps=stopped + 1, checkpoint={"interval": 100}), resume=True)
     assert [int(r["step"]) for r in resumed.history] == [stopped + 1]
+
+
+AGREE_DRIVER = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[2])
+from backends.torch.__main__ import main
+from backends.torch.trainer import GRPORecipe
+
+real = GRPORecipe.signals
+
+
+def signals(self, *args, **kwargs):
+    if self.step == 2 and self.ctx.rank == 1:  # only rank 1 is told to stop
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(self, *args, **kwargs)
+
+
+GRPORecipe.signals = signals
+sys.exit(main([sys.argv[1]]))
+"""
+
+
+@pytest.mark.slow
+def test_every_rank_stops_at_the_step_where_any_rank_was_signalled(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    config = tmp_path / "run.yaml"
+    updates = {"steps": 5, "rollout": {"group_size": 4, "prompts_per_step": 4}}
+    config.write_text(yaml.safe_dump(tiny_config(run, **updates)))
+    driver = tmp_path / "driver.py"
+    driver.write_text(AGREE_DRIVER)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [str(torchrun), "--standalone", "--nproc_per_node", "2", str(driver), str(config)]
+    proc = subprocess.run(
+        [*command, str(REPO)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    # each worker exits 75; torchrun reports a worker status other than 0 as its own failure
+    assert proc.returncode != 0
+    assert "exitcode  : 75" in proc.stderr or "exit code: 75" in proc.stderr.lower(), proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("credit-train:")]
+    assert len(lines) == 1 and "SIGTERM received: stopped after step 2" in lines[0]
+    saved = run / "checkpoints" / "step_000002"
+    assert sorted(p.name for p in saved.glob("rank*.safetensors")) == [
+        "rank0.safetensors",
+        "rank1.safetensors",
+    ]
+    assert ckpt.verify_checkpoint(saved) == []
+    assert int(read_jsonl(run / "metrics.jsonl")[-1]["step"]) == 2
