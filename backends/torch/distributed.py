@@ -106,14 +106,14 @@ def init_distributed(cfg: DistributedConfig, device: str = "auto") -> DistContex
     return DistContext(rank, world_size, local_rank, dev, backend)
 
 
-def shutdown(ctx: DistContext) -> None:
-    """Destroy the process group, after a barrier whose work object is kept until the group
-    is gone: gloo's barrier holds the collectives still in flight, so no gloo worker thread
-    frees their (Python-owned) tensors, which needs the GIL, while the group's destructor
-    waits for those threads with the GIL held. Free everything else that holds the group
-    (DDP/FSDP-wrapped models, optimizers) before calling this."""
+def shutdown(ctx: DistContext, *, barrier: bool = True) -> None:
+    """Destroy the process group; with ``barrier`` (every rank calls this), first a barrier
+    whose work object is kept until the group is gone: gloo's barrier holds the collectives
+    still in flight, so no gloo worker thread frees their (Python-owned) tensors, which needs
+    the GIL, while the group's destructor waits for those threads with the GIL held. Free
+    everything else that holds the group (DDP/FSDP-wrapped models, optimizers) first."""
     if ctx.active and dist.is_initialized():
-        last = dist.barrier(async_op=True)
+        last = dist.barrier(async_op=True) if barrier else None
         if last is not None:
             last.wait()
         dist.destroy_process_group()

@@ -165,7 +165,7 @@ class GRPORecipe:
             self._check_run_dir(resume)
             self._build(resume)
         except BaseException:
-            self.close()
+            self.close(clean=False)
             raise
 
     def _build(self, resume: bool) -> None:
@@ -230,7 +230,7 @@ class GRPORecipe:
         if self.ctx.is_main:
             try:
                 lock = acquire_run_lock(self.run_dir)
-            except ConfigError as exc:
+            except (ConfigError, OSError) as exc:
                 refusal = exc
         refusal = self.ctx.broadcast_object(refusal)
         if refusal is not None:
@@ -701,20 +701,22 @@ class GRPORecipe:
             self.logger.close()
         return RunResult(self.run_dir, self.logger.history, self.step, preempted)
 
-    def close(self) -> None:
-        """Release the run: every rank done, then everything that holds the process group
-        (the DDP/FSDP-wrapped model, its optimizer, the rollout engine) freed while the
-        group is still registered, then the group destroyed, then the run folder's lock.
+    def close(self, *, clean: bool = True) -> None:
+        """Release the run: every rank done (``clean``: a run that ended normally; after an
+        error the ranks may not meet again, so there is no barrier), then everything that
+        holds the process group (the DDP/FSDP-wrapped model, its optimizer, the rollout
+        engine) freed while the group is still registered, then the group destroyed, then
+        the run folder's lock.
 
         The order matters: a DDP reducer freed after ``destroy_process_group`` destroys the
         gloo group itself, holding the GIL, while a gloo worker thread may need the GIL to
         free the last tensors of a finished collective: the process then never exits."""
-        if self.ctx.active:
+        if clean and self.ctx.active:
             self.ctx.barrier()
         for name in ("model", "optimizer", "scheduler", "engine", "policy", "ref_model"):
             self.__dict__.pop(name, None)
         gc.collect()
-        shutdown(self.ctx)
+        shutdown(self.ctx, barrier=clean)
         if self._lock is not None:
             self._lock.release()
 
@@ -744,6 +746,9 @@ def train(
     """
     recipe = GRPORecipe(resolve_config(config, overrides), resume=resume)
     try:
-        return recipe.run()
-    finally:
-        recipe.close()
+        result = recipe.run()
+    except BaseException:
+        recipe.close(clean=False)
+        raise
+    recipe.close()
+    return result
