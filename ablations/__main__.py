@@ -6,7 +6,11 @@ skipped) and, for the whole plan, writes report.md, results.csv and the figures,
 their paths. ``merge`` gathers shard output folders into the config's output folder and
 writes the same outputs. Expected failures (bad config, missing file, package or GPU)
 print one message and exit with status 2 (``credit_core.cli``); a failed run is a bug
-until shown otherwise and raises with its traceback.
+until shown otherwise and raises with its traceback. A worker process that dies, fails or
+hangs ends the runner with one message naming it and its run (status 2); a stop signal
+(SIGTERM, SIGUSR1) ends the run in progress after its step and the command with one line
+and status 75 (``credit_core.preemption``). Finished runs are kept: the same command
+continues.
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 
 Under ``torchrun --nproc_per_node N -m backends.torch CONFIG.yaml`` every rank runs it.
 Expected failures (bad config, missing file, package or GPU) print one message and exit
-with status 2 (``credit_core.cli``); ``--debug`` shows their traceback.
+with status 2 (``credit_core.cli``); ``--debug`` shows their traceback. A stop signal
+(SIGTERM, SIGUSR1) ends the run after its step, with a checkpoint, one line and status 75
+(``credit_core.preemption``).
 """
 
 from __future__ import annotations
