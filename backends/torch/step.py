@@ -72,6 +72,7 @@ class StepSignals:
                 *(self.reward_diagnostics[k] / ctx.world_size for k in diag_keys),
             ],
             dtype=torch.float64,
+            device=ctx.collective_device,
         )
         tokens, n_truncated, nll, kl, grad_rows, stats_rows, *diag = (
             float(x) for x in ctx.all_reduce_sum(local)
@@ -100,7 +101,11 @@ class StepSignals:
         (max, min, response-weighted entropy, token-weighted fraction, summed fallbacks)."""
         diag, n_resp = self.credit.diagnostics, self.batch.size
         extremes = ctx.all_reduce_max(
-            torch.tensor([diag.weight_max, -diag.weight_min], dtype=torch.float64)
+            torch.tensor(
+                [diag.weight_max, -diag.weight_min],
+                dtype=torch.float64,
+                device=ctx.collective_device,
+            )
         )
         sums = ctx.all_reduce_sum(
             torch.tensor(
@@ -112,6 +117,7 @@ class StepSignals:
                     diag.nonfinite_fallbacks,
                 ],
                 dtype=torch.float64,
+                device=ctx.collective_device,
             )
         )
         merged = CreditDiagnostics(
@@ -145,8 +151,12 @@ class UpdateTerms:
 
     def reduced(self, ctx: DistContext) -> UpdateTerms:
         """The sum over ranks."""
-        local = torch.tensor([getattr(self, f.name) for f in fields(UpdateTerms)])
-        return UpdateTerms(*(float(x) for x in ctx.all_reduce_sum(local.double())))
+        local = torch.tensor(
+            [getattr(self, f.name) for f in fields(UpdateTerms)],
+            dtype=torch.float64,
+            device=ctx.collective_device,
+        )
+        return UpdateTerms(*ctx.all_reduce_sum(local).tolist())
 
 
 @dataclass(frozen=True)
@@ -185,9 +195,14 @@ class StepTiming:
     def metrics(self, ctx: DistContext) -> dict[str, float]:
         """Phase times (the slowest rank's) and response tokens per second of the step."""
         total = self.rollout + self.signals + self.update
-        local = torch.tensor([self.rollout, self.signals, self.update, total], dtype=torch.float64)
-        rollout, signals, update, slowest = (float(x) for x in ctx.all_reduce_max(local))
-        tokens = float(ctx.all_reduce_sum(torch.tensor([self.tokens], dtype=torch.float64))[0])
+        dev = ctx.collective_device
+        local = torch.tensor(
+            [self.rollout, self.signals, self.update, total], dtype=torch.float64, device=dev
+        )
+        rollout, signals, update, slowest = ctx.all_reduce_max(local).tolist()
+        tokens = float(
+            ctx.all_reduce_sum(torch.tensor([self.tokens], dtype=torch.float64, device=dev))[0]
+        )
         return {
             "time/rollout": rollout,
             "time/signals": signals,

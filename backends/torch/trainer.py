@@ -463,7 +463,11 @@ class GRPORecipe:
                 rows = slice(u * per_update, (u + 1) * per_update)
                 mask = batch.response_mask[rows]
                 totals = self.ctx.all_reduce_sum(
-                    torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64)
+                    torch.tensor(
+                        [float(mask.sum()), float(mask.shape[0])],
+                        dtype=torch.float64,
+                        device=self.ctx.collective_device,
+                    )
                 )
                 norm = LossNormalizer(
                     float(totals[0]), float(totals[1]), cfg.rollout.max_new_tokens
@@ -604,6 +608,7 @@ class GRPORecipe:
             sums = torch.tensor(
                 [float(rewards[keep].sum()), float(keep.sum()), float(lengths[keep].sum())],
                 dtype=torch.float64,
+                device=self.ctx.collective_device,
             )
             g = self.ctx.all_reduce_sum(sums)
             out[f"eval/reward_{name}"] = float(g[0] / g[1])
