@@ -154,9 +154,13 @@ def join_tensors(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
 # ---------------------------------------------------------------------------- RNG state
 
 
-def capture_rng() -> dict[str, Any]:
-    """This process's RNG states (Python, NumPy, torch CPU, every CUDA device), as tensors
-    and plain values (storable by ``split_tensors``)."""
+_CPU = torch.device("cpu")
+
+
+def capture_rng(device: torch.device = _CPU) -> dict[str, Any]:
+    """This process's RNG states (Python, NumPy, torch CPU and, when ``device`` is a CUDA
+    device, that device's generator: the rank's own, never the other visible GPUs'), as
+    tensors and plain values (storable by ``split_tensors``)."""
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = cast(
         tuple[str, np.ndarray, int, int, float], np.random.get_state(legacy=True)
@@ -166,20 +170,22 @@ def capture_rng() -> dict[str, Any]:
         "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Inverse of ``capture_rng`` (also after a round trip through a checkpoint)."""
+def restore_rng(state: Mapping[str, Any], device: torch.device = _CPU) -> None:
+    """Inverse of ``capture_rng`` (also after a round trip through a checkpoint): the saved
+    CUDA generator state goes to this rank's ``device``, whichever device saved it, so a run
+    resumes on a node with fewer (or other) GPUs; on a CPU ``device`` it is not used."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 # ------------------------------------------------------------------------------- files

@@ -260,7 +260,7 @@ class GRPORecipe:
         self.scheduler.load_state_dict(state.scheduler)
         self.sampler.load_state_dict(state.trainer["sampler"])
         self.strategy.load_state_dict(state.rank["strategy"])
-        ckpt.restore_rng(state.rank["rng"])
+        ckpt.restore_rng(state.rank["rng"], self.ctx.device)
         self.step = state.step
 
     def save(self) -> Path:
@@ -282,7 +282,7 @@ class GRPORecipe:
             optimizer=optim_state,
             scheduler=self.scheduler.state_dict(),
             trainer={"sampler": self.sampler.state_dict()},
-            rank={"rng": ckpt.capture_rng(), "strategy": self.strategy.state_dict()},
+            rank={"rng": ckpt.capture_rng(self.ctx.device), "strategy": self.strategy.state_dict()},
         )
         return ckpt.save_checkpoint(
             self.run_dir / CHECKPOINT_DIR,
