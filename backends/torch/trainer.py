@@ -216,10 +216,13 @@ class GRPORecipe:
         from backends.torch.rollout_vllm import VLLMRolloutEngine
 
         path = p.model_path
-        if path is None:
+        if path is None:  # a preset policy: the engine loads it from a folder we write
             path = str(self.run_dir / "policy_init")
-            if self.ctx.is_main:
-                p.model.save_pretrained(path)
+            # from the full state dict: under FSDP the parameters are already DTensor shards
+            full = full_model_state(self.model, self.ctx)
+            if full is not None:
+                weights = {k.removeprefix(_INNER): v for k, v in full.items()}
+                p.model.save_pretrained(path, state_dict=weights)
                 p.tokenizer.save_pretrained(path)
             self.ctx.barrier()
         return VLLMRolloutEngine(
