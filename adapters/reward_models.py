@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from adapters.direction import EmbeddingDirectionModel, NonFiniteGrad
+from adapters.partitioned import gathered
 from adapters.rm_inputs import PaddingSide, RMInputs, SpecialTemplate
 from adapters.signature import accepts_keyword
 from credit_core import CreditError
@@ -25,13 +26,14 @@ from credit_core.tensor_checks import check_tensor
 
 
 def _embedding_table(model: torch.nn.Module) -> torch.Tensor:
-    """The vectors ``inputs_embeds`` holds for each id: the input-embedding layer's output
-    for every id (its weight itself for a plain ``nn.Embedding``)."""
+    """The vectors ``inputs_embeds`` holds for each id (V, d): the input-embedding layer's
+    output for every id (a copy of its weight for a plain ``nn.Embedding``), read with the
+    layer's parameters gathered when ZeRO-3 partitions them."""
     layer: Any = model.get_input_embeddings()  # type: ignore[operator]
-    weight: torch.Tensor = layer.weight
-    if type(layer) is torch.nn.Embedding:
-        return weight.detach()
-    with torch.no_grad():
+    with gathered(*layer.parameters()), torch.no_grad():  # ZeRO-3: whole, then copied
+        weight: torch.Tensor = layer.weight
+        if type(layer) is torch.nn.Embedding:
+            return weight.detach().clone()
         table: torch.Tensor = layer(torch.arange(weight.shape[0], device=weight.device))
     return table.detach()
 

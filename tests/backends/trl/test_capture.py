@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from backends.trl import capture
+from adapters import partitioned
 from backends.trl.capture import HiddenCapture, causal_lm_of, gathered, lm_head
 from backends.trl.tasks import PolicyPreset, TaskData, tiny_policy
 from credit_core import CreditError
@@ -92,7 +92,7 @@ def test_gathered_uses_deepspeed_for_zero3_partitions(monkeypatch: pytest.Monkey
             return None
 
     monkeypatch.setattr(deepspeed.zero, "GatheredParameters", Recorder)
-    monkeypatch.setattr(capture, "_available", lambda p: p.ds_status == _FakeStatus.AVAILABLE)
+    monkeypatch.setattr(partitioned, "_available", lambda p: p.ds_status == _FakeStatus.AVAILABLE)
     part, whole = torch.nn.Parameter(torch.empty(0)), torch.nn.Parameter(torch.ones(2))
     part.ds_status = _FakeStatus.NOT_AVAILABLE  # type: ignore[attr-defined]
     whole.ds_status = _FakeStatus.AVAILABLE  # type: ignore[attr-defined]
