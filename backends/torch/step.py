@@ -1,14 +1,15 @@
 """What the phases of one GRPO step hand to each other, and the metrics each one reports.
 
 ``GRPORecipe.train_step`` is rollout -> ``StepSignals`` -> ``UpdateResult``, timed by
-``StepTiming``. Every phase result reduces its own metrics over the ranks (``metrics``):
-sums with ``all_reduce_sum``, extremes with ``all_reduce_max``, per-response values
-gathered (``DistContext``); each rank gets the same, global, figures.
+``PhaseClock`` into ``StepTiming``. Every phase result reduces its own metrics over the
+ranks (``metrics``): sums with ``all_reduce_sum``, extremes with ``all_reduce_max``,
+per-response values gathered (``DistContext``); each rank gets the same, global, figures.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -181,6 +182,29 @@ class UpdateResult:
             "optim/grad_norm": self.grad_norm_sum / n,
             "optim/lr": self.lr,
         }
+
+
+class PhaseClock:
+    """Seconds of consecutive phases on this rank (``lap``). On a CUDA ``device`` every
+    boundary first waits for the work queued on it, so the GPU time of a phase is billed to
+    that phase (kernels run asynchronously: without the wait, the next phase's first sync
+    would pay for them)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._sync()
+        self._last = perf_counter()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def lap(self) -> float:
+        """Seconds since the previous lap (or the clock's start)."""
+        self._sync()
+        now = perf_counter()
+        elapsed, self._last = now - self._last, now
+        return elapsed
 
 
 @dataclass(frozen=True)

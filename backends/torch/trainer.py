@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,7 +74,14 @@ from backends.torch.rollout import (
 )
 from backends.torch.rollout_rewards import RolloutRewards, build_prompts_and_reward
 from backends.torch.schedule import build_optimizer
-from backends.torch.step import StepSignals, StepTiming, UpdateResult, UpdateTerms, merged
+from backends.torch.step import (
+    PhaseClock,
+    StepSignals,
+    StepTiming,
+    UpdateResult,
+    UpdateTerms,
+    merged,
+)
 from credit_core import (
     CreditSignals,
     CreditStrategy,
@@ -550,7 +556,7 @@ class GRPORecipe:
         """One GRPO step on the next prompts; returns the step's (global) metrics."""
         cfg = self.cfg
         self.step += 1
-        t0 = time.perf_counter()
+        clock = PhaseClock(self.ctx.device)
         prompts, positions, groups = self._my_prompts(self.sampler.next_batch(), self.train_prompts)
         batch = self.rollout(
             prompts,
@@ -560,13 +566,12 @@ class GRPORecipe:
             greedy=False,
             tag="rollout",
         )
-        t1 = time.perf_counter()
+        t_rollout = clock.lap()
         signals = self.signals(batch, self.train_prompts)
-        t2 = time.perf_counter()
+        t_signals = clock.lap()
         update = self.update(signals)
         self.scheduler.step()
-        t3 = time.perf_counter()
-        timing = StepTiming(t1 - t0, t2 - t1, t3 - t2, float(batch.response_mask.sum()))
+        timing = StepTiming(t_rollout, t_signals, clock.lap(), float(batch.response_mask.sum()))
         return merged(
             signals.metrics(self.ctx, self.policy.eos_ids),
             update.metrics(self.ctx, cfg.algorithm.kl_coef),
