@@ -116,7 +116,12 @@ class DistContext:
 
 
 def init_distributed(cfg: DistributedConfig, device: str = "auto") -> DistContext:
-    """Join the torchrun process group if there is one, and pick this process's device."""
+    """Join the torchrun process group if there is one, and pick this process's device.
+
+    One process joins no group, unless a launcher started it (``MASTER_ADDR`` is set) and
+    ``distributed.backend`` is named: then it forms a one-process group of that backend, so
+    NCCL collectives and the DDP/FSDP wraps run on a single GPU (``scripts/gpu_smoke.sh``).
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -126,7 +131,8 @@ def init_distributed(cfg: DistributedConfig, device: str = "auto") -> DistContex
     dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
-    if world_size == 1:
+    one_process_group = "MASTER_ADDR" in os.environ and cfg.backend != "auto"
+    if world_size == 1 and not one_process_group:
         return DistContext(0, 1, 0, dev, None)
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
     if backend == "nccl" and not use_cuda:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +74,25 @@ def test_every_collective_of_a_training_step_gets_a_tensor_placed_on_the_backend
         recipe.close()
     assert placed and {t.device for t in placed} == {recipe.ctx.collective_device}
     assert "eval/reward_sampled" in metrics and "credit/weight_max" in metrics
+
+
+def test_a_launched_single_process_with_a_named_backend_forms_a_one_process_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """How the GPU smoke test runs NCCL and FSDP on one GPU (``torchrun --nproc_per_node 1``
+    with ``distributed.backend: nccl``); here with gloo."""
+    from backends.torch.config import DistributedConfig
+    from backends.torch.distributed import init_distributed, shutdown
+
+    for name, value in {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with socket.socket() as free:  # a port nothing else listens on
+        free.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("MASTER_PORT", str(free.getsockname()[1]))
+    assert not init_distributed(DistributedConfig(), "cpu").active  # auto: no group
+    ctx = init_distributed(DistributedConfig(backend="gloo"), "cpu")
+    try:
+        assert ctx.active and ctx.backend == "gloo" and dist.get_world_size() == 1
+    finally:
+        shutdown(ctx)
