@@ -27,11 +27,7 @@ def gathered(*params: torch.Tensor | None) -> Iterator[None]:
     running forward) are left alone; duplicates (tied weights) are gathered once. Copy what
     must outlive the block: the partitions are freed again on exit.
     """
-    partitioned = {
-        id(p): p
-        for p in params
-        if p is not None and getattr(p, "ds_status", None) is not None and not _available(p)
-    }
+    partitioned = {id(p): p for p in params if p is not None and is_partitioned(p)}
     if not partitioned:
         yield
         return
@@ -39,6 +35,11 @@ def gathered(*params: torch.Tensor | None) -> Iterator[None]:
 
     with deepspeed.zero.GatheredParameters(list(partitioned.values()), modifier_rank=None):
         yield
+
+
+def is_partitioned(param: torch.Tensor) -> bool:
+    """Whether ``param`` is a ZeRO-3 partition that is not gathered now."""
+    return getattr(param, "ds_status", None) is not None and not _available(param)
 
 
 def _available(param: torch.Tensor) -> bool:
