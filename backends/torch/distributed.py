@@ -31,7 +31,7 @@ class DistContext:
     collectives, gloo's are the CPU ones): a tensor elsewhere is copied there for the
     collective and the result comes back on the tensor's own device. With ``strict_device``
     a collective refuses such a tensor instead (``ValueError``), the way NCCL itself does:
-    tests and debug runs use it to find tensors made on the wrong device.
+    the tests run the trainer with it to find tensors made on the wrong device.
     """
 
     rank: int
