@@ -5,11 +5,14 @@ policy's LM head and decoder read by the path gradient (``datc_mid``, ``datc_ig`
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
 
+from adapters import partitioned
 from adapters.grad_path import PolicyExpectedEmbeddings
+from adapters.partitioned import gathered
 from adapters.reward_models import SeqClassificationRM
 from adapters.tiny import tiny_causal_lm, tiny_seq_classifier
 from tests.helpers.adapters import bpe_tokenizer
@@ -74,3 +77,37 @@ def test_the_path_gradient_reads_an_fsdp2_policy_through_its_root() -> None:
         got = PolicyExpectedEmbeddings(model, embedding, 0.7)(*batch)
         assert type(model.get_output_embeddings().weight).__name__ == "DTensor"  # resharded
     torch.testing.assert_close(got, expected)
+
+
+class _FakeStatus:
+    AVAILABLE = "available"
+    NOT_AVAILABLE = "not_available"
+
+
+def test_gathered_uses_deepspeed_for_zero3_partitions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ZeRO-3 partition (``ds_status`` not AVAILABLE) is gathered once (tied duplicates),
+    read-only (modifier_rank None); whole parameters are left alone."""
+    deepspeed = pytest.importorskip("deepspeed")
+    calls: list[tuple[list[Any], Any]] = []
+
+    class Recorder:
+        def __init__(self, params: list[Any], modifier_rank: Any = "unset") -> None:
+            calls.append((params, modifier_rank))
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: Any) -> None:
+            return None
+
+    monkeypatch.setattr(deepspeed.zero, "GatheredParameters", Recorder)
+    monkeypatch.setattr(partitioned, "_available", lambda p: p.ds_status == _FakeStatus.AVAILABLE)
+    part, whole = torch.nn.Parameter(torch.empty(0)), torch.nn.Parameter(torch.ones(2))
+    part.ds_status = _FakeStatus.NOT_AVAILABLE  # type: ignore[attr-defined]
+    whole.ds_status = _FakeStatus.AVAILABLE  # type: ignore[attr-defined]
+    with gathered(part, part, whole, None):
+        pass
+    assert calls == [([part], None)]
+    with gathered(whole, torch.zeros(3)):
+        pass
+    assert len(calls) == 1
