@@ -27,6 +27,7 @@ from typing import Protocol
 import torch
 
 from adapters.direction import DirectionModel, EmbeddingDirectionModel, RewardOutput
+from adapters.partitioned import policy_weights_whole
 from adapters.policy import response_logprobs_and_stats
 from adapters.scorers import ModelScorer, RewardSignals
 from credit_core import CreditError
@@ -107,7 +108,9 @@ def path_reward_grad(
 @dataclass(frozen=True)
 class PolicyExpectedEmbeddings:
     """m1 from the policy ``model`` (a causal LM) at ``temperature`` with table ``embedding``
-    (V_policy, d): one no-grad forward of [prompt | response] with ``PolicyStats``."""
+    (V_policy, d): one no-grad forward of [prompt | response] with ``PolicyStats``, with the
+    weights it reads outside the forward made whole (``policy_weights_whole``: ZeRO-3,
+    FSDP2; collective there)."""
 
     model: torch.nn.Module
     embedding: torch.Tensor
@@ -123,14 +126,15 @@ class PolicyExpectedEmbeddings:
     ) -> torch.Tensor:
         ids = torch.cat([prompt_ids, response_ids], dim=1)
         mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
-        _, stats = response_logprobs_and_stats(
-            self.model,
-            ids,
-            mask,
-            response_ids.shape[1],
-            temperature=self.temperature,
-            reward_embedding=self.embedding,
-        )
+        with policy_weights_whole(self.model):  # ZeRO-3 / FSDP2: read outside the forward
+            _, stats = response_logprobs_and_stats(
+                self.model,
+                ids,
+                mask,
+                response_ids.shape[1],
+                temperature=self.temperature,
+                reward_embedding=self.embedding,
+            )
         assert stats is not None  # reward_embedding was given
         return stats.m1
 

@@ -48,7 +48,6 @@ class _StreamedTokenLogProb(torch.autograd.Function):
         V = weight.shape[0]
         acc = torch.promote_types(hidden.dtype, torch.float32)
         chunk, row_block = _tiles(V, chunk_size, tile_elements)
-        W = weight.to(hidden.dtype)
         lse = torch.empty(N, dtype=acc, device=hidden.device)
         z_y = torch.empty(N, dtype=acc, device=hidden.device)
         for r0 in range(0, N, row_block):
@@ -59,7 +58,8 @@ class _StreamedTokenLogProb(torch.autograd.Function):
             zy = torch.zeros(y.shape[0], dtype=acc, device=hidden.device)
             for v0 in range(0, V, chunk):
                 v1 = min(V, v0 + chunk)
-                z = _logits_tile(hidden[rows], W, bias, v0, v1, inv_temp, acc)
+                b_tile = None if bias is None else bias[v0:v1]
+                z = _logits_tile(hidden[rows], weight[v0:v1], b_tile, inv_temp, acc)
                 in_chunk = (y >= v0) & (y < v1)
                 local = (y - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)
                 zy = torch.where(in_chunk, z.gather(1, local).squeeze(1), zy)
@@ -83,7 +83,6 @@ class _StreamedTokenLogProb(torch.autograd.Function):
         N, V = hidden.shape[0], weight.shape[0]
         acc = lse.dtype
         chunk, row_block = _tiles(V, chunk_size, tile_elements)
-        W = weight.to(hidden.dtype)
         g = grad_out.to(acc)
         grad_h = torch.zeros(hidden.shape, dtype=acc, device=hidden.device) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
@@ -96,14 +95,18 @@ class _StreamedTokenLogProb(torch.autograd.Function):
             h_acc = hidden[rows].to(acc)
             for v0 in range(0, V, chunk):
                 v1 = min(V, v0 + chunk)
-                z = _logits_tile(hidden[rows], W, bias, v0, v1, inv_temp, acc)
-                # dL/dz = g * (onehot(y) - p), times 1/temperature for dL/d(logits)
+                w_tile = weight[v0:v1].to(hidden.dtype)
+                b_tile = None if bias is None else bias[v0:v1]
+                z = _logits_tile(hidden[rows], w_tile, b_tile, inv_temp, acc)
+                # dL/dz = g * (onehot(y) - p), times 1/temperature for dL/d(logits); the
+                # one-hot part is added without a host sync (0 where y is outside the tile)
                 gz = z.sub_(lse[rows].unsqueeze(1)).exp_().mul_(-g_rows.unsqueeze(1))
-                in_chunk = torch.nonzero((y >= v0) & (y < v1)).flatten()
-                gz[in_chunk, y[in_chunk] - v0] += g_rows[in_chunk]
+                in_chunk = (y >= v0) & (y < v1)
+                local = (y - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)
+                gz.scatter_add_(1, local, torch.where(in_chunk, g_rows, 0.0).unsqueeze(1))
                 gz.mul_(inv_temp)
                 if grad_h is not None:
-                    grad_h[rows].addmm_(gz, W[v0:v1].to(acc))
+                    grad_h[rows].addmm_(gz, w_tile.to(acc))
                 if grad_w is not None:
                     grad_w[v0:v1].addmm_(gz.T, h_acc)
                 if grad_b is not None:
@@ -121,16 +124,16 @@ class _StreamedTokenLogProb(torch.autograd.Function):
 
 def _logits_tile(
     hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    v0: int,
-    v1: int,
+    w_tile: torch.Tensor,
+    b_tile: torch.Tensor | None,
     inv_temp: float,
     acc: torch.dtype,
 ) -> torch.Tensor:
-    z = (hidden @ weight[v0:v1].T).to(acc)
-    if bias is not None:
-        z.add_(bias[v0:v1].to(acc))
+    """(hidden @ w_tile.T + b_tile) * inv_temp in ``acc``: one vocabulary tile's logits, the
+    head's rows ``w_tile`` cast to ``hidden``'s dtype (only this tile, never the head)."""
+    z = (hidden @ w_tile.to(hidden.dtype).T).to(acc)
+    if b_tile is not None:
+        z.add_(b_tile.to(acc))
     return z.mul_(inv_temp) if inv_temp != 1.0 else z
 
 

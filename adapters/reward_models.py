@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from adapters.direction import EmbeddingDirectionModel, NonFiniteGrad
+from adapters.partitioned import gathered, is_partitioned
 from adapters.rm_inputs import PaddingSide, RMInputs, SpecialTemplate
 from adapters.signature import accepts_keyword
 from credit_core import CreditError
@@ -25,13 +26,16 @@ from credit_core.tensor_checks import check_tensor
 
 
 def _embedding_table(model: torch.nn.Module) -> torch.Tensor:
-    """The vectors ``inputs_embeds`` holds for each id: the input-embedding layer's output
-    for every id (its weight itself for a plain ``nn.Embedding``)."""
+    """The vectors ``inputs_embeds`` holds for each id (V, d): the input-embedding layer's
+    output for every id (for a plain ``nn.Embedding`` its weight itself, or a copy of it
+    gathered when ZeRO-3 partitions it)."""
     layer: Any = model.get_input_embeddings()  # type: ignore[operator]
-    weight: torch.Tensor = layer.weight
-    if type(layer) is torch.nn.Embedding:
-        return weight.detach()
-    with torch.no_grad():
+    params = list(layer.parameters())
+    zero3 = any(is_partitioned(p) for p in params)
+    with gathered(*params), torch.no_grad():
+        weight: torch.Tensor = layer.weight
+        if type(layer) is torch.nn.Embedding:  # shared, or copied: a gather is freed on exit
+            return weight.detach().clone() if zero3 else weight.detach()
         table: torch.Tensor = layer(torch.arange(weight.shape[0], device=weight.device))
     return table.detach()
 

@@ -27,15 +27,15 @@ def lm_head_tiles(
 ) -> LogitsTile:
     """Tiles of (flat_hidden @ weight.T + bias) / temperature.
 
-    flat_hidden (N, H); weight (V, H), cast once to ``flat_hidden``'s dtype; bias (V,) or
-    None. The matmul runs in the hidden states' dtype; when that is ``acc`` it writes
-    straight into ``out`` (one ``addmm`` with the bias and the temperature folded in).
+    flat_hidden (N, H); weight (V, H), each tile's rows cast to ``flat_hidden``'s dtype (no
+    full-size copy of the head when the dtypes differ); bias (V,) or None. The matmul runs in
+    the hidden states' dtype; when that is ``acc`` it writes straight into ``out`` (one
+    ``addmm`` with the bias and the temperature folded in).
     """
-    W = weight.to(flat_hidden.dtype)
     inv_temp = 1.0 / temperature
 
     def tile(rows: slice, v0: int, v1: int, out: torch.Tensor) -> None:
-        h_rows, w_t = flat_hidden[rows], W[v0:v1].T
+        h_rows, w_t = flat_hidden[rows], weight[v0:v1].to(flat_hidden.dtype).T
         if flat_hidden.dtype != acc:
             out.copy_(h_rows @ w_t)
             if bias is not None:

@@ -334,6 +334,17 @@ def _reward_embedding(state: ActorCreditState, device: torch.device) -> torch.Te
     return state.reward_embedding
 
 
+def _padded_to_head(state: ActorCreditState, vocab: int) -> torch.Tensor:
+    """The state's reward embedding with zero rows up to the LM head's ``vocab`` outputs
+    (``embedding_for_vocab``), padded once: the padded (V, d) table replaces the state's, so
+    later micro-batches reuse it instead of concatenating a new one each time."""
+    table = state.reward_embedding
+    assert table is not None  # _reward_embedding ran first
+    if table.shape[0] != vocab:
+        table = state.reward_embedding = embedding_for_vocab(table, vocab)
+    return table
+
+
 Role = Literal["policy", "reward"]
 
 
@@ -370,7 +381,7 @@ def _signals_around_forward(
             attention_mask.to(device),
             action_mask.to(device),
         )
-    E = _reward_embedding(state, device)
+    _reward_embedding(state, device)
     chunk = state.stats_chunk_size
     found: list[ActorSignals] = []
 
@@ -378,6 +389,7 @@ def _signals_around_forward(
         logits: torch.Tensor, seqs: torch.Tensor, acts: torch.Tensor, attn: torch.Tensor
     ) -> None:
         stats = work = None
+        E = _padded_to_head(state, logits.shape[2])
         if "policy_stats" in state.computes:
             stats = stats_from_logits(logits, seqs, acts, attn, E, chunk_size=chunk)
         if grad is not None:

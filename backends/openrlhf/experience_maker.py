@@ -13,7 +13,8 @@
 3. calls ``strategy.assign_with_diagnostics`` and writes the token advantages into
    ``experience.advantages`` (0 off the action tokens); ``returns`` are left alone;
 4. logs the diagnostics through ``experience.info`` as (B,) tensors, which OpenRLHF's
-   policy actors average into the step status it sends to wandb / TensorBoard.
+   policy actors average into the step status it sends to wandb / TensorBoard
+   (``weight_max`` / ``weight_min`` are the whole step's, so the average is the extreme).
 
 Everything happens inside this one call on whole micro-batches, before OpenRLHF splits or
 rebalances them, so nothing relies on extra ``Experience`` attributes (those are dropped on
@@ -183,10 +184,20 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                 f"got {len(signals)}"
             )
         elapsed = time.perf_counter() - start
-        for experience, signal in zip(experiences, signals, strict=True):
-            diagnostics = apply_token_credit(experience, self.credit_strategy, signal)
+        diagnostics = [
+            apply_token_credit(experience, self.credit_strategy, signal)
+            for experience, signal in zip(experiences, signals, strict=True)
+        ]
+        # OpenRLHF averages every info entry: the extremes are logged as the step's, the
+        # same in each micro-batch, so that their average is the step's max and min
+        extremes = {
+            "credit/weight_max": max(d.weight_max for d in diagnostics),
+            "credit/weight_min": min(d.weight_min for d in diagnostics),
+        }
+        for experience, signal, diag in zip(experiences, signals, diagnostics, strict=True):
             values = {
-                **diagnostics.to_dict(),
+                **diag.to_dict(),
+                **extremes,
                 "credit/signal_time_s": elapsed,
                 "credit/extra_policy_forwards": float(signal.extra_policy_forwards),
             }

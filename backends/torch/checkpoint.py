@@ -157,8 +157,19 @@ def join_tensors(skeleton: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
 # ---------------------------------------------------------------------------- RNG state
 
 
-def capture_rng() -> dict[str, Any]:
-    """This process's RNG states (Python, NumPy, torch CPU, every CUDA device), as tensors
+def _rank_device(device: torch.device | None) -> torch.device:
+    """``device``, or by default this process's current CUDA device (``init_distributed``
+    sets it to the rank's) when CUDA is available, else the CPU."""
+    if device is not None:
+        return device
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
+    """This process's RNG states (Python, NumPy, torch CPU and, when the rank's ``device``
+    is a CUDA device, that device's generator: never the other visible GPUs'), as tensors
     and plain values (storable by ``split_tensors``)."""
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = cast(
@@ -169,20 +180,24 @@ def capture_rng() -> dict[str, Any]:
         "numpy": [name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    dev = _rank_device(device)
+    if dev.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(dev)
     return state
 
 
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Inverse of ``capture_rng`` (also after a round trip through a checkpoint)."""
+def restore_rng(state: Mapping[str, Any], device: torch.device | None = None) -> None:
+    """Inverse of ``capture_rng`` (also after a round trip through a checkpoint): the saved
+    CUDA generator state goes to the rank's ``device``, whichever device saved it, so a run
+    resumes on a node with fewer (or other) GPUs; on a CPU device it is not used."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    dev = _rank_device(device)
+    if "cuda" in state and dev.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], dev)
 
 
 # ------------------------------------------------------------------------------- files

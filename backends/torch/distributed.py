@@ -24,13 +24,22 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class DistContext:
-    """Where this process sits: rank, world size and its device."""
+    """Where this process sits: rank, world size and its device.
+
+    The tensor collectives (``all_reduce_sum``, ``all_reduce_max``, ``all_gather_cat``)
+    run on ``collective_device``, the device the backend takes tensors on (NCCL has no CPU
+    collectives, gloo's are the CPU ones): a tensor elsewhere is copied there for the
+    collective and the result comes back on the tensor's own device. With ``strict_device``
+    a collective refuses such a tensor instead (``ValueError``), the way NCCL itself does:
+    the tests run the trainer with it to find tensors made on the wrong device.
+    """
 
     rank: int
     world_size: int
     local_rank: int
     device: torch.device
     backend: str | None  # None: single process, no process group
+    strict_device: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -40,23 +49,42 @@ class DistContext:
     def active(self) -> bool:
         return self.backend is not None
 
+    @property
+    def collective_device(self) -> torch.device:
+        """The device the backend's collectives take tensors on: this rank's GPU under
+        NCCL, the CPU otherwise (gloo, or one process). Make reduced tensors there."""
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
     def barrier(self) -> None:
         if self.active:
             dist.barrier()
 
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The sum over ranks (a new tensor; ``tensor`` is left unchanged)."""
-        out = tensor.detach().clone()
+    def to_backend(self, tensor: torch.Tensor, what: str) -> torch.Tensor:
+        """A detached, contiguous copy of ``tensor`` on ``collective_device`` (the buffer a
+        collective works in); ``what`` names the collective in the ``strict_device`` error."""
+        dev = self.collective_device
+        if self.strict_device and tensor.device != dev:
+            raise ValueError(
+                f"{what}: the tensor is on {tensor.device}, but the {self.backend or 'local'} "
+                f"backend's collectives take tensors on {dev} (make it with "
+                "device=ctx.collective_device)"
+            )
+        return tensor.detach().to(dev, copy=True).contiguous()
+
+    def _reduce(self, tensor: torch.Tensor, op: Any, what: str) -> torch.Tensor:
+        out = self.to_backend(tensor, what)
         if self.active:
-            dist.all_reduce(out, op=dist.ReduceOp.SUM)
-        return out
+            dist.all_reduce(out, op=op)
+        return out.to(tensor.device)
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks (a new tensor on ``tensor``'s device; ``tensor`` is left
+        unchanged)."""
+        return self._reduce(tensor, dist.ReduceOp.SUM, "all_reduce_sum")
 
     def all_reduce_max(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The element-wise maximum over ranks (a new tensor)."""
-        out = tensor.detach().clone()
-        if self.active:
-            dist.all_reduce(out, op=dist.ReduceOp.MAX)
-        return out
+        """The element-wise maximum over ranks (a new tensor on ``tensor``'s device)."""
+        return self._reduce(tensor, dist.ReduceOp.MAX, "all_reduce_max")
 
     def all_gather_object(self, obj: T) -> list[T]:
         """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` in one process.
@@ -77,16 +105,23 @@ class DistContext:
         return cast(T, box[0])
 
     def all_gather_cat(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Concatenation over ranks along dim 0, in rank order; equal shapes on every rank."""
-        if not self.active:
-            return tensor.detach().clone()
-        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(parts, tensor.detach().contiguous())
-        return torch.cat(parts)
+        """Concatenation over ranks along dim 0, in rank order, on ``tensor``'s device;
+        equal shapes on every rank."""
+        mine = self.to_backend(tensor, "all_gather_cat")
+        if self.active:
+            parts = [torch.empty_like(mine) for _ in range(self.world_size)]
+            dist.all_gather(parts, mine)
+            mine = torch.cat(parts)
+        return mine.to(tensor.device)
 
 
 def init_distributed(cfg: DistributedConfig, device: str = "auto") -> DistContext:
-    """Join the torchrun process group if there is one, and pick this process's device."""
+    """Join the torchrun process group if there is one, and pick this process's device.
+
+    One process joins no group, unless a launcher started it (``MASTER_ADDR`` is set) and
+    ``distributed.backend`` is named: then it forms a one-process group of that backend, so
+    NCCL collectives and the DDP/FSDP wraps run on a single GPU (``scripts/gpu_smoke.sh``).
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -96,7 +131,8 @@ def init_distributed(cfg: DistributedConfig, device: str = "auto") -> DistContex
     dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
-    if world_size == 1:
+    one_process_group = "MASTER_ADDR" in os.environ and cfg.backend != "auto"
+    if world_size == 1 and not one_process_group:
         return DistContext(0, 1, 0, dev, None)
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
     if backend == "nccl" and not use_cuda:

@@ -1,8 +1,11 @@
 """Optional vLLM rollout engine (``rollout.engine: vllm``), for GPU runs.
 
 vLLM is imported only when this engine is built; without it the trainer says how to install
-it. Each rank runs its own in-process engine on its own GPU (set
-``VLLM_ENABLE_V1_MULTIPROCESSING=0`` so ``collective_rpc`` reaches the worker in this process).
+it. Each rank runs its own in-process engine on its own GPU, as TRL's colocate mode does:
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set before the engine is built, so ``collective_rpc``
+reaches the worker in this process (no weights shipped to a subprocess), and under torchrun
+the engine joins the launcher's ranks (``distributed_executor_backend="external_launcher"``)
+instead of starting its own executor, which would put every rank's engine on GPU 0.
 Weights are pushed from the training model through a worker extension before a rollout,
 whenever they changed since the last push.
 
@@ -15,13 +18,16 @@ in OpenRLHF.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from backends.torch.config import RolloutConfig
 from backends.torch.distributed import unwrap
+from backends.torch.errors import ConfigError
 from backends.torch.rollout import RolloutBatch, derive_seed, response_mask_from_eos
 
 
@@ -57,7 +63,17 @@ class VLLMRolloutEngine:
         self.cfg = cfg
         self.pad_id = pad_id
         self.eos_ids = list(eos_ids)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
+        launcher: dict[str, Any] = {}
+        if dist.is_initialized():  # torchrun: one engine per rank, on the rank's own GPU
+            if cfg.vllm.tensor_parallel_size != 1:
+                raise ConfigError(
+                    "rollout.vllm.tensor_parallel_size: expected 1 under torchrun (each rank's "
+                    f"engine samples its own prompts), got {cfg.vllm.tensor_parallel_size}"
+                )
+            launcher["distributed_executor_backend"] = "external_launcher"
         self.llm = LLM(
+            **launcher,
             model=model_path,
             dtype=dtype,
             seed=seed,

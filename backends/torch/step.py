@@ -1,14 +1,15 @@
 """What the phases of one GRPO step hand to each other, and the metrics each one reports.
 
 ``GRPORecipe.train_step`` is rollout -> ``StepSignals`` -> ``UpdateResult``, timed by
-``StepTiming``. Every phase result reduces its own metrics over the ranks (``metrics``):
-sums with ``all_reduce_sum``, extremes with ``all_reduce_max``, per-response values
-gathered (``DistContext``); each rank gets the same, global, figures.
+``PhaseClock`` into ``StepTiming``. Every phase result reduces its own metrics over the
+ranks (``metrics``): sums with ``all_reduce_sum``, extremes with ``all_reduce_max``,
+per-response values gathered (``DistContext``); each rank gets the same, global, figures.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from time import perf_counter
 from typing import Any
 
 import torch
@@ -72,6 +73,7 @@ class StepSignals:
                 *(self.reward_diagnostics[k] / ctx.world_size for k in diag_keys),
             ],
             dtype=torch.float64,
+            device=ctx.collective_device,
         )
         tokens, n_truncated, nll, kl, grad_rows, stats_rows, *diag = (
             float(x) for x in ctx.all_reduce_sum(local)
@@ -100,7 +102,11 @@ class StepSignals:
         (max, min, response-weighted entropy, token-weighted fraction, summed fallbacks)."""
         diag, n_resp = self.credit.diagnostics, self.batch.size
         extremes = ctx.all_reduce_max(
-            torch.tensor([diag.weight_max, -diag.weight_min], dtype=torch.float64)
+            torch.tensor(
+                [diag.weight_max, -diag.weight_min],
+                dtype=torch.float64,
+                device=ctx.collective_device,
+            )
         )
         sums = ctx.all_reduce_sum(
             torch.tensor(
@@ -112,6 +118,7 @@ class StepSignals:
                     diag.nonfinite_fallbacks,
                 ],
                 dtype=torch.float64,
+                device=ctx.collective_device,
             )
         )
         merged = CreditDiagnostics(
@@ -145,8 +152,12 @@ class UpdateTerms:
 
     def reduced(self, ctx: DistContext) -> UpdateTerms:
         """The sum over ranks."""
-        local = torch.tensor([getattr(self, f.name) for f in fields(UpdateTerms)])
-        return UpdateTerms(*(float(x) for x in ctx.all_reduce_sum(local.double())))
+        local = torch.tensor(
+            [getattr(self, f.name) for f in fields(UpdateTerms)],
+            dtype=torch.float64,
+            device=ctx.collective_device,
+        )
+        return UpdateTerms(*ctx.all_reduce_sum(local).tolist())
 
 
 @dataclass(frozen=True)
@@ -173,6 +184,29 @@ class UpdateResult:
         }
 
 
+class PhaseClock:
+    """Seconds of consecutive phases on this rank (``lap``). On a CUDA ``device`` every
+    boundary first waits for the work queued on it, so the GPU time of a phase is billed to
+    that phase (kernels run asynchronously: without the wait, the next phase's first sync
+    would pay for them)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._sync()
+        self._last = perf_counter()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def lap(self) -> float:
+        """Seconds since the previous lap (or the clock's start)."""
+        self._sync()
+        now = perf_counter()
+        elapsed, self._last = now - self._last, now
+        return elapsed
+
+
 @dataclass(frozen=True)
 class StepTiming:
     """Seconds of each phase on this rank, and its response tokens."""
@@ -185,9 +219,14 @@ class StepTiming:
     def metrics(self, ctx: DistContext) -> dict[str, float]:
         """Phase times (the slowest rank's) and response tokens per second of the step."""
         total = self.rollout + self.signals + self.update
-        local = torch.tensor([self.rollout, self.signals, self.update, total], dtype=torch.float64)
-        rollout, signals, update, slowest = (float(x) for x in ctx.all_reduce_max(local))
-        tokens = float(ctx.all_reduce_sum(torch.tensor([self.tokens], dtype=torch.float64))[0])
+        dev = ctx.collective_device
+        local = torch.tensor(
+            [self.rollout, self.signals, self.update, total], dtype=torch.float64, device=dev
+        )
+        rollout, signals, update, slowest = ctx.all_reduce_max(local).tolist()
+        tokens = float(
+            ctx.all_reduce_sum(torch.tensor([self.tokens], dtype=torch.float64, device=dev))[0]
+        )
         return {
             "time/rollout": rollout,
             "time/signals": signals,

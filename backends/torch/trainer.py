@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import gc
 import math
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,7 +76,14 @@ from backends.torch.rollout import (
 from backends.torch.rollout_rewards import RolloutRewards, build_prompts_and_reward
 from backends.torch.run_lock import RunLock, acquire_run_lock
 from backends.torch.schedule import build_optimizer
-from backends.torch.step import StepSignals, StepTiming, UpdateResult, UpdateTerms, merged
+from backends.torch.step import (
+    PhaseClock,
+    StepSignals,
+    StepTiming,
+    UpdateResult,
+    UpdateTerms,
+    merged,
+)
 from credit_core import (
     CreditSignals,
     CreditStrategy,
@@ -263,10 +269,13 @@ class GRPORecipe:
         from backends.torch.rollout_vllm import VLLMRolloutEngine
 
         path = p.model_path
-        if path is None:
+        if path is None:  # a preset policy: the engine loads it from a folder we write
             path = str(self.run_dir / "policy_init")
-            if self.ctx.is_main:
-                p.model.save_pretrained(path)
+            # from the full state dict: under FSDP the parameters are already DTensor shards
+            full = full_model_state(self.model, self.ctx)
+            if full is not None:
+                weights = {k.removeprefix(_INNER): v for k, v in full.items()}
+                p.model.save_pretrained(path, state_dict=weights)
                 p.tokenizer.save_pretrained(path)
             self.ctx.barrier()
         return VLLMRolloutEngine(
@@ -307,7 +316,7 @@ class GRPORecipe:
         self.scheduler.load_state_dict(state.scheduler)
         self.sampler.load_state_dict(state.trainer["sampler"])
         self.strategy.load_state_dict(state.rank["strategy"])
-        ckpt.restore_rng(state.rank["rng"])
+        ckpt.restore_rng(state.rank["rng"], self.ctx.device)
         self.step = state.step
 
     def save(self) -> Path:
@@ -329,7 +338,7 @@ class GRPORecipe:
             optimizer=optim_state,
             scheduler=self.scheduler.state_dict(),
             trainer={"sampler": self.sampler.state_dict()},
-            rank={"rng": ckpt.capture_rng(), "strategy": self.strategy.state_dict()},
+            rank={"rng": ckpt.capture_rng(self.ctx.device), "strategy": self.strategy.state_dict()},
         )
         return ckpt.save_checkpoint(
             self.run_dir / CHECKPOINT_DIR,
@@ -510,7 +519,11 @@ class GRPORecipe:
                 rows = slice(u * per_update, (u + 1) * per_update)
                 mask = batch.response_mask[rows]
                 totals = self.ctx.all_reduce_sum(
-                    torch.tensor([float(mask.sum()), float(mask.shape[0])], dtype=torch.float64)
+                    torch.tensor(
+                        [float(mask.sum()), float(mask.shape[0])],
+                        dtype=torch.float64,
+                        device=self.ctx.collective_device,
+                    )
                 )
                 norm = LossNormalizer(
                     float(totals[0]), float(totals[1]), cfg.rollout.max_new_tokens
@@ -590,7 +603,7 @@ class GRPORecipe:
         """One GRPO step on the next prompts; returns the step's (global) metrics."""
         cfg = self.cfg
         self.step += 1
-        t0 = time.perf_counter()
+        clock = PhaseClock(self.ctx.device)
         prompts, positions, groups = self._my_prompts(self.sampler.next_batch(), self.train_prompts)
         batch = self.rollout(
             prompts,
@@ -600,13 +613,12 @@ class GRPORecipe:
             greedy=False,
             tag="rollout",
         )
-        t1 = time.perf_counter()
+        t_rollout = clock.lap()
         signals = self.signals(batch, self.train_prompts)
-        t2 = time.perf_counter()
+        t_signals = clock.lap()
         update = self.update(signals)
         self.scheduler.step()
-        t3 = time.perf_counter()
-        timing = StepTiming(t1 - t0, t2 - t1, t3 - t2, float(batch.response_mask.sum()))
+        timing = StepTiming(t_rollout, t_signals, clock.lap(), float(batch.response_mask.sum()))
         return merged(
             signals.metrics(self.ctx, self.policy.eos_ids),
             update.metrics(self.ctx, cfg.algorithm.kl_coef),
@@ -651,6 +663,7 @@ class GRPORecipe:
             sums = torch.tensor(
                 [float(rewards[keep].sum()), float(keep.sum()), float(lengths[keep].sum())],
                 dtype=torch.float64,
+                device=self.ctx.collective_device,
             )
             g = self.ctx.all_reduce_sum(sums)
             out[f"eval/reward_{name}"] = float(g[0] / g[1])

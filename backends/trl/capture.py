@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from adapters.partitioned import gathered
 from adapters.policy import lm_head_of
 from credit_core import CreditError
 
@@ -64,35 +65,6 @@ def _full(param: torch.Tensor) -> torch.Tensor:
     does), else ``param`` itself."""
     full = getattr(param, "full_tensor", None)
     return full() if callable(full) else param
-
-
-@contextmanager
-def gathered(*params: torch.Tensor | None) -> Iterator[None]:
-    """Make ZeRO-3 partitioned ``params`` whole for the duration (read-only), else nothing.
-
-    A DeepSpeed ZeRO-3 parameter outside its module's forward is an empty partition (its
-    ``ds_status`` is not AVAILABLE); ``deepspeed.zero.GatheredParameters`` all-gathers it on
-    every rank. Parameters that are already whole (no ZeRO-3, or tied embeddings kept
-    available by the backbone) are left alone. Duplicates (tied weights) are gathered once.
-    """
-    partitioned = {
-        id(p): p
-        for p in params
-        if p is not None and getattr(p, "ds_status", None) is not None and not _available(p)
-    }
-    if not partitioned:
-        yield
-        return
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(list(partitioned.values()), modifier_rank=None):
-        yield
-
-
-def _available(param: torch.Tensor) -> bool:
-    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-
-    return bool(param.ds_status == ZeroParamStatus.AVAILABLE)  # type: ignore[attr-defined]
 
 
 class HiddenCapture:

@@ -302,3 +302,22 @@ def test_old_policy_logprobs_and_work_share_one_lm_head_pass(
     assert bool((logp[~real] == 0).all()) and bool((w0[~real] == 0).all())
     with pytest.raises(AssertionError, match="second LM-head pass"):  # with grad: its own pass
         response_logprobs_and_work(model, ids, mask, R, path="two_matmul", **kw)
+
+
+def test_streamed_logprobs_cast_the_head_per_tile_and_never_sync_the_host() -> None:
+    """An fp32 head with bf16 hidden states: no (V, H) copy of the head is made (each tile
+    is cast), and backward adds the one-hot term without ``torch.nonzero`` (a host sync per
+    tile on a GPU)."""
+    from adapters.logprobs import token_logprobs
+    from tests.helpers.op_recorder import OpRecorder
+
+    V, H = 40, 8
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 3, H, generator=g).bfloat16().requires_grad_(True)
+    weight = torch.randn(V, H, generator=g).requires_grad_(True)
+    ids = torch.randint(0, V, (2, 3), generator=g)
+    with OpRecorder() as ops:
+        token_logprobs(hidden, weight, ids, chunk_size=16).sum().backward()
+    assert (V, H) not in ops.shapes_of("to")
+    assert not ops.shapes_of("nonzero")
+    assert hidden.grad is not None and weight.grad is not None

@@ -4,6 +4,7 @@ OpenRLHF's own ``Actor`` wrapper, reward gradients moved to action coordinates."
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -257,6 +258,35 @@ def test_reward_role_shares_its_embedding_with_the_policy_role() -> None:
     assert torch.equal(stats.sampled_emb[on], shared[on].to(stats.sampled_emb.dtype))
     with pytest.raises(CreditError, match="has no 'reward' credit state"):
         export_reward_embedding(policy_host)
+
+
+def test_a_narrower_embedding_table_is_padded_to_the_lm_head_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The RM table has fewer rows than the policy's head (a padded vocabulary): it is
+    padded the first time, and every later micro-batch reads that same (V, d) table."""
+    from backends.openrlhf import actor_side
+
+    host = FakeActor()
+    rm = TinyDirectionModel(VOCAB - 7, dim=3, seed=8)
+    state = ActorCreditState(frozenset({"policy_stats"}), None, None, 16)
+    bind_credit_methods(host, "policy", state)
+    import_reward_embedding(host, rm.reward_embedding)
+    tables: list[torch.Tensor] = []
+    stats_from_logits = actor_side.stats_from_logits
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        tables.append(args[4])
+        return stats_from_logits(*args, **kwargs)
+
+    monkeypatch.setattr(actor_side, "stats_from_logits", recording)
+    seqs, attn, acts = openrlhf_batch()
+    for _ in range(2):
+        host.credit_policy_signals(sequences=seqs, action_mask=acts, attention_mask=attn)  # type: ignore[attr-defined]
+    first, second = tables
+    assert first.shape == (VOCAB, 3) and second is first
+    torch.testing.assert_close(first[: VOCAB - 7], rm.reward_embedding)
+    assert not first[VOCAB - 7 :].any()
 
 
 def test_reward_grad_from_an_adapters_seq_classification_model(tmp_path: Path) -> None:

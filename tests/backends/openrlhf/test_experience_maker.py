@@ -322,3 +322,29 @@ def test_compat_accepts_grpo_and_names_every_misfit() -> None:
         openrlhf_args(["--algo.advantage.estimator", "gae"]), OpenRLHFCreditConfig()
     )
     assert uniform.placement is None and uniform.requires == frozenset()
+
+
+def test_the_logged_weight_extremes_average_to_the_steps_max_and_min(
+    grpo_args: Any, policy: Any, direction: TinyDirectionModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenRLHF's policy actors average every ``info`` entry over samples: what they log for
+    ``credit/weight_max`` / ``weight_min`` is the largest / smallest weight of the step."""
+    from backends.openrlhf import experience_maker
+
+    per_batch: list[Any] = []
+    apply = experience_maker.apply_token_credit
+
+    def recording(*args: Any) -> Any:
+        per_batch.append(apply(*args))
+        return per_batch[-1]
+
+    monkeypatch.setattr(experience_maker, "apply_token_credit", recording)
+    batches = micro_batches(grpo_args, policy)
+    ours = credit_maker(grpo_args, "datc", policy, direction).compute_advantages_and_returns(
+        batches
+    )
+    assert len({d.weight_max for d in per_batch}) > 1  # the micro-batches differ
+    for key, extreme in (("weight_max", max), ("weight_min", min)):
+        logged = torch.cat([exp.info[f"credit/{key}"] for exp in ours])
+        want = extreme(getattr(d, key) for d in per_batch)
+        assert float(logged.mean()) == pytest.approx(want, rel=1e-6)

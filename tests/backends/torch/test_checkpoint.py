@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +224,73 @@ def test_an_existing_step_is_never_overwritten(tmp_path: Path) -> None:
     save(tmp_path, 1)
     with pytest.raises(FileExistsError):
         save(tmp_path, 1)
+
+
+class FakeCudaNode:
+    """``torch.cuda``'s RNG functions on a node with ``count`` GPUs, this process on
+    ``cuda:current``: one generator state per device, indexed as
+    ``torch.cuda.default_generators`` is (IndexError past the last)."""
+
+    def __init__(self, count: int, current: int) -> None:
+        self.states = [torch.full((8,), i, dtype=torch.uint8) for i in range(count)]
+        self.current = current
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """(Only around the RNG calls: DCP's writer would take the fake for a real GPU.)"""
+        for module in (torch.cuda, torch.cuda.random):
+            for name in ("get_rng_state", "set_rng_state", "get_rng_state_all"):
+                monkeypatch.setattr(module, name, getattr(self, name), raising=False)
+            monkeypatch.setattr(module, "set_rng_state_all", self.set_rng_state_all, raising=False)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(self.states))
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current)
+
+    def _index(self, device: Any) -> int:
+        index = device if isinstance(device, int) else torch.device(device).index
+        return self.current if index is None else index
+
+    def get_rng_state(self, device: Any = "cuda") -> torch.Tensor:
+        return self.states[self._index(device)].clone()
+
+    def set_rng_state(self, new_state: torch.Tensor, device: Any = "cuda") -> None:
+        self.states[self._index(device)] = new_state.clone()
+
+    def get_rng_state_all(self) -> list[torch.Tensor]:
+        return [s.clone() for s in self.states]
+
+    def set_rng_state_all(self, new_states: list[torch.Tensor]) -> None:
+        for i, state in enumerate(new_states):
+            self.set_rng_state(state, i)
+
+
+def test_a_rank_resumes_its_cuda_rng_on_a_node_with_fewer_gpus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saved by the rank on cuda:3 of a 4-GPU node, resumed by the rank on cuda:0 of a
+    1-GPU node: that rank's generator gets cuda:3's state (only that device's is stored)."""
+    saving = FakeCudaNode(4, current=3)
+    saving.states[3] = torch.arange(8, dtype=torch.uint8)
+    with monkeypatch.context() as patched:
+        saving.install(patched)
+        rng = ckpt.capture_rng()
+    folder = ckpt.save_checkpoint(tmp_path, replace(state(1), rank={"rng": rng}))
+    resuming = FakeCudaNode(1, current=0)
+    with monkeypatch.context() as patched:
+        resuming.install(patched)
+        ckpt.restore_rng(load(folder).rank["rng"])
+    assert torch.equal(resuming.states[0], torch.arange(8, dtype=torch.uint8))
+    assert torch.equal(rng["cuda"], torch.arange(8, dtype=torch.uint8))
+
+
+def test_the_rank_device_given_explicitly_is_the_one_stored_and_restored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    node = FakeCudaNode(2, current=0)
+    node.states[1] = torch.arange(8, dtype=torch.uint8)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", node.get_rng_state)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", node.set_rng_state)
+    rng = ckpt.capture_rng(torch.device("cuda", 1))
+    assert torch.equal(rng["cuda"], torch.arange(8, dtype=torch.uint8))
+    ckpt.restore_rng(rng, torch.device("cuda", 0))
+    assert torch.equal(node.states[0], torch.arange(8, dtype=torch.uint8))
+    assert "cuda" not in ckpt.capture_rng(torch.device("cpu"))

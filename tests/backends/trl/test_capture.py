@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from backends.trl import capture
-from backends.trl.capture import HiddenCapture, causal_lm_of, gathered, lm_head
+from backends.trl.capture import HiddenCapture, causal_lm_of, lm_head
 from backends.trl.tasks import PolicyPreset, TaskData, tiny_policy
 from credit_core import CreditError
 
@@ -68,37 +67,3 @@ def test_hidden_capture_records_only_when_asked() -> None:
     model(input_ids=ids)
     assert [tuple(c.shape) for c in chunks] == [(1, 3, 64), (1, 2, 64)]
     cap.remove()
-
-
-class _FakeStatus:
-    AVAILABLE = "available"
-    NOT_AVAILABLE = "not_available"
-
-
-def test_gathered_uses_deepspeed_for_zero3_partitions(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A ZeRO-3 partition (``ds_status`` not AVAILABLE) is gathered once (tied duplicates),
-    read-only (modifier_rank None); whole parameters are left alone."""
-    deepspeed = pytest.importorskip("deepspeed")
-    calls: list[tuple[list[Any], Any]] = []
-
-    class Recorder:
-        def __init__(self, params: list[Any], modifier_rank: Any = "unset") -> None:
-            calls.append((params, modifier_rank))
-
-        def __enter__(self) -> None:
-            return None
-
-        def __exit__(self, *exc: Any) -> None:
-            return None
-
-    monkeypatch.setattr(deepspeed.zero, "GatheredParameters", Recorder)
-    monkeypatch.setattr(capture, "_available", lambda p: p.ds_status == _FakeStatus.AVAILABLE)
-    part, whole = torch.nn.Parameter(torch.empty(0)), torch.nn.Parameter(torch.ones(2))
-    part.ds_status = _FakeStatus.NOT_AVAILABLE  # type: ignore[attr-defined]
-    whole.ds_status = _FakeStatus.AVAILABLE  # type: ignore[attr-defined]
-    with gathered(part, part, whole, None):
-        pass
-    assert calls == [([part], None)]
-    with gathered(whole, torch.zeros(3)):
-        pass
-    assert len(calls) == 1

@@ -1,0 +1,70 @@
+"""``scripts/gpu_smoke.sh`` cannot run without a GPU: here it parses, its configs exist, and
+the settings it passes are ones the trainers accept (a typo would only show on the GPU)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from backends.torch.config import TrainConfig, load_config
+from tests.helpers.paths import REPO
+
+SCRIPT = REPO / "scripts" / "gpu_smoke.sh"
+
+
+def settings() -> dict[str, list[str]]:
+    """The variables of the script's SETTINGS block, each as its list of words."""
+    names = ["NATIVE_CONFIG", "TRL_CONFIG", "NATIVE_GPU", "NATIVE_FSDP_VLLM", "NATIVE_DATC_MID"]
+    block = f"eval \"$(sed -n '/^# BEGIN SETTINGS/,/^# END SETTINGS/p' {SCRIPT})\"; " + "; ".join(
+        f'printf "%s\\0" "${{{n}[@]}}"; printf "\\1"' for n in names
+    )
+    out = subprocess.run(["bash", "-c", block], capture_output=True, text=True, check=True)
+    values = out.stdout.split("\1")[:-1]
+    assert len(values) == len(names), out.stdout
+    return {n: v.split("\0")[:-1] for n, v in zip(names, values, strict=True)}
+
+
+@pytest.mark.parametrize("script", ["gpu_smoke.sh", "openrlhf_gpu_smoke.sh"])
+def test_the_gpu_smoke_scripts_parse(script: str) -> None:
+    subprocess.run(["bash", "-n", str(REPO / "scripts" / script)], check=True)
+
+
+def overrides(words: list[str]) -> list[str]:
+    assert words[::2] == ["--set"] * (len(words) // 2), words
+    return words[1::2]
+
+
+@pytest.mark.parametrize("check", ["NATIVE_FSDP_VLLM", "NATIVE_DATC_MID"])
+def test_the_native_checks_pass_settings_the_trainer_accepts(check: str, tmp_path: Path) -> None:
+    s = settings()
+    (config,) = s["NATIVE_CONFIG"]
+    sets = [*overrides(s["NATIVE_GPU"]), *overrides(s[check]), f"output_dir={tmp_path}"]
+    cfg = load_config(REPO / config, sets)
+    assert isinstance(cfg, TrainConfig)
+    assert (cfg.device, cfg.distributed.backend, cfg.policy.dtype) == ("cuda", "nccl", "bfloat16")
+    if check == "NATIVE_FSDP_VLLM":
+        assert (cfg.distributed.strategy, cfg.rollout.engine) == ("fsdp", "vllm")
+        assert cfg.checkpoint.interval > 0
+    else:
+        assert cfg.credit.name == "datc_mid" and cfg.distributed.strategy == "ddp"
+
+
+def test_the_trl_check_passes_a_config_trl_accepts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers.training_args
+
+    from backends.trl.cli import make_parser
+
+    # bf16 is checked against the GPU when the arguments are built: pretend one is there
+    monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
+
+    (config,) = settings()["TRL_CONFIG"]
+    args = ["--config", str(REPO / config), "--output_dir", str(tmp_path)]
+    args += ["--model_name_or_path", "P", "--reward_model_name_or_path", "R"]
+    args += ["--dataset_name", "D", "--credit", "datc_mid"]
+    script, training, model, _ = make_parser().parse_args_and_config(args)
+    assert script.reward_model_name_or_path == "R" and model.model_name_or_path == "P"
+    assert training.credit_config.name == "datc_mid" and training.bf16
