@@ -70,6 +70,7 @@ def test_a_stop_signal_mid_step_ends_the_run_after_that_step_and_resume_is_bit_i
     tmp_path: Path, reference: RunResult, monkeypatch: pytest.MonkeyPatch, signum: int
 ) -> None:
     run = tmp_path / "run"
+    before = signal.getsignal(signum)
     with monkeypatch.context() as mp:
         signal_during_step(mp, 2, signum)
         stopped = train(tiny_config(run, **UPDATES))
@@ -77,7 +78,7 @@ def test_a_stop_signal_mid_step_ends_the_run_after_that_step_and_resume_is_bit_i
     assert (stopped.preempted.signal, stopped.preempted.step) == (signal.Signals(signum).name, 2)
     assert stopped.preempted.checkpoint == run / "checkpoints" / "step_000002"
     assert ckpt.verify_checkpoint(stopped.preempted.checkpoint) == []
-    assert signal.getsignal(signum) is signal.SIG_DFL  # the handlers are gone with the run
+    assert signal.getsignal(signum) == before  # the run's handlers are gone with the run
     resumed = train(tiny_config(run, **UPDATES), resume=True)
     assert resumed.preempted is None
     assert [int(r["step"]) for r in resumed.history] == [3]

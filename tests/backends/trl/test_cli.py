@@ -84,13 +84,14 @@ def during_step(monkeypatch: pytest.MonkeyPatch, step: int, action: Callable[[],
 def test_sigterm_saves_a_checkpoint_after_the_step_and_exits_75(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    before = signal.getsignal(signal.SIGTERM)
     with monkeypatch.context() as mp:
         during_step(mp, 2, lambda: os.kill(os.getpid(), signal.SIGTERM))
         assert main(short_run(tmp_path)) == PREEMPTED_EXIT
     out = capsys.readouterr().out
     assert "credit-trl: SIGTERM received: stopped after step 2" in out
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) == before
     assert main(short_run(tmp_path, "--resume_from_checkpoint", "true")) == 0
     state = json.loads((tmp_path / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3
