@@ -135,21 +135,9 @@ with open(f"{work}/prompts/train.jsonl", "w") as f:
     for i in range(64):
         f.write(json.dumps({"prompt": f"Write about {words[i % len(words)]}:"}) + "\n")
 EOF
-  cat >"$WORK/zero3.yaml" <<EOF
-compute_environment: LOCAL_MACHINE
-distributed_type: DEEPSPEED
-deepspeed_config:
-  zero_stage: 3
-  zero3_init_flag: false
-  offload_optimizer_device: none
-  offload_param_device: none
-mixed_precision: bf16
-num_machines: 1
-num_processes: 1
-EOF
 fi
 trl_check() {  # trl_check NAME CREDIT
-  logged "$1" "$PYTHON" -m accelerate.commands.launch --config_file "$WORK/zero3.yaml" \
+  logged "$1" "$PYTHON" -m accelerate.commands.launch --config_file "$REPO/configs/trl/accelerate_zero3_1gpu.yaml" \
     -m backends.trl --config "$TRL_CONFIG" --model_name_or_path "$WORK/policy" \
     --reward_model_name_or_path "$WORK/rm" --dataset_name "$WORK/prompts" \
     --output_dir "$WORK/$1_out" --credit "$2" \

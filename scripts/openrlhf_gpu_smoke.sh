@@ -175,7 +175,6 @@ from backends.trl.version import check_trl_version
 print("trl", check_trl_version())
 EOF
 
-cat >"$WORK/trl_zero3.yaml" <<EOF
 compute_environment: LOCAL_MACHINE
 distributed_type: DEEPSPEED
 deepspeed_config:
@@ -210,7 +209,7 @@ trl_run() {  # trl_run NAME FLAGS...
   echo "== TRL run $name: credit-trl $*"
   local start=$SECONDS
   set +e
-  timeout "$RUN_TIMEOUT" "$PYTHON" -m accelerate.commands.launch --config_file "$WORK/trl_zero3.yaml" \
+  timeout "$RUN_TIMEOUT" "$PYTHON" -m accelerate.commands.launch --config_file "$REPO/configs/trl/accelerate_zero3_1gpu.yaml" \
     -m backends.trl --config "$WORK/trl.yaml" --output_dir "$WORK/trl_$name" "$@" \
     >"$WORK/trl_$name.log" 2>&1
   local status=$?
