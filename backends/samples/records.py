@@ -121,6 +121,12 @@ def response_samples(
     return out
 
 
+def _problem(loc: tuple[int | str, ...], msg: str) -> str:
+    """One validation problem as ``dotted.field: message`` (no field: the message alone)."""
+    msg = msg.removeprefix("Value error, ")
+    return f"{'.'.join(map(str, loc))}: {msg}" if loc else msg
+
+
 def read_samples(path: str | Path) -> list[StepSamples]:
     """Every record of a credit-samples file, in order; ``ValueError`` naming the file, the
     record's line and the bad field when a record is not a ``StepSamples``."""
@@ -129,11 +135,7 @@ def read_samples(path: str | Path) -> list[StepSamples]:
         try:
             out.append(StepSamples.model_validate(raw))
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'record'}: "
-                f"{e['msg'].removeprefix('Value error, ')}"
-                for e in exc.errors()
-            )
+            problems = "; ".join(_problem(e["loc"], e["msg"]) for e in exc.errors())
             raise ValueError(f"{path}: record {n}: {problems}") from None
     return out
 
