@@ -15,8 +15,9 @@ Its ``title`` (the hover text) gives w_t, A_t and the token's position. ``lo`` i
 smaller of 0 and the page's lowest weight, ``hi`` the larger of 2 and the 99th percentile
 of its weights, so one scale holds for every step and run of the page.
 
-After the first render the page writes the time it took (ms) into
-``document.body.dataset.renderMs`` and the step shown into ``data-step``.
+After the first render the page writes the milliseconds since the navigation started
+(loading, parsing the data, drawing the step) into ``document.body.dataset.renderMs`` and
+the step shown into ``data-step``.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ h3{font-size:14px;margin:0 0 6px}main{padding:0 16px 24px}
 .sample{margin:0 0 10px;padding:0 0 8px;border-bottom:1px dashed #ddd}
 .meta{font-size:12px;color:#444;margin:0 0 4px}
 .row{display:flex;flex-wrap:wrap;align-items:center;gap:2px;margin:2px 0}
-.label{font:12px monospace;min-width:9em;color:#333}
+.label{font:12px monospace;min-width:14em;color:#333}
 .tok{font:13px monospace;white-space:pre;padding:1px 3px;border-radius:3px;cursor:default}
 .bar{display:inline-block;width:180px;height:12px;vertical-align:middle;margin:0 6px;
 background:linear-gradient(to right,rgb(33,102,172),#fff,rgb(178,24,43))}
@@ -212,13 +213,12 @@ function show(step) {
   render(step);
 }
 
-const t0 = performance.now();
 for (const s of steps) select.appendChild(new Option(String(s), String(s)));
 const legend = document.getElementById("legend");
 legend.append(`w = ${D.lo.toPrecision(3)}`, el("span", "bar"), `${D.hi.toPrecision(3)} (white: 1)`);
 if (steps.length) render(fromHash());
 else document.getElementById("view").appendChild(el("p", "empty", "no recorded step"));
-document.body.dataset.renderMs = (performance.now() - t0).toFixed(1);
+document.body.dataset.renderMs = performance.now().toFixed(1);  // since navigation start
 select.addEventListener("change", () => show(Number(select.value)));
 const move = d => { const i = steps.indexOf(Number(select.value)) + d;
   if (i >= 0 && i < steps.length) show(steps[i]); };
