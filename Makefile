@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 
-.PHONY: install demo test lint typecheck pytest clean
+.PHONY: install browser demo test lint typecheck pytest clean
 
 install: $(STAMP)
 
@@ -21,7 +21,17 @@ $(STAMP): pyproject.toml constraints.txt requirements/openrlhf-cpu.txt
 	$(PIP) install -q -c constraints.txt -r requirements/openrlhf-cpu.txt
 	$(PIP) install -q --no-deps openrlhf==0.11.2
 	$(PIP) install -q -c constraints.txt -e '.[trl]'
+	$(MAKE) --no-print-directory browser
 	touch $(STAMP)
+
+# Headless Chromium for the credit-view browser test (Debian's package, about 30 s): only
+# where apt-get runs as root; elsewhere the test skips, saying why.
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "make: chromium not installed (needs apt-get as root): the browser test will skip"
 
 # The quick ablation: GRPO vs DATC vs its shuffled control, 5 settings (one sparse) x 2 seeds
 # (about 5 minutes on 2 cores, measured with an empty cache); ends with the paths of

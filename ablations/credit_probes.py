@@ -53,10 +53,10 @@ from adapters.policy import final_hidden_states, lm_head_of, predictor_positions
 from adapters.policy import response_logprobs_and_stats as logprobs_and_stats
 from adapters.scorers import decode_rows
 from adapters.swap import swap_deltas
+from backends.torch.compare import CompareCredit
 from backends.torch.data import Prompt
 from backends.torch.rollout import RolloutBatch
-from backends.torch.rollout_rewards import RolloutRewards
-from credit_core import CreditStrategy, allocate_weights
+from credit_core import allocate_weights
 from credit_core.swap import swap_work
 
 if TYPE_CHECKING:
@@ -90,15 +90,6 @@ class ProbeConfig(BaseModel):
         default_factory=list,
         description="labels of strategies whose credit is also probed on every run's batch",
     )
-
-
-@dataclass(frozen=True)
-class CompareCredit:
-    """A credit to probe on another run's batches: its label, strategy and reward side."""
-
-    label: str
-    strategy: CreditStrategy
-    reward: RolloutRewards
 
 
 @dataclass(frozen=True)

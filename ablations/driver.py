@@ -13,12 +13,10 @@ from typing import Any
 
 from ablations import credit_probes, probes
 from ablations.ablation_config import StrategyConfig
-from ablations.credit_probes import CompareCredit, ProbeConfig
+from ablations.credit_probes import ProbeConfig
 from ablations.settings import SettingAssets
-from adapters.grad_path import with_grad_path, without_grad_path
-from backends.torch.rollout_rewards import RolloutRewards
+from backends.torch.compare import CompareCredit, compare_credit
 from backends.torch.trainer import GRPORecipe
-from credit_core import get_strategy
 
 EXTRA_PREFIX = "extra/"
 
@@ -29,17 +27,11 @@ def compare_credits(
     """The credits of ``strategies`` for ``recipe``'s batches: each strategy with the
     recipe's reward side (without the run strategy's path gradient), its direction gradient
     taken where it reads it (``reward_grad_points``)."""
-    plain = without_grad_path(recipe.reward.signals)
-    out = []
-    for st in strategies:
-        strategy = get_strategy(st.credit)
-        signals = plain
-        if strategy.reward_grad_points:
-            temperature = recipe.cfg.rollout.temperature
-            points = strategy.reward_grad_points
-            signals = with_grad_path(plain, recipe.policy.model, points, temperature)
-        out.append(CompareCredit(st.label, strategy, RolloutRewards(signals)))
-    return out
+    temperature = recipe.cfg.rollout.temperature
+    return [
+        compare_credit(st.label, st.credit, recipe.reward, recipe.policy.model, temperature)
+        for st in strategies
+    ]
 
 
 def ablation_evals(

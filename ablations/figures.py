@@ -9,7 +9,8 @@
   interval.
 - ``plot_credit``: a few sampled responses, one row each, every token a cell colored by its
   DATC weight w_t = A_t / A (1 = what GRPO gives every token; the color scale is centered
-  at 1), with the token text written in the cell.
+  at 1), with the token text written in the cell (``backends.samples.heatmap``, the
+  heat-map the trainers log to TensorBoard).
 """
 
 from __future__ import annotations
@@ -21,15 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ablations.stats import mean_interval
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from backends.samples.heatmap import credit_figure, pyplot
 
 
 def _band(
@@ -61,7 +54,7 @@ def plot_curves(
     ``baseline``
     strategy is drawn black and dashed, on top (others often overlap it early on: runs of
     one seed share their sampling seeds, so small updates give nearly the same samples)."""
-    plt = _pyplot()
+    plt = pyplot()
     data: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(
         lambda: defaultdict(list)
     )
@@ -135,7 +128,7 @@ def plot_probes(
 ) -> Path:
     """Write the credit-probe figure of one setting to ``path`` (PNG): one row of panels
     per probe of ``PROBE_PANELS`` that has values in ``rows``."""
-    plt = _pyplot()
+    plt = pyplot()
     data: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(
         lambda: defaultdict(list)
     )
@@ -197,59 +190,18 @@ def _finish(
     fig.suptitle(f"{title}, shaded {pct} interval", fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 
 def plot_credit(path: Path, *, title: str, examples: Sequence[Mapping[str, Any]]) -> Path:
-    """Write a credit heat-map of ``examples`` (each: ``tokens`` list[str], ``weights``
-    list[float], ``reward``, ``advantage``, optional ``prompt``) to ``path`` (PNG)."""
-    plt = _pyplot()
-    import numpy as np
-    from matplotlib.colors import TwoSlopeNorm
-
-    width = max((len(e["tokens"]) for e in examples), default=1)
-    grid = np.full((max(1, len(examples)), max(1, width)), np.nan)
-    for i, e in enumerate(examples):
-        grid[i, : len(e["weights"])] = e["weights"]
-    finite = grid[np.isfinite(grid)]
-    lo = float(min(finite.min(), 0.999)) if finite.size else 0.0
-    hi = float(max(finite.max(), 1.001)) if finite.size else 2.0
-    fig, ax = plt.subplots(
-        figsize=(min(22.0, 3.0 + 0.9 * width), 1.4 + 0.7 * len(examples)), layout="constrained"
-    )
-    cmap = plt.get_cmap("RdBu_r").copy()
-    cmap.set_bad("white")
-    image = ax.imshow(
-        np.ma.masked_invalid(grid), cmap=cmap, norm=TwoSlopeNorm(1.0, lo, hi), aspect="auto"
-    )
-    for i, e in enumerate(examples):
-        for j, tok in enumerate(e["tokens"]):
-            ax.text(j, i, _short(tok), ha="center", va="center", fontsize=7)
-    ax.set_yticks(
-        range(len(examples)),
-        [f"r={e['reward']:.2f} A={e['advantage']:+.2f}" for e in examples],
-        fontsize=8,
-    )
-    ax.set_xticks(range(width), [str(j) for j in range(width)], fontsize=7)
-    ax.set_xlabel("response token")
-    prompt = examples[0].get("prompt") if examples else None
-    sub = f"; prompt: {prompt!r}" if prompt else ""
-    ax.set_title(
-        f"{title}\nweight w_t = A_t / A per token (1 = GRPO's uniform share){sub}", fontsize=9
-    )
-    fig.colorbar(image, ax=ax, fraction=0.03, pad=0.01, label="w_t = A_t / A")
+    """Write a credit heat-map of ``examples`` (``backends.samples.heatmap.credit_figure``)
+    to ``path`` (PNG)."""
+    fig = credit_figure(title=title, examples=examples)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    pyplot().close(fig)
     return path
-
-
-def _short(token: str, limit: int = 9) -> str:
-    """The token's text for a heat-map cell: non-printable characters as ``·``, cut to
-    ``limit`` characters."""
-    token = "".join(c if c.isprintable() else "·" for c in token)
-    return token if len(token) <= limit else token[: limit - 1] + "…"
 
 
 def is_png(path: Path) -> bool:
@@ -257,6 +209,6 @@ def is_png(path: Path) -> bool:
     with open(path, "rb") as fh:
         if fh.read(8) != b"\x89PNG\r\n\x1a\n":
             return False
-    plt = _pyplot()
+    plt = pyplot()
     image = plt.imread(path)
     return bool(image.ndim == 3 and image.shape[0] > 0 and not math.isnan(float(image.mean())))

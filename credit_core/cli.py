@@ -7,12 +7,14 @@ command line or machine that cannot do what was asked, e.g. a missing GPU), a mi
 unreadable file (``OSError``: ``FileNotFoundError``, ``PermissionError``, ...), a missing
 package (``ImportError``, ``ModuleNotFoundError``), and the types a command adds (its
 config error). Anything else is a bug and raises with its traceback. ``--debug`` anywhere
-on the command line shows the traceback of an expected failure too.
+on the command line shows the traceback of an expected failure too. Third-party log lines
+that mean nothing to the user (``SILENCED``) are dropped at their loggers.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Sequence
 
@@ -27,6 +29,35 @@ class CommandError(Exception):
 
 #: What every command reports as a message (a command adds its own config error).
 EXPECTED: tuple[type[Exception], ...] = (CreditError, CommandError, OSError, ImportError)
+
+
+#: Third-party log lines that mean nothing to the user of a command: logger name -> the
+#: starts of the messages dropped. DeepSpeed (imported by accelerate whenever a model is
+#: saved or unwrapped) warns on every CPU-only process that it found no accelerator.
+SILENCED: dict[str, tuple[str, ...]] = {
+    "DeepSpeed": ("Setting accelerator to CPU",),
+}
+
+
+class _DropMessages(logging.Filter):
+    """Drops records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefixes)
+
+
+def silence_third_party_noise() -> None:
+    """Drop the ``SILENCED`` lines at their loggers (idempotent; every other record of those
+    loggers, and every other logger, is untouched). A logger keeps its filters when the
+    library configures it later, so this works before the library is imported."""
+    for name, prefixes in SILENCED.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) for f in logger.filters):
+            logger.addFilter(_DropMessages(prefixes))
 
 
 def add_debug_argument(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +80,7 @@ def run_cli(
     """``main(args)``'s exit status, or 2 after printing an expected failure (see the module
     docstring). ``args`` is ``argv`` (default ``sys.argv[1:]``) without ``--debug``; with
     ``--debug`` an expected failure propagates with its traceback."""
+    silence_third_party_noise()
     args = list(sys.argv[1:] if argv is None else argv)
     debug = DEBUG_FLAG in args
     args = [a for a in args if a != DEBUG_FLAG]

@@ -8,6 +8,8 @@ lines start with the program name, exits with status 2 and shows no traceback; w
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -23,7 +25,7 @@ from backends.torch.__main__ import main as train_main
 from backends.torch.errors import ConfigError
 from benchmarks.cli import main as bench_main
 from credit_core import CreditError
-from credit_core.cli import CommandError
+from credit_core.cli import SILENCED, CommandError
 from tests.helpers.paths import REPO
 
 TRAIN_CONFIG = """\
@@ -250,3 +252,47 @@ def test_bench_failures(
     assert_one_message("credit-bench", bench_main(argv), capsys.readouterr().err, fragment)
     with pytest.raises(type(exc)):
         bench_main([*argv, "--debug"])
+
+
+# ------------------------------------------------------------------- third-party noise
+
+ACCELERATOR_LINE = "Setting accelerator to CPU"
+
+
+def test_credit_ablate_prints_no_deepspeed_accelerator_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import ablations.__main__ as cli
+
+    def work(argv: list[str]) -> int:
+        """A worker's DeepSpeed logger, as deepspeed.utils.logging configures it."""
+        ds = logging.getLogger("DeepSpeed")
+        monkeypatch.setattr(ds, "propagate", False)
+        handler = logging.StreamHandler(sys.stdout)
+        ds.addHandler(handler)
+        try:
+            ds.warning(f"{ACCELERATOR_LINE}. If you have GPU or other accelerator, ...")
+            ds.warning("another DeepSpeed warning")
+        finally:
+            ds.removeHandler(handler)
+        return 0
+
+    monkeypatch.setattr(cli, "_ablate", work)
+    monkeypatch.setattr(logging.getLogger("DeepSpeed"), "filters", [])  # none from other tests
+    assert cli.main([]) == 0
+    out = capsys.readouterr().out
+    assert ACCELERATOR_LINE not in out
+    assert "another DeepSpeed warning" in out  # only that line is dropped
+
+
+def test_the_silenced_line_is_the_one_the_installed_deepspeed_logs() -> None:
+    """DeepSpeed's logger and message are what ``credit_core.cli.SILENCED`` names (read from
+    its source: importing DeepSpeed takes 10 s and more)."""
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None or spec.origin is None:
+        pytest.skip("deepspeed is not installed")
+    package = Path(spec.origin).parent
+    assert 'create_logger(name="DeepSpeed"' in (package / "utils" / "logging.py").read_text()
+    accelerator = (package / "accelerator" / "real_accelerator.py").read_text()
+    assert f'accel_logger.warning(\n                    "{ACCELERATOR_LINE}.' in accelerator
+    assert SILENCED["DeepSpeed"] == (ACCELERATOR_LINE,)

@@ -23,7 +23,7 @@ from adapters.tiny import Family
 from backends.torch.data import check_shardable
 from backends.torch.errors import ConfigError, FieldError, format_config_errors
 from backends.torch.tasks import task_problems
-from credit_core import CreditConfig, strategy_class
+from credit_core import CreditConfig, CreditError, strategy_class
 
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -215,6 +215,46 @@ class LoggingConfig(Section):
     tensorboard: bool = True
 
 
+def credit_label(credit: CreditConfig) -> str:
+    """A strategy's label: its name, with its parameters when given (``datc(beta=2.0)``)."""
+    params = credit.params
+    if not params:
+        return credit.name
+    return f"{credit.name}({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})"
+
+
+class CreditSamplesConfig(Section):
+    """A few responses of a step's batch with their token advantages, written to the run
+    folder's ``credit_samples.jsonl`` and drawn as a heat-map in TensorBoard
+    (``backends.torch.credit_samples``; ``credit-view`` makes a page of them)."""
+
+    interval: int | None = Field(
+        default=None,
+        ge=0,
+        description="every N steps (and the last); null: at every evaluation (eval.interval); "
+        "0: off",
+    )
+    count: int = Field(default=4, ge=1, description="responses recorded per step")
+    compare: list[CreditConfig] = Field(
+        default_factory=list,
+        description="other strategies whose token advantages are recorded for the same "
+        "responses at the same policy (names or {name: ..., <params>})",
+    )
+
+    @field_validator("compare", mode="before")
+    @classmethod
+    def _compare(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            raise ValueError(f"expected a list of strategies, got {type(value).__name__}")
+        parsed = []
+        for i, item in enumerate(value):
+            try:
+                parsed.append(CreditConfig.parse(item))
+            except CreditError as exc:
+                raise FieldError(str(i), str(exc)) from None
+        return parsed
+
+
 class TrainConfig(Section):
     """The whole run. See configs/torch/*.yaml for annotated examples."""
 
@@ -235,6 +275,7 @@ class TrainConfig(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     distributed: DistributedConfig = DistributedConfig()
     logging: LoggingConfig = LoggingConfig()
+    credit_samples: CreditSamplesConfig = CreditSamplesConfig()
 
     @field_validator("credit", mode="before")
     @classmethod
@@ -243,21 +284,35 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _sampling_matches_stats(self) -> TrainConfig:
-        requires = strategy_class(self.credit.name).requires
-        if "policy_stats" in requires:
-            on = [
-                f"{key}={getattr(self.rollout, key)}"
-                for key, off in (("top_k", 0), ("top_p", 1.0))
-                if getattr(self.rollout, key) != off
-            ]
-            if on:
+        on = [
+            f"{key}={getattr(self.rollout, key)}"
+            for key, off in (("top_k", 0), ("top_p", 1.0))
+            if getattr(self.rollout, key) != off
+        ]
+        if not on:
+            return self
+        for credit in (self.credit, *self.credit_samples.compare):
+            if "policy_stats" in strategy_class(credit.name).requires:
                 key = "top_p" if self.rollout.top_p != 1.0 else "top_k"
                 raise FieldError(
                     f"rollout.{key}",
                     f"{', '.join(on)} truncates the sampling distribution, but credit strategy "
-                    f"{self.credit.name!r} needs the distribution actually sampled from "
+                    f"{credit.name!r} needs the distribution actually sampled from "
                     "(policy_stats); set rollout.top_k=0 and rollout.top_p=1.0",
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _compared_credits_are_distinct(self) -> TrainConfig:
+        seen = {credit_label(self.credit): "the run's own credit"}
+        for i, credit in enumerate(self.credit_samples.compare):
+            label = credit_label(credit)
+            if label in seen:
+                raise FieldError(
+                    f"credit_samples.compare.{i}",
+                    f"{label!r} is already {seen[label]}; list each other strategy once",
+                )
+            seen[label] = f"credit_samples.compare.{i}"
         return self
 
 

@@ -24,6 +24,8 @@ The trainer's metrics (all global: reduced over ranks):
 - ``rm/*``, ``bridge/*``: the reward adapters' diagnostics (mean per RM call).
 - ``time/{rollout,signals,update,step}`` (slowest rank), ``throughput/tokens_per_s``
   (response tokens per second of step time), ``optim/{lr,grad_norm}``.
+- ``time/credit_samples``: at a step whose credit samples are recorded
+  (``backends.torch.credit_samples``), the seconds that took (not part of ``time/step``).
 """
 
 from __future__ import annotations
@@ -137,6 +139,18 @@ class MetricsLogger:
         shown = {label: f"{metrics[k]:.3f}" for k, label in PROGRESS_KEYS.items() if k in metrics}
         if shown:
             self._bar.set_postfix(shown, refresh=False)
+
+    @property
+    def draws_figures(self) -> bool:
+        """Whether ``log_figure`` writes anything (TensorBoard is on, on this rank)."""
+        return self._writer is not None
+
+    def log_figure(self, tag: str, figure: Any, step: int) -> None:
+        """Log a matplotlib ``figure`` to TensorBoard as an image under ``tag``; closes it."""
+        if self._writer is None:
+            raise RuntimeError("MetricsLogger.log_figure: TensorBoard is off on this rank")
+        self._writer.add_figure(tag, figure, step, close=True)
+        self._writer.flush()
 
     def advance(self) -> None:
         """Move the progress bar one step."""

@@ -41,6 +41,7 @@ from backends.torch.config import (
     dump_config,
     load_config,
 )
+from backends.torch.credit_samples import build_recorder
 from backends.torch.data import Prompt, PromptSampler, shard
 from backends.torch.distributed import (
     DistContext,
@@ -226,6 +227,15 @@ class GRPORecipe:
             tensorboard=cfg.logging.tensorboard,
             progress=cfg.logging.progress,
         )
+        self.samples = build_recorder(
+            cfg,
+            reward=self.reward,
+            policy=self.policy,
+            credit=self.signals,
+            start_step=self.step,
+            is_main=self.ctx.is_main,
+            logger=self.logger,
+        )
 
     # ------------------------------------------------------------------------------ setup
 
@@ -288,14 +298,15 @@ class GRPORecipe:
         )
 
     def _check_same_run(self) -> None:
-        """A resumed run must be the same run: only steps, eval, checkpoint, logging may change,
-        and output_dir (where the run folder is now, after a move or a copy)."""
+        """A resumed run must be the same run: only steps, eval, checkpoint, logging and
+        credit_samples may change, and output_dir (where the run folder is now, after a move
+        or a copy)."""
         saved_file = self.run_dir / CONFIG_FILE
         if not saved_file.exists():
             return
         saved = load_config(saved_file).model_dump(mode="json")
         now = self.cfg.model_dump(mode="json")
-        free = {"steps", "eval", "checkpoint", "logging", "output_dir"}
+        free = {"steps", "eval", "checkpoint", "logging", "credit_samples", "output_dir"}
         changed = sorted(k for k in now if k not in free and now[k] != saved.get(k))
         if changed:
             raise ConfigError(
@@ -616,6 +627,9 @@ class GRPORecipe:
         t_rollout = clock.lap()
         signals = self.signals(batch, self.train_prompts)
         t_signals = clock.lap()
+        # at the policy that sampled the batch; timed on its own (time/credit_samples)
+        recorded = self.samples.record(self.step, signals, self.train_prompts)
+        clock.lap()
         update = self.update(signals)
         self.scheduler.step()
         timing = StepTiming(t_rollout, t_signals, clock.lap(), float(batch.response_mask.sum()))
@@ -623,6 +637,7 @@ class GRPORecipe:
             signals.metrics(self.ctx, self.policy.eos_ids),
             update.metrics(self.ctx, cfg.algorithm.kl_coef),
             timing.metrics(self.ctx),
+            recorded,
         )
 
     # ------------------------------------------------------------------------------- eval

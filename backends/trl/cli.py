@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from credit_core import CreditError
+from credit_core.cli import silence_third_party_noise
 from credit_core.preemption import PREEMPTED_EXIT, PreemptionWatch, signal_name
 
 PROG = "credit-trl"
@@ -283,7 +284,9 @@ def _write_failure(exc: OSError, output_dir: str, step: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``credit-trl`` with ``argv`` (default ``sys.argv[1:]``); the exit status."""
+    """Run ``credit-trl`` with ``argv`` (default ``sys.argv[1:]``); the exit status. TRL's
+    own logging is kept; DeepSpeed's accelerator line is dropped (``credit_core.cli``)."""
+    silence_third_party_noise()
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]

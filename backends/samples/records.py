@@ -1,0 +1,160 @@
+"""The credit-samples file of a run folder: ``credit_samples.jsonl``, one record per recorded step.
+
+A record::
+
+    {"step": 10, "strategy": "datc", "compare": ["uniform"],
+     "samples": [{"prompt": "...", "tokens": ["a", " b"], "reward": 0.5, "advantage": 1.2,
+                  "token_advantages": {"datc": [1.9, 0.5], "uniform": [1.2, 1.2]}}]}
+
+``strategy`` labels the run's own credit, ``compare`` the other strategies computed for the
+same responses at the same policy (in that order); ``token_advantages`` holds one value
+A_t per token for each of them. The token weight shown everywhere is w_t = A_t / A (1 is
+GRPO's uniform share; undefined where A = 0). Values are stored to 6 significant digits.
+
+The file is append-only and read like ``metrics.jsonl``: a last line cut short by a kill
+is left out; on resume from step k, records after k are dropped (``SamplesWriter``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from backends.torch.metrics import read_jsonl, truncate_jsonl
+
+SAMPLES_FILE = "credit_samples.jsonl"
+
+
+class ResponseSample(BaseModel):
+    """One recorded response: its prompt, tokens (as text), reward, A and A_t per strategy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt: str
+    tokens: list[str]
+    reward: float = Field(allow_inf_nan=False)
+    advantage: float = Field(allow_inf_nan=False)
+    token_advantages: dict[str, list[float]]
+
+    @model_validator(mode="after")
+    def _one_value_per_token(self) -> ResponseSample:
+        for label, values in self.token_advantages.items():
+            if len(values) != len(self.tokens):
+                raise ValueError(
+                    f"token_advantages[{label!r}]: {len(values)} values for "
+                    f"{len(self.tokens)} tokens (expected one per token)"
+                )
+            if not all(math.isfinite(v) for v in values):
+                raise ValueError(f"token_advantages[{label!r}]: expected finite numbers")
+        return self
+
+    def weights(self, label: str) -> list[float | None]:
+        """w_t = A_t / A of strategy ``label``; None everywhere when A = 0."""
+        a = self.advantage
+        return [None if a == 0 else v / a for v in self.token_advantages[label]]
+
+
+class StepSamples(BaseModel):
+    """The samples of one recorded step (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    step: int = Field(ge=0)
+    strategy: str
+    compare: list[str] = Field(default_factory=list)
+    samples: list[ResponseSample]
+
+    @property
+    def labels(self) -> list[str]:
+        """The run's own strategy, then the compared ones."""
+        return [self.strategy, *self.compare]
+
+    @model_validator(mode="after")
+    def _every_strategy_everywhere(self) -> StepSamples:
+        for i, sample in enumerate(self.samples):
+            if sorted(sample.token_advantages) != sorted(self.labels):
+                raise ValueError(
+                    f"samples.{i}.token_advantages: has {sorted(sample.token_advantages)}, "
+                    f"expected the strategy and the compared ones {sorted(self.labels)}"
+                )
+        return self
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.6g}")
+
+
+def response_samples(
+    *,
+    prompts: Sequence[str],
+    tokens: Sequence[Sequence[str]],
+    rewards: torch.Tensor,
+    advantages: torch.Tensor,
+    token_advantages: dict[str, torch.Tensor],
+    mask: torch.Tensor,
+) -> list[ResponseSample]:
+    """The samples of n responses: ``prompts`` (n,), ``tokens`` (n, their valid tokens' text),
+    ``rewards`` and ``advantages`` (n,), ``token_advantages`` label -> (n, T) and the
+    response ``mask`` (n, T) (the valid tokens, as many as each row of ``tokens``)."""
+    out = []
+    for i, (prompt, toks) in enumerate(zip(prompts, tokens, strict=True)):
+        valid = mask[i].bool()
+        if int(valid.sum()) != len(toks):
+            raise ValueError(f"response {i}: {len(toks)} token texts for {int(valid.sum())} tokens")
+        out.append(
+            ResponseSample(
+                prompt=prompt,
+                tokens=list(toks),
+                reward=_round(float(rewards[i])),
+                advantage=_round(float(advantages[i])),
+                token_advantages={
+                    label: [_round(v) for v in adv[i][valid].tolist()]
+                    for label, adv in token_advantages.items()
+                },
+            )
+        )
+    return out
+
+
+def _problem(loc: tuple[int | str, ...], msg: str) -> str:
+    """One validation problem as ``dotted.field: message`` (no field: the message alone)."""
+    msg = msg.removeprefix("Value error, ")
+    return f"{'.'.join(map(str, loc))}: {msg}" if loc else msg
+
+
+def read_samples(path: str | Path) -> list[StepSamples]:
+    """Every record of a credit-samples file, in order; ``ValueError`` naming the file, the
+    record's line and the bad field when a record is not a ``StepSamples``."""
+    out = []
+    for n, raw in enumerate(read_jsonl(path), start=1):
+        try:
+            out.append(StepSamples.model_validate(raw))
+        except ValidationError as exc:
+            problems = "; ".join(_problem(e["loc"], e["msg"]) for e in exc.errors())
+            raise ValueError(f"{path}: record {n}: {problems}") from None
+    return out
+
+
+class SamplesWriter:
+    """Appends ``StepSamples`` to ``run_dir / SAMPLES_FILE`` on the logging rank (a no-op
+    elsewhere). Records after ``start_step`` are dropped when it opens (all of them from 0),
+    as the metrics are: a resumed run records those steps again."""
+
+    def __init__(self, run_dir: str | Path, *, start_step: int, enabled: bool) -> None:
+        self.path = Path(run_dir) / SAMPLES_FILE
+        self.enabled = enabled
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            truncate_jsonl(self.path, start_step if start_step else -1)
+
+    def write(self, record: StepSamples) -> None:
+        if not self.enabled:
+            return
+        line = json.dumps(record.model_dump(mode="json"), ensure_ascii=False)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
