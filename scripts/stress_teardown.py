@@ -3,8 +3,8 @@
     python scripts/stress_teardown.py --runs 30 --load 2 --out docs/results/teardown
 
 Runs ``torchrun --standalone --nproc_per_node 2 -m backends.torch configs/torch/tiny_datc.yaml``
-``--runs`` times for each of DDP and FSDP (``distributed.strategy``), each in a fresh output
-folder, while ``--load`` busy processes keep the cores loaded; a run that has not exited
+``--runs`` times for each of DDP and FSDP (``distributed.strategy``; FSDP compares the credit
+samples with ``uniform`` only, as ``datc_mid`` is refused there), each in a fresh output folder, while ``--load`` busy processes keep the cores loaded; a run that has not exited
 ``--timeout`` seconds after its start counts as hung and is killed (its process tree).
 Prints one line per run and writes ``report.md`` and ``runs.csv`` to ``--out``. Exit status
 0 if every run exited by itself with status 0, 1 otherwise.
@@ -51,6 +51,8 @@ def one_run(strategy: str, folder: Path, timeout: float) -> tuple[str, float, in
         "--set",
         "logging.progress=false",
     ]
+    if strategy == "fsdp":  # the config's datc_mid credit samples need the policy unsharded
+        command += ["--set", "credit_samples.compare=[uniform]"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     start = time.monotonic()
     proc = subprocess.Popen(
