@@ -1,10 +1,11 @@
 """Stress the end of multi-process runs: the README's two-process line, many times, under load.
 
-    python scripts/stress_teardown.py --runs 30 --load 2 --out docs/results/teardown
+    python scripts/stress_teardown.py --runs 30 --load 1 --out docs/results/teardown
 
 Runs ``torchrun --standalone --nproc_per_node 2 -m backends.torch configs/torch/tiny_datc.yaml``
 ``--runs`` times for each of DDP and FSDP (``distributed.strategy``; FSDP compares the credit
-samples with ``uniform`` only, as ``datc_mid`` is refused there), each in a fresh output folder, while ``--load`` busy processes keep the cores loaded; a run that has not exited
+samples with ``uniform`` only, as ``datc_mid`` is refused there), each in a fresh output
+folder, while ``--load`` busy processes keep the cores loaded; a run that has not exited
 ``--timeout`` seconds after its start counts as hung and is killed (its process tree).
 Prints one line per run and writes ``report.md`` and ``runs.csv`` to ``--out``. Exit status
 0 if every run exited by itself with status 0, 1 otherwise.
