@@ -51,6 +51,14 @@ class CreditConfig(BaseModel):
         """The strategy parameters (every key but ``name``), as given."""
         return dict(self.model_extra or {})
 
+    @property
+    def label(self) -> str:
+        """The strategy's name, with its parameters when given (``datc(beta=2.0)``)."""
+        params = self.params
+        if not params:
+            return self.name
+        return f"{self.name}({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})"
+
     @classmethod
     def parse(cls, value: str | dict[str, Any] | CreditConfig) -> CreditConfig:
         """Validate ``value``; on failure raise ``CreditError`` (not pydantic's error)."""

@@ -121,6 +121,24 @@ def response_samples(
     return out
 
 
+def pick_rows(advantages: torch.Tensor, group_size: int, count: int) -> list[int]:
+    """``count`` rows (fewer if the batch is smaller) of a batch of contiguous groups of
+    ``group_size``: groups in order, those with a non-zero advantage first; from each, the
+    highest and the lowest A alternately; each group's rows listed from the highest A."""
+    adv = advantages.tolist()
+    groups = [list(range(s, s + group_size)) for s in range(0, len(adv), group_size)]
+    groups.sort(key=lambda rows: not any(adv[r] != 0 for r in rows))  # stable
+    chosen: list[int] = []
+    for rows in groups:
+        take = min(len(rows), count - len(chosen))
+        if take <= 0:
+            break
+        by_a = sorted(rows, key=lambda r: -adv[r])
+        picked = by_a[: (take + 1) // 2] + by_a[len(by_a) - take // 2 :]
+        chosen += sorted(picked, key=lambda r: -adv[r])
+    return chosen
+
+
 def _problem(loc: tuple[int | str, ...], msg: str) -> str:
     """One validation problem as ``dotted.field: message`` (no field: the message alone)."""
     msg = msg.removeprefix("Value error, ")

@@ -215,14 +215,6 @@ class LoggingConfig(Section):
     tensorboard: bool = True
 
 
-def credit_label(credit: CreditConfig) -> str:
-    """A strategy's label: its name, with its parameters when given (``datc(beta=2.0)``)."""
-    params = credit.params
-    if not params:
-        return credit.name
-    return f"{credit.name}({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})"
-
-
 class CreditSamplesConfig(Section):
     """A few responses of a step's batch with their token advantages, written to the run
     folder's ``credit_samples.jsonl`` and drawn as a heat-map in TensorBoard
@@ -304,9 +296,9 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _compared_credits_are_distinct(self) -> TrainConfig:
-        seen = {credit_label(self.credit): "the run's own credit"}
+        seen = {self.credit.label: "the run's own credit"}
         for i, credit in enumerate(self.credit_samples.compare):
-            label = credit_label(credit)
+            label = credit.label
             if label in seen:
                 raise FieldError(
                     f"credit_samples.compare.{i}",

@@ -25,9 +25,9 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from backends.samples.heatmap import samples_figure
-from backends.samples.records import SamplesWriter, StepSamples, response_samples
+from backends.samples.records import SamplesWriter, StepSamples, pick_rows, response_samples
 from backends.torch.compare import CompareCredit, compare_credit
-from backends.torch.config import TrainConfig, credit_label
+from backends.torch.config import TrainConfig
 from backends.torch.data import Prompt
 from backends.torch.errors import ConfigError
 from backends.torch.metrics import MetricsLogger
@@ -42,24 +42,6 @@ CreditPath = Callable[..., StepSignals]
 
 #: The TensorBoard image tag of the heat-map.
 IMAGE_TAG = "credit/samples"
-
-
-def pick_rows(advantages: torch.Tensor, group_size: int, count: int) -> list[int]:
-    """``count`` rows (fewer if the batch is smaller) of a batch of contiguous groups of
-    ``group_size``: groups in order, those with a non-zero advantage first; from each, the
-    highest and the lowest A alternately; each group's rows listed from the highest A."""
-    adv = advantages.tolist()
-    groups = [list(range(s, s + group_size)) for s in range(0, len(adv), group_size)]
-    groups.sort(key=lambda rows: not any(adv[r] != 0 for r in rows))  # stable
-    chosen: list[int] = []
-    for rows in groups:
-        take = min(len(rows), count - len(chosen))
-        if take <= 0:
-            break
-        by_a = sorted(rows, key=lambda r: -adv[r])
-        picked = by_a[: (take + 1) // 2] + by_a[len(by_a) - take // 2 :]
-        chosen += sorted(picked, key=lambda r: -adv[r])
-    return chosen
 
 
 class CreditSampleRecorder:
@@ -172,7 +154,7 @@ def build_recorder(
                 f"{key}: {c.name!r} takes the reward gradient on the path to the policy's "
                 "expected embeddings: not supported with distributed.strategy fsdp"
             )
-        label = credit_label(c)
+        label = c.label
         compare.append(compare_credit(label, c, reward, policy.model, cfg.rollout.temperature))
     interval = cfg.eval.interval if section.interval is None else section.interval
     return CreditSampleRecorder(
@@ -180,7 +162,7 @@ def build_recorder(
         total_steps=cfg.steps,
         count=section.count,
         group_size=cfg.rollout.group_size,
-        own=credit_label(cfg.credit),
+        own=cfg.credit.label,
         compare=compare,
         credit=credit,
         tokenizer=policy.tokenizer,

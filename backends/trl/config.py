@@ -41,17 +41,18 @@ def _mapping(key: str, value: Any) -> Any:
     return value
 
 
-def parse_credit(value: Any) -> CreditConfig:
-    """``credit``: a strategy name or ``{name: ..., <params>}``; ``CreditError`` naming the key."""
-    value = _mapping("credit", "uniform" if value is None else value)
+def parse_credit(value: Any, key: str = "credit") -> CreditConfig:
+    """``key`` (default ``credit``): a strategy name or ``{name: ..., <params>}``;
+    ``CreditError`` naming the key."""
+    value = _mapping(key, "uniform" if value is None else value)
     if not isinstance(value, (str, dict, CreditConfig)):
         raise CreditError(
-            f"credit: expected a strategy name or a mapping with 'name', got {type(value).__name__}"
+            f"{key}: expected a strategy name or a mapping with 'name', got {type(value).__name__}"
         )
     try:
         return CreditConfig.parse(value)
     except CreditError as exc:
-        raise CreditError(f"credit: {exc}") from exc
+        raise CreditError(f"{key}: {exc}") from exc
 
 
 def parse_direction(value: Any) -> RewardModelConfig | None:
@@ -75,7 +76,8 @@ def parse_direction(value: Any) -> RewardModelConfig | None:
 
 @dataclass
 class CreditGRPOConfig(GRPOConfig):
-    """``GRPOConfig`` plus ``credit``, ``direction`` and ``credit_stats_chunk_size``.
+    """``GRPOConfig`` plus ``credit``, ``direction``, ``credit_stats_chunk_size`` and the
+    ``credit_samples_*`` fields (``backends.trl.credit_samples``).
 
     - ``credit``: the credit strategy (``credit_core``); ``uniform`` is TRL's own GRPO.
     - ``direction``: the frozen differentiable reward model whose input-embedding gradient
@@ -104,12 +106,41 @@ class CreditGRPOConfig(GRPOConfig):
         default=DEFAULT_CHUNK_SIZE,
         metadata={"help": "Vocabulary entries per tile of the streamed policy statistics."},
     )
+    credit_samples_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Record a few responses' token advantages to credit_samples.jsonl every N "
+            "optimizer steps (and the last); default: at logging_steps; 0: off."
+        },
+    )
+    credit_samples_count: int = field(
+        default=4, metadata={"help": "Responses recorded per recorded step."}
+    )
+    credit_samples_compare: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Other strategies recorded for the same responses (names or JSON mappings); "
+            "each must read only signals the run's strategy computes."
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[no-untyped-call]
         self.credit = parse_credit(self.credit)
         self.direction = parse_direction(self.direction)
         self._check_sampling_matches_stats()
+        self.credit_samples_compare = list(self.credit_samples_compare or [])
+        labels = [c.label for c in self.credit_samples_configs]
+        if len(set(labels)) != len(labels) or self.credit_config.label in labels:
+            raise CreditError(
+                f"credit_samples_compare: expected distinct strategies other than the run's "
+                f"own ({self.credit_config.label}), got {labels}"
+            )
+        for key in ("credit_samples_steps", "credit_samples_count"):
+            value = getattr(self, key)
+            low = 1 if key == "credit_samples_count" else 0
+            if value is not None and (not isinstance(value, int) or value < low):
+                raise CreditError(f"{key}: expected an integer >= {low}, got {value!r}")
         if not isinstance(self.credit_stats_chunk_size, int) or self.credit_stats_chunk_size < 1:
             raise CreditError(
                 "credit_stats_chunk_size: expected an integer >= 1, got "
@@ -141,6 +172,14 @@ class CreditGRPOConfig(GRPOConfig):
         return parse_credit(self.credit)
 
     @property
+    def credit_samples_configs(self) -> list[CreditConfig]:
+        """``credit_samples_compare`` as ``CreditConfig``s (``CreditError`` naming the entry)."""
+        return [
+            parse_credit(c, f"credit_samples_compare.{i}")
+            for i, c in enumerate(self.credit_samples_compare)
+        ]
+
+    @property
     def direction_config(self) -> RewardModelConfig | None:
         """``direction`` as the ``RewardModelConfig`` that ``__post_init__`` made of it."""
         return parse_direction(self.direction)
@@ -152,4 +191,5 @@ class CreditGRPOConfig(GRPOConfig):
         out["credit"] = {"name": cfg.name, **cfg.params}
         direction = self.direction_config
         out["direction"] = None if direction is None else direction.model_dump(exclude_unset=True)
+        out["credit_samples_compare"] = [c.label for c in self.credit_samples_configs]
         return out

@@ -43,6 +43,7 @@ from adapters.grad_path import path_direction
 from adapters.reward_models import SeqClassificationRM
 from backends.trl.capture import HiddenCapture, lm_head
 from backends.trl.config import CreditGRPOConfig
+from backends.trl.credit_samples import TrlSampleRecorder, compared_strategies
 from backends.trl.version import check_trl_version
 from credit_core import (
     CreditDiagnostics,
@@ -58,6 +59,10 @@ from credit_core import (
 #: Key of the inputs dict that carries the reward gradient (B, T, d) from generation to the
 #: loss step (TRL shuffles and splits every tensor of that dict along dim 0).
 REWARD_GRAD_KEY = "credit_reward_grad"
+
+#: Key of the inputs dict that carries each row's reward (B,) (the weighted sum of TRL's
+#: reward functions) to where the token advantages are formed, for the credit samples.
+REWARDS_KEY = "credit_rewards"
 
 #: File of a checkpoint folder that holds the strategy's mutable state (when it has one).
 STRATEGY_STATE_FILE = "credit_strategy.pt"
@@ -115,6 +120,8 @@ class CreditGRPOTrainer(GRPOTrainer):
         self._capture = HiddenCapture(self.policy) if self.needs_policy_stats else None
         self._on_hidden: HiddenConsumer | None = None
         self._old_hidden: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.samples = self._build_recorder(args)
+        self._local_rewards: torch.Tensor | None = None
 
     # ------------------------------------------------------------------------------ setup
 
@@ -130,6 +137,35 @@ class CreditGRPOTrainer(GRPOTrainer):
             self.args.gradient_accumulation_steps % generate_every != 0
             or (self.use_vllm and self.vllm_importance_sampling_correction)
         )
+
+    def _build_recorder(self, args: CreditGRPOConfig) -> TrlSampleRecorder | None:
+        """The credit-samples recorder of ``args`` (None when ``credit_samples_steps`` is 0)."""
+        interval = args.credit_samples_steps
+        if interval is None:
+            interval = int(args.logging_steps)
+        if interval == 0:
+            return None
+        compare = compared_strategies(self.strategy, args.credit_samples_configs)
+        return TrlSampleRecorder(
+            interval=interval,
+            count=args.credit_samples_count,
+            own=args.credit_config.label,
+            compare=compare,
+            tokenizer=self._tokenizer,
+            output_dir=str(args.output_dir),
+            enabled=self.accelerator.is_main_process,
+            tensorboard=self._tensorboard_writer,
+        )
+
+    def _tensorboard_writer(self) -> Any:
+        """TRL's TensorBoard writer (``report_to`` with tensorboard, once training began), or
+        None."""
+        from transformers.integrations.integration_utils import TensorBoardCallback
+
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, TensorBoardCallback):
+                return callback.tb_writer
+        return None
 
     def _build_direction(self, args: CreditGRPOConfig) -> DirectionModel:
         """``args.direction`` built for this policy; without it, the first reward model among
@@ -256,9 +292,20 @@ class CreditGRPOTrainer(GRPOTrainer):
 
     # --------------------------------------------------------------------------- credit
 
+    def _calculate_rewards(self, inputs: Any, prompts: Any, *args: Any) -> torch.Tensor:
+        """TRL's rewards of every reward function (all processes' rows); keeps this process's
+        rows' weighted sum (TRL's reward) for the credit samples."""
+        per_func: torch.Tensor = super()._calculate_rewards(inputs, prompts, *args)
+        if self.samples is not None:
+            weights = self.reward_weights.to(per_func.device).unsqueeze(0)
+            start = self.accelerator.process_index * len(prompts)
+            self._local_rewards = (per_func * weights).nansum(dim=1)[start : start + len(prompts)]
+        return per_func
+
     def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
         """TRL's generation batch with ``advantages`` (B, T) where credit is formed at
-        generation time; in the loss phase, with the reward gradient (if needed) attached."""
+        generation time; in the loss phase, with the reward gradient (if needed) attached;
+        with the rows' rewards attached when credit samples are recorded."""
         old_forward = self.needs_policy_stats and self.credit_phase == "generation"
         if old_forward:
             self._on_hidden = self._keep_old_hidden
@@ -266,6 +313,8 @@ class CreditGRPOTrainer(GRPOTrainer):
             output: dict[str, Any] = super()._generate_and_score_completions(inputs)
         finally:
             pending, self._on_hidden = self._on_hidden, None
+        if self._local_rewards is not None:
+            output[REWARDS_KEY], self._local_rewards = self._local_rewards, None
         if old_forward and (pending is not None or "old_per_token_logps" not in output):
             raise RuntimeError(
                 "CreditGRPOTrainer: TRL took no old-log-prob forward where TRL 1.16 takes one; "
@@ -334,6 +383,16 @@ class CreditGRPOTrainer(GRPOTrainer):
             token_adv[rows] = result.token_advantages
             diagnostics = result.diagnostics
         self._log_credit(diagnostics)
+        step = self.state.global_step + 1
+        if (
+            self.samples is not None
+            and self.policy.training
+            and REWARDS_KEY in batch
+            and bool(rows.any())
+            and self.samples.due(step, self.state.max_steps)
+        ):
+            group = int(self.num_generations or 1) if self.credit_phase == "generation" else 1
+            self.samples.record(step, batch, token_adv, signals, mask, group)
         return token_adv
 
     def _log_credit(self, diagnostics: CreditDiagnostics | None) -> None:

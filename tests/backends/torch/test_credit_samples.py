@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from backends.samples.records import SAMPLES_FILE, read_samples
+from backends.samples.records import SAMPLES_FILE, pick_rows, read_samples
 from backends.torch.config import config_from_dict
-from backends.torch.credit_samples import IMAGE_TAG, pick_rows
+from backends.torch.credit_samples import IMAGE_TAG
 from backends.torch.errors import ConfigError
 from backends.torch.trainer import GRPORecipe, train
 from tests.helpers.torch_tiny import comparable, tiny_config

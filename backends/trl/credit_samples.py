@@ -1,0 +1,152 @@
+"""Credit samples in the TRL backend (``credit_samples_*`` fields of ``CreditGRPOConfig``).
+
+At a recorded optimizer step (every ``credit_samples_steps`` steps, by default at TRL's
+``logging_steps``, and the last) at which ``CreditGRPOTrainer.token_advantages`` forms token
+advantages (every step in the loss phase; in the generation phase, the steps at which TRL
+generates: a generation serves ``steps_per_generation x num_iterations`` steps), the first
+time it does so for that step, ``TrlSampleRecorder.record`` takes
+``credit_samples_count`` responses of that batch (``backends.samples.records.pick_rows``:
+in the generation phase the rows are TRL's contiguous groups of ``num_generations``; in the
+loss phase TRL has shuffled them, so each row is its own group) with their prompt, tokens,
+reward (the weighted sum of TRL's reward functions, as TRL's advantage uses it), A and
+token advantages. Each compared strategy's token advantages come from ``assign_credit`` on
+the same rows with the same signals: a compared strategy must read no signal the run does
+not compute and take the reward gradient where the run takes it (refused at start-up
+otherwise). The main process appends the record to ``<output_dir>/credit_samples.jsonl``
+and, when TRL logs to TensorBoard, logs the heat-map as the image ``credit/samples``
+through TRL's own TensorBoard writer (same event files as its scalars).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from backends.samples.records import SamplesWriter, StepSamples, pick_rows, response_samples
+from credit_core import (
+    CreditConfig,
+    CreditError,
+    CreditSignals,
+    CreditStrategy,
+    assign_credit,
+    get_strategy,
+)
+
+IMAGE_TAG = "credit/samples"
+
+
+def compared_strategies(
+    run: CreditStrategy, compare: Sequence[CreditConfig]
+) -> list[tuple[str, CreditStrategy]]:
+    """(label, strategy) of each compared credit; ``CreditError`` naming
+    ``credit_samples_compare.<i>`` when it needs a signal ``run`` does not compute."""
+    have = type(run).signals_to_compute(reward_grad_first=True)
+    out = []
+    for i, cfg in enumerate(compare):
+        strategy = get_strategy(cfg)
+        needs = type(strategy).signals_to_compute(reward_grad_first=True)
+        key = f"credit_samples_compare.{i}"
+        if not needs <= have:
+            raise CreditError(
+                f"{key}: {cfg.name!r} reads {sorted(needs)}, but the run's strategy "
+                f"{run.name!r} computes {sorted(have) or 'no signal'}; compare strategies "
+                "that read what the run computes"
+            )
+        if needs and strategy.reward_grad_points != run.reward_grad_points:
+            raise CreditError(
+                f"{key}: {cfg.name!r} takes the reward gradient at other points than "
+                f"{run.name!r} (reward_grad_points {strategy.reward_grad_points} vs "
+                f"{run.reward_grad_points})"
+            )
+        out.append((cfg.label, strategy))
+    return out
+
+
+class TrlSampleRecorder:
+    """Records the credit samples of the TRL steps that are due (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        interval: int,
+        count: int,
+        own: str,
+        compare: Sequence[tuple[str, CreditStrategy]],
+        tokenizer: Any,
+        output_dir: str,
+        enabled: bool,
+        tensorboard: Callable[[], Any],
+    ) -> None:
+        self.interval = interval
+        self.count = count
+        self.own = own
+        self.compare = list(compare)
+        self.tokenizer = tokenizer
+        self.output_dir = output_dir
+        self.enabled = enabled
+        self.tensorboard = tensorboard
+        self._writer: SamplesWriter | None = None
+        self._last = -1
+
+    def due(self, step: int, max_steps: int) -> bool:
+        """Whether optimizer step ``step`` (>= 1) is recorded and not recorded yet."""
+        every = self.interval > 0 and (step % self.interval == 0 or step == max_steps)
+        return every and step != self._last
+
+    def record(
+        self,
+        step: int,
+        batch: dict[str, Any],
+        token_advantages: torch.Tensor,
+        signals: CreditSignals,
+        mask: torch.Tensor,
+        group_size: int,
+    ) -> None:
+        """Record ``step`` from ``batch`` (TRL's, with ``advantages`` (B,), ``prompt_ids``/
+        ``prompt_mask``, ``completion_ids`` and the rewards under ``REWARDS_KEY``), its
+        ``token_advantages`` (B, T), the ``signals`` they came from and the loss ``mask``."""
+        from backends.trl.trainer import REWARDS_KEY
+
+        self._last = step
+        A = batch["advantages"]
+        rows = [r for r in pick_rows(A, group_size, self.count) if bool(mask[r].any())]
+        index = torch.tensor(rows, device=A.device)
+        ids = batch["completion_ids"][index].long()
+        token_adv = {self.own: token_advantages[index]}
+        for label, strategy in self.compare:
+            reads = type(strategy).signals_to_compute(reward_grad_first=True)
+            theirs = CreditSignals(**{name: getattr(signals, name) for name in reads})
+            result = assign_credit(strategy, A[index], mask[index], ids, theirs.select(index))
+            token_adv[label] = result.token_advantages
+        prompts = [
+            str(self.tokenizer.decode(p[m.bool()].tolist(), skip_special_tokens=False))
+            for p, m in zip(batch["prompt_ids"][index], batch["prompt_mask"][index], strict=True)
+        ]
+        tokens = [
+            [str(self.tokenizer.decode([t])) for t in row[m].tolist()]
+            for row, m in zip(ids, mask[index].bool(), strict=True)
+        ]
+        record = StepSamples(
+            step=step,
+            strategy=self.own,
+            compare=[label for label, _ in self.compare],
+            samples=response_samples(
+                prompts=prompts,
+                tokens=tokens,
+                rewards=batch[REWARDS_KEY][index],
+                advantages=A[index],
+                token_advantages={k: v.float().cpu() for k, v in token_adv.items()},
+                mask=mask[index].cpu(),
+            ),
+        )
+        if self._writer is None:  # records after the step a resumed run starts at are dropped
+            self._writer = SamplesWriter(self.output_dir, start_step=step - 1, enabled=self.enabled)
+        self._writer.write(record)
+        writer = self.tensorboard() if self.enabled else None
+        if writer is not None:
+            from backends.samples.heatmap import samples_figure
+
+            writer.add_figure(IMAGE_TAG, samples_figure(record, title=self.own), step, close=True)
+            writer.flush()
