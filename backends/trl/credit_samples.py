@@ -7,7 +7,8 @@ generates: a generation serves ``steps_per_generation x num_iterations`` steps),
 time it does so for that step, ``TrlSampleRecorder.record`` takes
 ``credit_samples_count`` responses of that batch (``backends.samples.records.pick_rows``:
 in the generation phase the rows are TRL's contiguous groups of ``num_generations``; in the
-loss phase TRL has shuffled them, so each row is its own group) with their prompt, tokens,
+loss phase TRL has shuffled them, so the micro-batch is taken as one group: its highest and
+lowest A) with their prompt, tokens,
 reward (the weighted sum of TRL's reward functions, as TRL's advantage uses it), A and
 token advantages. Each compared strategy's token advantages come from ``assign_credit`` on
 the same rows with the same signals: a compared strategy must read no signal the run does

@@ -391,7 +391,8 @@ class CreditGRPOTrainer(GRPOTrainer):
             and bool(rows.any())
             and self.samples.due(step, self.state.max_steps)
         ):
-            group = int(self.num_generations or 1) if self.credit_phase == "generation" else 1
+            shuffled = self.credit_phase == "loss"  # TRL shuffled the rows: one group
+            group = mask.shape[0] if shuffled else int(self.num_generations or 1)
             self.samples.record(step, batch, token_adv, signals, mask, group)
         return token_adv
 

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
-from backends.samples.records import SAMPLES_FILE, pick_rows, read_samples
+from backends.samples.records import SAMPLES_FILE, read_samples
 from backends.torch.config import config_from_dict
 from backends.torch.credit_samples import IMAGE_TAG
 from backends.torch.errors import ConfigError
@@ -77,13 +76,6 @@ def test_resume_drops_the_samples_recorded_after_the_checkpoint(tmp_path: Path) 
     records = read_samples(run / SAMPLES_FILE)
     assert [r.step for r in records] == [1, 2, 3]
     assert len(records[-1].samples) == 2  # step 3 recorded again, not the dead run's
-
-
-def test_rows_are_both_signs_of_the_first_groups_with_an_advantage() -> None:
-    adv = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.5, -1.0, 1.5, -0.5, 2.0, -2.0, 0.0, 0.0])
-    assert pick_rows(adv, 4, 3) == [6, 4, 5]  # the flat first group is skipped
-    assert pick_rows(adv, 4, 6) == [6, 4, 7, 5, 8, 9]  # then the next group
-    assert pick_rows(adv, 4, 20) == [6, 4, 7, 5, 8, 10, 11, 9, 0, 1, 2, 3]  # all there is
 
 
 @pytest.mark.parametrize(
