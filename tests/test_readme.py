@@ -152,9 +152,10 @@ def test_the_shell_commands_run(scratch: Path) -> None:
             )
             assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}{done.stderr[-4000:]}"
             ran.append(command)
-    assert len(ran) == 4  # the four credit-train lines
+    assert len(ran) == 5  # the four credit-train lines and credit-view
     for run in ("tiny_datc", "tiny_uniform", "ddp"):
         assert (scratch / "runs" / run / "metrics.jsonl").is_file(), run
+    assert (scratch / "runs" / "tiny_datc" / "credit_view.html").is_file()
 
 
 # --------------------------------------------------------------------------- demo time

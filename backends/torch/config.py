@@ -230,7 +230,8 @@ class CreditSamplesConfig(Section):
     compare: list[CreditConfig] = Field(
         default_factory=list,
         description="other strategies whose token advantages are recorded for the same "
-        "responses at the same policy (names or {name: ..., <params>})",
+        "responses at the same policy (names or {name: ..., <params>}); one equal to the "
+        "run's own credit is shown once, as the run's own (so --set credit=... keeps working)",
     )
 
     @field_validator("compare", mode="before")
@@ -296,7 +297,7 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _compared_credits_are_distinct(self) -> TrainConfig:
-        seen = {self.credit.label: "the run's own credit"}
+        seen: dict[str, str] = {}
         for i, credit in enumerate(self.credit_samples.compare):
             label = credit.label
             if label in seen:

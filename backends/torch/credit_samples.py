@@ -142,6 +142,8 @@ def build_recorder(
     section = cfg.credit_samples
     compare = []
     for i, c in enumerate(section.compare):
+        if c.label == cfg.credit.label:  # the run's own row shows it
+            continue
         key = f"credit_samples.compare.{i}"
         strategy = get_strategy(c)
         if strategy.requires and reward.direction is None:

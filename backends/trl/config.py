@@ -131,11 +131,8 @@ class CreditGRPOConfig(GRPOConfig):
         self._check_sampling_matches_stats()
         self.credit_samples_compare = list(self.credit_samples_compare or [])
         labels = [c.label for c in self.credit_samples_configs]
-        if len(set(labels)) != len(labels) or self.credit_config.label in labels:
-            raise CreditError(
-                f"credit_samples_compare: expected distinct strategies other than the run's "
-                f"own ({self.credit_config.label}), got {labels}"
-            )
+        if len(set(labels)) != len(labels):
+            raise CreditError(f"credit_samples_compare: expected distinct strategies, got {labels}")
         for key in ("credit_samples_steps", "credit_samples_count"):
             value = getattr(self, key)
             low = 1 if key == "credit_samples_count" else 0

@@ -37,15 +37,22 @@ from credit_core import (
 
 IMAGE_TAG = "credit/samples"
 
+#: Key of TRL's inputs dict that carries each row's reward (B,) (the weighted sum of TRL's
+#: reward functions) to where the token advantages are formed.
+REWARDS_KEY = "credit_rewards"
+
 
 def compared_strategies(
-    run: CreditStrategy, compare: Sequence[CreditConfig]
+    run: CreditStrategy, run_label: str, compare: Sequence[CreditConfig]
 ) -> list[tuple[str, CreditStrategy]]:
-    """(label, strategy) of each compared credit; ``CreditError`` naming
-    ``credit_samples_compare.<i>`` when it needs a signal ``run`` does not compute."""
+    """(label, strategy) of each compared credit but the run's own (``run_label``, shown as
+    the run's row); ``CreditError`` naming ``credit_samples_compare.<i>`` when it needs a
+    signal ``run`` does not compute."""
     have = type(run).signals_to_compute(reward_grad_first=True)
     out = []
     for i, cfg in enumerate(compare):
+        if cfg.label == run_label:  # the run's own row shows it
+            continue
         strategy = get_strategy(cfg)
         needs = type(strategy).signals_to_compute(reward_grad_first=True)
         key = f"credit_samples_compare.{i}"
@@ -108,8 +115,6 @@ class TrlSampleRecorder:
         """Record ``step`` from ``batch`` (TRL's, with ``advantages`` (B,), ``prompt_ids``/
         ``prompt_mask``, ``completion_ids`` and the rewards under ``REWARDS_KEY``), its
         ``token_advantages`` (B, T), the ``signals`` they came from and the loss ``mask``."""
-        from backends.trl.trainer import REWARDS_KEY
-
         self._last = step
         A = batch["advantages"]
         rows = [r for r in pick_rows(A, group_size, self.count) if bool(mask[r].any())]

@@ -43,7 +43,7 @@ from adapters.grad_path import path_direction
 from adapters.reward_models import SeqClassificationRM
 from backends.trl.capture import HiddenCapture, lm_head
 from backends.trl.config import CreditGRPOConfig
-from backends.trl.credit_samples import TrlSampleRecorder, compared_strategies
+from backends.trl.credit_samples import REWARDS_KEY, TrlSampleRecorder, compared_strategies
 from backends.trl.version import check_trl_version
 from credit_core import (
     CreditDiagnostics,
@@ -59,10 +59,6 @@ from credit_core import (
 #: Key of the inputs dict that carries the reward gradient (B, T, d) from generation to the
 #: loss step (TRL shuffles and splits every tensor of that dict along dim 0).
 REWARD_GRAD_KEY = "credit_reward_grad"
-
-#: Key of the inputs dict that carries each row's reward (B,) (the weighted sum of TRL's
-#: reward functions) to where the token advantages are formed, for the credit samples.
-REWARDS_KEY = "credit_rewards"
 
 #: File of a checkpoint folder that holds the strategy's mutable state (when it has one).
 STRATEGY_STATE_FILE = "credit_strategy.pt"
@@ -145,11 +141,12 @@ class CreditGRPOTrainer(GRPOTrainer):
             interval = int(args.logging_steps)
         if interval == 0:
             return None
-        compare = compared_strategies(self.strategy, args.credit_samples_configs)
+        own = args.credit_config.label
+        compare = compared_strategies(self.strategy, own, args.credit_samples_configs)
         return TrlSampleRecorder(
             interval=interval,
             count=args.credit_samples_count,
-            own=args.credit_config.label,
+            own=own,
             compare=compare,
             tokenizer=self._tokenizer,
             output_dir=str(args.output_dir),

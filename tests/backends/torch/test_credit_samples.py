@@ -81,7 +81,6 @@ def test_resume_drops_the_samples_recorded_after_the_checkpoint(tmp_path: Path) 
 @pytest.mark.parametrize(
     ("section", "message"),
     [
-        ({"compare": ["datc"]}, "credit_samples.compare.0: 'datc' is already the run's own"),
         ({"compare": ["uniform", "uniform"]}, "credit_samples.compare.1: 'uniform' is already"),
         ({"compare": ["nope"]}, "credit_samples.compare.0: unknown credit strategy 'nope'"),
         ({"compare": "uniform"}, "credit_samples.compare: expected a list of strategies"),
