@@ -6,7 +6,7 @@ Public API::
         CreditBatch, PolicyStats, policy_stats, policy_stats_from_logits,
         CreditSignals, assign_credit,
         unsigned_work, unsigned_work_from_logits, streamed_unsigned_work,
-        streamed_work_and_logprobs, choose_work_path,
+        streamed_work_and_logprobs, choose_work_path, token_entropy,
         get_strategy, list_strategies, register_plugin, hookimpl,
         CreditConfig, group_advantages, CreditError,
     )
@@ -40,6 +40,7 @@ from credit_core.streamed_work import (
     streamed_unsigned_work_from_logits,
     streamed_work_and_logprobs,
 )
+from credit_core.token_entropy import token_entropy
 from credit_core.work import token_work
 from credit_core.work_path import (
     TWO_MATMUL_MIN_EMBED_DIM,
@@ -79,6 +80,7 @@ __all__ = [
     "streamed_unsigned_work",
     "streamed_unsigned_work_from_logits",
     "streamed_work_and_logprobs",
+    "token_entropy",
     "token_work",
     "unregister_plugin",
     "unsigned_work",

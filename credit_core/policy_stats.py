@@ -28,19 +28,15 @@ from __future__ import annotations
 import torch
 
 from credit_core.batch import PolicyStats
-from credit_core.errors import CreditError
-from credit_core.logits_tiles import (
-    LogitsTile,
-    lm_head_tiles,
-    logits_tiles,
-    non_finite_tile_error,
-)
+from credit_core.logits_tiles import TiledLogits, fold_tiles, lm_head_logits, materialized_logits
 from credit_core.tensor_checks import (
     check_lm_head,
     check_streaming,
     check_tensor,
+    check_tile_elements,
     check_token_ids,
 )
+from credit_core.tile_reductions import EmbeddingMoments, SampledToken
 
 #: Vocabulary entries per logits tile, and the upper bound on a tile's elements (rows x
 #: chunk): 2 Mi float32 = 8 MiB, and ``policy_stats`` holds two (e and e^2). Chosen by
@@ -61,104 +57,40 @@ def _check_common(
     device: torch.device,
     temperature: float,
     chunk_size: int,
+    tile_elements: int,
 ) -> None:
     check_token_ids(token_ids, leading, vocab, device)
     check_tensor("reward_embedding", reward_embedding, (vocab, None), floating=True, device=device)
     check_streaming(temperature, chunk_size)
+    check_tile_elements(tile_elements)
 
 
 def _stream(
-    tile: LogitsTile,
+    logits: TiledLogits,
     token_ids: torch.Tensor,
     reward_embedding: torch.Tensor,
-    vocab: int,
     chunk_size: int,
     tile_elements: int,
-    source: str = "logits",
-    dtype: torch.dtype = torch.float32,
 ) -> PolicyStats:
-    """Fold logits tiles into PolicyStats; ``tile(rows, v0, v1, out)`` writes the logits of
-    ``rows`` x [v0, v1) into ``out`` (n_rows, v1 - v0), a contiguous accumulation-dtype view.
-    ``source`` names the logits and ``dtype`` the dtype they are computed in, for the error
-    raised when a tile holds a NaN or +inf logit.
-
-    Working memory: one buffer of 2 x rows x chunk accumulation-dtype elements (the tile's
-    ``e`` stacked on ``e^2``, so one matmul with E_chunk serves m1 and m2), reused for every
-    tile; the (2 x rows, d) accumulator; the outputs.
+    """Fold ``logits`` into PolicyStats (``fold_tiles`` with ``SampledToken`` and
+    ``EmbeddingMoments``). Working memory: one buffer of 2 x rows x chunk accumulation-dtype
+    elements (e stacked on e^2), the (2 x rows, d) accumulator, the outputs.
     """
-    if not isinstance(tile_elements, int) or tile_elements < 1:
-        raise CreditError(f"tile_elements: expected an integer >= 1, got {tile_elements!r}")
     B, T = token_ids.shape
     N = B * T
     d = reward_embedding.shape[1]
-    device = token_ids.device
     ids = token_ids.reshape(N).long()
-    chunk = min(chunk_size, vocab)
-    row_block = min(max(1, tile_elements // chunk), max(1, N))
-    acc_dtype = torch.promote_types(reward_embedding.dtype, torch.float32)
-    cast_table = reward_embedding.dtype != acc_dtype
-
-    def new(*shape: int) -> torch.Tensor:
-        return torch.empty(shape, dtype=acc_dtype, device=device)
-
-    p_sampled, p_sq, m1, m2 = new(N), new(N), new(N, d), new(N, d)
-    buf = new(2 * row_block * chunk)
-    table_buf = new(chunk * d) if cast_table else None
-    for r0 in range(0, N, row_block):
-        rows = slice(r0, min(N, r0 + row_block))
-        y = ids[rows]
-        n = y.shape[0]
-        run_max = torch.full((n,), float("-inf"), dtype=acc_dtype, device=device)
-        sums = torch.zeros(2 * n, dtype=acc_dtype, device=device)  # [sum e; sum e^2]
-        acc = torch.zeros(2 * n, d, dtype=acc_dtype, device=device)  # [e @ E; e^2 @ E]
-        scales = new(2 * n)
-        z_y = torch.zeros(n, dtype=acc_dtype, device=device)
-        # Per tile: does its row maximum hold a NaN or +inf (-inf is a masked entry)? Read
-        # once per row block, so a GPU does not wait for the host at every tile.
-        bad_tile = torch.zeros(-(-vocab // chunk), dtype=torch.bool, device=device)
-        for v0 in range(0, vocab, chunk):
-            v1 = min(vocab, v0 + chunk)
-            w = v1 - v0
-            both = buf[: 2 * n * w].view(2 * n, w)
-            z, e2 = both[:n], both[n:]
-            tile(rows, v0, v1, z)
-            in_chunk = (y >= v0) & (y < v1)
-            local = (y - v0).clamp(0, w - 1).unsqueeze(1)
-            z_y = torch.where(in_chunk, z.gather(1, local).squeeze(1), z_y)
-            tile_max = z.amax(dim=1)
-            bad_tile[v0 // chunk] = ~(tile_max < float("inf")).all()
-            new_max = torch.maximum(run_max, tile_max)
-            # A row that has seen only -inf logits (masked entries) shifts by 0, not by -inf:
-            # exp(-inf - (-inf)) would be nan. Its accumulators are still 0, so any scale works.
-            shift = torch.where(new_max == float("-inf"), 0.0, new_max)
-            torch.exp(run_max - shift, out=scales[:n])
-            torch.mul(scales[:n], scales[:n], out=scales[n:])
-            run_max = new_max
-            e = z.sub_(shift.unsqueeze(1)).exp_()
-            torch.mul(e, e, out=e2)
-            table = reward_embedding[v0:v1]
-            if table_buf is not None:
-                table = table_buf[: w * d].view(w, d).copy_(table)
-            sums.mul_(scales).add_(both.sum(dim=1))
-            acc.mul_(scales.unsqueeze(1)).addmm_(both, table)
-        if bool(bad_tile.any()):
-            v0 = int(bad_tile.nonzero()[0]) * chunk
-            v1 = min(vocab, v0 + chunk)
-            z = buf[: n * (v1 - v0)].view(n, v1 - v0)
-            tile(rows, v0, v1, z)
-            raise non_finite_tile_error(z, rows, v0, v1, source, dtype)
-        inv_l = 1.0 / sums[:n]
-        inv_l2 = inv_l * inv_l
-        p_sampled[rows] = torch.exp(z_y - run_max) * inv_l
-        p_sq[rows] = sums[n:] * inv_l2
-        torch.mul(acc[:n], inv_l.unsqueeze(1), out=m1[rows])
-        torch.mul(acc[n:], inv_l2.unsqueeze(1), out=m2[rows])
-    emb = reward_embedding[ids].to(acc_dtype)
+    acc = torch.promote_types(reward_embedding.dtype, torch.float32)
+    sampled = SampledToken(ids, acc, prob=True)
+    moments = EmbeddingMoments(reward_embedding, acc, N, min(chunk_size, logits.vocab))
+    fold_tiles(logits, (sampled, moments), chunk_size, tile_elements, acc)
+    assert sampled.prob is not None
+    emb = reward_embedding[ids].to(acc)
     return PolicyStats(
-        p_sampled=p_sampled.reshape(B, T),
-        p_sq=p_sq.reshape(B, T),
-        m1=m1.reshape(B, T, d),
-        m2=m2.reshape(B, T, d),
+        p_sampled=sampled.prob.reshape(B, T),
+        p_sq=moments.p_sq.reshape(B, T),
+        m1=moments.m1.reshape(B, T, d),
+        m2=moments.m2.reshape(B, T, d),
         sampled_emb=emb.reshape(B, T, d),
     )
 
@@ -192,22 +124,21 @@ def policy_stats(
     overflows above 65504: use float32 or bfloat16).
     """
     h, W = check_lm_head(hidden, lm_head_weight, lm_head_bias)
-    B, T, H = h.shape
-    V = W.shape[0]
-    _check_common(token_ids, reward_embedding, V, (B, T), h.device, temperature, chunk_size)
+    B, T, _ = h.shape
+    _check_common(
+        token_ids,
+        reward_embedding,
+        W.shape[0],
+        (B, T),
+        h.device,
+        temperature,
+        chunk_size,
+        tile_elements,
+    )
     acc = torch.promote_types(reward_embedding.dtype, torch.float32)
-    tile = lm_head_tiles(h.reshape(B * T, H), W, lm_head_bias, temperature, acc)
+    logits = lm_head_logits(h, W, lm_head_bias, temperature, acc)
     with torch.no_grad():
-        return _stream(
-            tile,
-            token_ids,
-            reward_embedding,
-            V,
-            chunk_size,
-            tile_elements,
-            source="logits (hidden @ lm_head_weight.T)",
-            dtype=h.dtype,
-        )
+        return _stream(logits, token_ids, reward_embedding, chunk_size, tile_elements)
 
 
 def policy_stats_from_logits(
@@ -223,9 +154,14 @@ def policy_stats_from_logits(
     (no-grad; ``CreditError`` naming the tile of a NaN or +inf logit)."""
     z_all = check_tensor("logits", logits, (None, None, None), floating=True)
     B, T, V = z_all.shape
-    _check_common(token_ids, reward_embedding, V, (B, T), z_all.device, temperature, chunk_size)
-    tile = logits_tiles(z_all.reshape(B * T, V), temperature)
+    _check_common(
+        token_ids, reward_embedding, V, (B, T), z_all.device, temperature, chunk_size, tile_elements
+    )
     with torch.no_grad():
         return _stream(
-            tile, token_ids, reward_embedding, V, chunk_size, tile_elements, dtype=z_all.dtype
+            materialized_logits(z_all, temperature),
+            token_ids,
+            reward_embedding,
+            chunk_size,
+            tile_elements,
         )

@@ -27,20 +27,16 @@ from __future__ import annotations
 
 import torch
 
-from credit_core.errors import CreditError
-from credit_core.logits_tiles import (
-    LogitsTile,
-    lm_head_tiles,
-    logits_tiles,
-    non_finite_tile_error,
-)
+from credit_core.logits_tiles import TiledLogits, fold_tiles, lm_head_logits, materialized_logits
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE, DEFAULT_TILE_ELEMENTS
 from credit_core.tensor_checks import (
     check_lm_head,
     check_streaming,
     check_tensor,
+    check_tile_elements,
     check_token_ids,
 )
+from credit_core.tile_reductions import SampledToken, UnsignedWork
 
 
 def work_dtype(reward_embedding: torch.Tensor, reward_grad: torch.Tensor) -> torch.dtype:
@@ -69,101 +65,31 @@ def check_work_inputs(
     )
     check_tensor("reward_grad", reward_grad, (*leading, E.shape[1]), floating=True, device=device)
     check_streaming(temperature, chunk_size)
-    if not isinstance(tile_elements, int) or tile_elements < 1:
-        raise CreditError(f"tile_elements: expected an integer >= 1, got {tile_elements!r}")
+    check_tile_elements(tile_elements)
 
 
 def _stream_work(
-    tile: LogitsTile,
+    logits: TiledLogits,
     token_ids: torch.Tensor,
     reward_embedding: torch.Tensor,
     reward_grad: torch.Tensor,
-    vocab: int,
     chunk_size: int,
     tile_elements: int,
-    source: str = "logits",
-    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fold logits tiles into W0 (B, T) and log p_y (B, T); ``tile(rows, v0, v1, out)``
-    writes the logits of ``rows`` x [v0, v1) into ``out`` (n_rows, v1 - v0), a contiguous
-    accumulation-dtype view. ``source`` and ``dtype`` name the logits in the ``CreditError``
-    raised when a tile holds a NaN or +inf logit (as ``policy_stats``).
-
-    Working memory: one buffer of 2 x rows x chunk elements (e stacked on u), a cast copy of
-    one E chunk if E is not in the accumulation dtype, (rows, d) of g, and O(rows) vectors.
+    """Fold ``logits`` into W0 (B, T) and log p_y (B, T) (``fold_tiles`` with
+    ``SampledToken`` and ``UnsignedWork``). Working memory: one buffer of 2 x rows x chunk
+    elements (e stacked on u), a cast copy of one E chunk if E is not in the accumulation
+    dtype, (rows, d) of g, and O(rows) vectors.
     """
     B, T = token_ids.shape
     N = B * T
-    d = reward_embedding.shape[1]
-    device = token_ids.device
-    ids = token_ids.reshape(N).long()
-    grad = reward_grad.reshape(N, d)
-    chunk = min(chunk_size, vocab)
-    row_block = min(max(1, tile_elements // chunk), max(1, N))
     acc = work_dtype(reward_embedding, reward_grad)
-    cast_table = reward_embedding.dtype != acc
-
-    def new(*shape: int) -> torch.Tensor:
-        return torch.empty(shape, dtype=acc, device=device)
-
-    work, logp = new(N), new(N)
-    buf = new(2 * row_block * chunk)
-    table_buf = new(chunk * d) if cast_table else None
-    for r0 in range(0, N, row_block):
-        rows = slice(r0, min(N, r0 + row_block))
-        y = ids[rows]
-        n = y.shape[0]
-        g_rows = grad[rows].to(acc).contiguous()
-        run_max = torch.full((n,), float("-inf"), dtype=acc, device=device)
-        first = torch.zeros(2 * n, dtype=acc, device=device)  # [sum e; sum e u]
-        second = torch.zeros(2 * n, dtype=acc, device=device)  # [sum e^2; sum e^2 u]
-        scale = new(n)
-        z_y = torch.zeros(n, dtype=acc, device=device)
-        u_y = torch.zeros(n, dtype=acc, device=device)
-        # NaN or +inf row maxima per tile, read once per row block (see policy_stats)
-        bad_tile = torch.zeros(-(-vocab // chunk), dtype=torch.bool, device=device)
-        for v0 in range(0, vocab, chunk):
-            v1 = min(vocab, v0 + chunk)
-            w = v1 - v0
-            both = buf[: 2 * n * w].view(2 * n, w)
-            z, u = both[:n], both[n:]
-            tile(rows, v0, v1, z)
-            table = reward_embedding[v0:v1]
-            if table_buf is not None:
-                table = table_buf[: w * d].view(w, d).copy_(table)
-            torch.mm(g_rows, table.T, out=u)
-            in_chunk = (y >= v0) & (y < v1)
-            local = (y - v0).clamp(0, w - 1).unsqueeze(1)
-            z_y = torch.where(in_chunk, z.gather(1, local).squeeze(1), z_y)
-            u_y = torch.where(in_chunk, u.gather(1, local).squeeze(1), u_y)
-            tile_max = z.amax(dim=1)
-            bad_tile[v0 // chunk] = ~(tile_max < float("inf")).all()
-            new_max = torch.maximum(run_max, tile_max)
-            # A row that has seen only -inf logits shifts by 0 (see policy_stats).
-            shift = torch.where(new_max == float("-inf"), 0.0, new_max)
-            torch.exp(run_max - shift, out=scale)
-            run_max = new_max
-            e = z.sub_(shift.unsqueeze(1)).exp_()
-            u.mul_(e)  # e u
-            first.view(2, n).mul_(scale).add_(both.sum(dim=1).view(2, n))
-            u.mul_(e)  # e^2 u
-            e.mul_(e)  # e^2
-            second.view(2, n).mul_(scale * scale).add_(both.sum(dim=1).view(2, n))
-        if bool(bad_tile.any()):
-            v0 = int(bad_tile.nonzero()[0]) * chunk
-            v1 = min(vocab, v0 + chunk)
-            z = buf[: n * (v1 - v0)].view(n, v1 - v0)
-            tile(rows, v0, v1, z)
-            raise non_finite_tile_error(z, rows, v0, v1, source, dtype)
-        inv_l = 1.0 / first[:n]
-        inv_l2 = inv_l * inv_l
-        ubar = first[n:] * inv_l
-        S = second[n:] * inv_l2
-        q = second[:n] * inv_l2
-        p_y = torch.exp(z_y - run_max) * inv_l
-        work[rows] = p_y * (u_y - ubar) - (S - ubar * q)
-        logp[rows] = z_y - run_max - torch.log(first[:n])
-    return work.reshape(B, T), logp.reshape(B, T)
+    sampled = SampledToken(token_ids.reshape(N).long(), acc, logprob=True)
+    grad = reward_grad.reshape(N, reward_embedding.shape[1])
+    work = UnsignedWork(sampled, reward_embedding, grad, acc, min(chunk_size, logits.vocab))
+    fold_tiles(logits, (sampled, work), chunk_size, tile_elements, acc)
+    assert sampled.logprob is not None
+    return work.work.reshape(B, T), sampled.logprob.reshape(B, T)
 
 
 def streamed_work_and_logprobs(
@@ -182,13 +108,12 @@ def streamed_work_and_logprobs(
     contract of ``streamed_unsigned_work``. log p_y = log softmax(logits / temperature)[y]
     (as ``adapters.logprobs.token_logprobs``, but never differentiable)."""
     h, W = check_lm_head(hidden, lm_head_weight, lm_head_bias)
-    B, T, H = h.shape
-    V = W.shape[0]
+    B, T, _ = h.shape
     check_work_inputs(
         token_ids,
         reward_embedding,
         reward_grad,
-        V,
+        W.shape[0],
         (B, T),
         h.device,
         temperature,
@@ -196,18 +121,10 @@ def streamed_work_and_logprobs(
         tile_elements,
     )
     acc = work_dtype(reward_embedding, reward_grad)
+    logits = lm_head_logits(h, W, lm_head_bias, temperature, acc)
     with torch.no_grad():
-        tile = lm_head_tiles(h.reshape(B * T, H), W, lm_head_bias, temperature, acc)
         return _stream_work(
-            tile,
-            token_ids,
-            reward_embedding,
-            reward_grad,
-            V,
-            chunk_size,
-            tile_elements,
-            source="logits (hidden @ lm_head_weight.T)",
-            dtype=h.dtype,
+            logits, token_ids, reward_embedding, reward_grad, chunk_size, tile_elements
         )
 
 
@@ -275,16 +192,9 @@ def streamed_unsigned_work_from_logits(
         chunk_size,
         tile_elements,
     )
+    tiled = materialized_logits(z_all, temperature)
     with torch.no_grad():
-        tile = logits_tiles(z_all.reshape(B * T, V), temperature)
         work, _ = _stream_work(
-            tile,
-            token_ids,
-            reward_embedding,
-            reward_grad,
-            V,
-            chunk_size,
-            tile_elements,
-            dtype=z_all.dtype,
+            tiled, token_ids, reward_embedding, reward_grad, chunk_size, tile_elements
         )
     return work

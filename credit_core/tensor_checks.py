@@ -73,3 +73,9 @@ def check_streaming(temperature: float, chunk_size: int) -> None:
         raise CreditError(f"temperature: expected a finite value > 0, got {temperature!r}")
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise CreditError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
+
+
+def check_tile_elements(tile_elements: int) -> None:
+    """The cap on a logits tile's rows x chunk: an integer >= 1."""
+    if not isinstance(tile_elements, int) or tile_elements < 1:
+        raise CreditError(f"tile_elements: expected an integer >= 1, got {tile_elements!r}")

@@ -1,0 +1,42 @@
+"""The policy's per-token entropy H_t = -sum_v p_t[v] log p_t[v], p_t = softmax(logits_t /
+temperature), streamed over the vocabulary (``fold_tiles`` with ``Entropy``): no (B, T, V)
+tensor is formed."""
+
+from __future__ import annotations
+
+import torch
+
+from credit_core.logits_tiles import fold_tiles, lm_head_logits
+from credit_core.policy_stats import DEFAULT_CHUNK_SIZE, DEFAULT_TILE_ELEMENTS
+from credit_core.tensor_checks import check_lm_head, check_streaming, check_tile_elements
+from credit_core.tile_reductions import Entropy
+
+
+def token_entropy(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    lm_head_bias: torch.Tensor | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    tile_elements: int = DEFAULT_TILE_ELEMENTS,
+) -> torch.Tensor:
+    """H (B, T), the entropy of softmax((hidden @ lm_head_weight.T + bias) / temperature).
+
+    - hidden (B, T, H), lm_head_weight (V, H), lm_head_bias (V,) or None, temperature,
+      chunk_size, tile_elements: as in ``credit_core.policy_stats``.
+    - Returns float32 (float64 if ``hidden`` is float64), never differentiable; masked
+      entries (-inf logits) contribute 0. The LM-head matmul runs in the inputs' dtype.
+    - Memory: one (2 x rows x chunk) buffer (the tile and e log e) and O(rows) vectors.
+    - Raises ``CreditError`` naming the tile when a logit is NaN or +inf.
+    """
+    h, W = check_lm_head(hidden, lm_head_weight, lm_head_bias)
+    B, T, _ = h.shape
+    check_streaming(temperature, chunk_size)
+    check_tile_elements(tile_elements)
+    acc = torch.promote_types(h.dtype, torch.float32)
+    entropy = Entropy(B * T, acc, h.device)
+    logits = lm_head_logits(h, W, lm_head_bias, temperature, acc)
+    with torch.no_grad():
+        fold_tiles(logits, (entropy,), chunk_size, tile_elements, acc)
+    return entropy.entropy.reshape(B, T)
