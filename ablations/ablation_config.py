@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ablations.credit_probes import ProbeConfig
 from ablations.settings import SETTINGS
+from ablations.summary import MIN_PAIRS
 from adapters.tiny import Family
 from backends.torch.config import (
     Section,
@@ -92,6 +93,12 @@ class ReportConfig(Section):
     smooth: int = Field(default=5, ge=1, description="moving average before the threshold test")
     confidence: float = Field(default=0.95, gt=0.0, lt=1.0)
     heatmap_responses: int = Field(default=4, ge=1, description="responses in the credit heat-map")
+    min_pairs: int = Field(
+        default=MIN_PAIRS,
+        ge=2,
+        description="fewest (family, seed) pairs a verdict is given from; below it the report "
+        "shows the numbers and says 'too few pairs'",
+    )
 
 
 class AblateConfig(Section):

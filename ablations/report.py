@@ -41,13 +41,16 @@ def _time(st: StrategyStats) -> str:
 
 def _tally(verdicts: Sequence[Verdict], spec: SummarySpec) -> str:
     """One sentence on the claim "the method beats the baseline in every setting"."""
-    signs = [v.vs_baseline.excludes_zero() for v in verdicts]
-    better, worse = signs.count(1), signs.count(-1)
-    return (
+    signs = [v.sign for v in verdicts]
+    better, worse, tie = signs.count(1), signs.count(-1), signs.count(0)
+    too_few = signs.count(None)
+    text = (
         f"In sum: `{spec.method}` beats `{spec.baseline}` in {better} of {len(verdicts)} "
-        f"settings, is worse in {worse}, and is not distinguishable from it in "
-        f"{len(verdicts) - better - worse}."
+        f"settings, is worse in {worse}, and is not distinguishable from it in {tie}"
     )
+    if too_few:
+        text += f"; {too_few} had too few pairs for a verdict (fewer than {spec.min_pairs})"
+    return text + "."
 
 
 def table_markdown(

@@ -469,6 +469,7 @@ def summary_spec(cfg: AblateConfig) -> SummarySpec:
         final_window=cfg.report.final_window,
         smooth=cfg.report.smooth,
         confidence=cfg.report.confidence,
+        min_pairs=cfg.report.min_pairs,
     )
 
 

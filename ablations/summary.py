@@ -20,6 +20,9 @@ Per strategy, over seeds: mean and Student-t interval of each metric, and the pa
 difference to the baseline strategy on the same seeds. The automatic threshold of a
 (setting, family) is the step-1 train reward (mean over all runs) plus half the gap to the
 best strategy's mean final train reward: the same bar for every strategy.
+
+A verdict (beats / worse / not distinguishable) is given only with at least ``min_pairs``
+(family, seed) pairs; with fewer, the report shows the numbers and says "too few pairs".
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from typing import Any
 
 from ablations.results import RunKey
 from ablations.stats import Interval, mean_interval, paired_difference
+
+#: The fewest (family, seed) pairs a verdict is given from: a two-pair interval has one
+#: degree of freedom, and the quick run's n = 2 "worse" on MiniLM was absent at n = 8.
+MIN_PAIRS = 6
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,7 @@ class SummarySpec:
     final_window: int = 5
     smooth: int = 5
     confidence: float = 0.95
+    min_pairs: int = MIN_PAIRS
 
 
 @dataclass(frozen=True)
@@ -148,10 +156,13 @@ class SettingFamilyStats:
 
 @dataclass
 class Verdict:
-    """The method against the baseline (and the control) over all (family, seed) pairs."""
+    """The method against the baseline (and the control) over all (family, seed) pairs;
+    ``sign`` is the verdict (+1 beats, -1 worse, 0 not distinguishable) or None with fewer
+    than ``SummarySpec.min_pairs`` pairs (too few for one)."""
 
     vs_baseline: Interval
     text: str
+    sign: int | None
 
 
 def _nan() -> float:
@@ -404,9 +415,14 @@ def _verdict(
     m_mean = _mean(method[k] for k in common)
     b_mean = _mean(base[k] for k in common)
     pct = f"{round(spec.confidence * 100)}%"
-    sign = vs_base.excludes_zero()
+    sign: int | None = vs_base.excludes_zero() if vs_base.n >= spec.min_pairs else None
     if vs_base.n < 2:
         head = f"{spec.method} vs {spec.baseline}: one pair only, no interval"
+    elif sign is None:
+        head = (
+            f"too few pairs for a verdict on {spec.method} vs {spec.baseline} "
+            f"(n={vs_base.n} < {spec.min_pairs})"
+        )
     elif sign > 0:
         head = f"**{spec.method} beats {spec.baseline}**"
     elif sign < 0:
@@ -423,10 +439,14 @@ def _verdict(
             f" n={vs_base.n} family x seed pairs)"
         )
     if vs_control is not None and vs_control.n > 0:
-        word = {1: "above", -1: "below", 0: "not distinguishable from"}[vs_control.excludes_zero()]
+        word = (
+            {1: "above", -1: "below", 0: "not distinguishable from"}[vs_control.excludes_zero()]
+            if vs_control.n >= spec.min_pairs
+            else "too few pairs to tell against"
+        )
         text += (
             f"; against the {spec.control} control {fmt(vs_control.mean, signed=True)} ({word} it)"
             if vs_control.n >= 2
             else f"; against the {spec.control} control {fmt(vs_control.mean, signed=True)} (n=1)"
         )
-    return Verdict(vs_base, text + ".")
+    return Verdict(vs_base, text + ".", sign)

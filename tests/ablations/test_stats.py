@@ -122,6 +122,7 @@ def test_summary_of_a_fixed_csv(tmp_path: Path) -> None:
         control=None,
         final_window=2,
         smooth=1,
+        min_pairs=2,  # the two seeds of this toy csv
     )
     tables, verdicts = summarize(read_csv(path), spec)
     assert len(tables) == 1 and tables[0].family == "llama"
@@ -187,6 +188,7 @@ def test_verdict_says_better_or_worse_only_when_the_interval_excludes_zero(
         baseline="uniform",
         method="datc",
         control=None,
+        min_pairs=3,  # the three seeds of these rows
     )
     _, (better,) = summarize(rows, spec)
     assert better.vs_baseline.excludes_zero() == 1 and "**datc beats uniform**" in better.text
@@ -195,3 +197,41 @@ def test_verdict_says_better_or_worse_only_when_the_interval_excludes_zero(
     ]
     _, (worse,) = summarize(flipped, spec)
     assert "**datc is worse than uniform**" in worse.text
+
+
+def test_no_verdict_from_fewer_pairs_than_min_pairs() -> None:
+    """Three clearly separated pairs: a verdict at min_pairs = 3, none at the default (6):
+    the numbers are shown, the verdict says too few pairs, and the tally counts it apart."""
+    from ablations.report import _tally
+
+    rows = [
+        {
+            "setting": "toy",
+            "family": "gpt2",
+            "strategy": strat,
+            "seed": seed,
+            "step": 1,
+            "reward_mean": value,
+            "eval_reward_sampled": value,
+        }
+        for seed, (u, d) in enumerate([(0.30, 0.50), (0.40, 0.61), (0.35, 0.54)])
+        for strat, value in (("uniform", u), ("datc", d))
+    ]
+    spec = SummarySpec(
+        settings=[SettingSpec("toy", "toy", "eval_reward_sampled", "reward", 0.2)],
+        strategies=["uniform", "datc"],
+        baseline="uniform",
+        method="datc",
+        control=None,
+    )
+    assert spec.min_pairs == 6
+    _, (verdict,) = summarize(rows, spec)
+    assert verdict.sign is None and "beats" not in verdict.text
+    assert "too few pairs for a verdict on datc vs uniform (n=3 < 6)" in verdict.text
+    assert "+0.200 (95% CI" in verdict.text  # the numbers are still there
+    assert _tally([verdict], spec) == (
+        "In sum: `datc` beats `uniform` in 0 of 1 settings, is worse in 0, and is not "
+        "distinguishable from it in 0; 1 had too few pairs for a verdict (fewer than 6)."
+    )
+    _, (decided,) = summarize(rows, SummarySpec(**{**spec.__dict__, "min_pairs": 3}))
+    assert decided.sign == 1 and "**datc beats uniform**" in decided.text
