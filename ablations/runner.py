@@ -371,6 +371,25 @@ def _exit_text(code: int) -> str:
     return f"killed by {signal_name(-code)}" if code < 0 else f"exit status {code}"
 
 
+def _failed_worker(
+    procs: list[subprocess.Popen[bytes]], out: Path, since: float, timeout_s: float
+) -> str | None:
+    """The first worker that ended badly or shows no progress for ``timeout_s`` (killed
+    then), described; None while all are well."""
+    for i, p in enumerate(procs):
+        task, seen = _last_progress(out, i)
+        code = p.poll()
+        if code not in (None, 0):
+            return f"worker {i} ended ({_exit_text(code)}) during {task}"
+        if code is None and time.time() - max(seen, since) > timeout_s:
+            p.kill()
+            return (
+                f"worker {i} showed no progress for {timeout_s:g} s during {task} "
+                "(worker_timeout_s) and was killed"
+            )
+    return None
+
+
 def _supervise(
     procs: list[subprocess.Popen[bytes]], out: Path, timeout_s: float, phase: str
 ) -> None:
@@ -379,30 +398,16 @@ def _supervise(
     failure = None
     with PreemptionWatch("credit-ablate", grace_s=None) as watch:
         try:
-            while any(p.poll() is None for p in procs):
-                if watch.requested:
-                    break
-                for i, p in enumerate(procs):
-                    task, seen = _last_progress(out, i)
-                    code = p.poll()
-                    if code not in (None, 0):
-                        failure = f"worker {i} ended ({_exit_text(code)}) during {task}"
-                    elif code is None and time.time() - max(seen, started) > timeout_s:
-                        p.kill()
-                        failure = (
-                            f"worker {i} showed no progress for {timeout_s:g} s during {task} "
-                            "(worker_timeout_s) and was killed"
-                        )
-                    if failure:
-                        break
+            while any(p.poll() is None for p in procs) and not watch.requested:
+                failure = _failed_worker(procs, out, started, timeout_s)
                 if failure:
                     break
                 time.sleep(0.2)
             if watch.requested:
-                tasks = [_last_progress(out, i)[0] for i, p in enumerate(procs) if p.poll() is None]
-                for p in procs:
-                    if p.poll() is None:
-                        p.send_signal(watch.requested)
+                busy = [p for p in procs if p.poll() is None]
+                tasks = [_last_progress(out, procs.index(p))[0] for p in busy]
+                for p in busy:
+                    p.send_signal(watch.requested)
                 for p in procs:
                     p.wait()
                 raise RunStoppedError(

@@ -25,18 +25,11 @@ from backends.torch.config import load_config
 from backends.torch.errors import ConfigError
 from backends.torch.metrics import read_jsonl
 from backends.torch.trainer import RunResult, train
-from tests.helpers.torch_tiny import comparable, tiny_config
+from tests.helpers.torch_tiny import RESUMABLE, comparable, tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
-UPDATES: dict[str, Any] = {
-    "steps": 3,
-    "credit": {"name": "datc_shuffled", "seed": 3},  # a strategy with RNG state
-    "algorithm": {"kl_coef": 0.05},
-    "optim": {"lr": 3e-3, "schedule": "linear", "warmup_steps": 1},
-    "eval": {"interval": 2},  # logged at steps 0, 2 and 3
-    "checkpoint": {"interval": 1, "keep_last": 3},
-}
+UPDATES: dict[str, Any] = {**RESUMABLE, "checkpoint": {"interval": 1, "keep_last": 3}}
 SHARD = "state/shard-00001-model-00001-of-00001.safetensors"
 CHECKPOINT_FILES = [
     "manifest.json",

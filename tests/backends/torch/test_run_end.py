@@ -27,18 +27,12 @@ from backends.torch.run_lock import RunFolderBusyError, acquire_run_lock
 from backends.torch.trainer import GRPORecipe, RunResult, train
 from credit_core.preemption import PREEMPTED_EXIT
 from tests.helpers.paths import REPO
-from tests.helpers.torch_tiny import comparable, tiny_config
+from tests.helpers.torch_tiny import RESUMABLE, comparable, tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
-UPDATES: dict[str, Any] = {
-    "steps": 3,
-    "credit": {"name": "datc_shuffled", "seed": 3},  # a strategy with RNG state
-    "algorithm": {"kl_coef": 0.05},
-    "optim": {"lr": 3e-3, "schedule": "linear", "warmup_steps": 1},
-    "eval": {"interval": 2},
-    "checkpoint": {"interval": 3},  # only the last step: a preemption adds its own
-}
+# checkpoints at the last step only: a preemption adds its own
+UPDATES: dict[str, Any] = {**RESUMABLE, "checkpoint": {"interval": 3}}
 
 
 @pytest.fixture(scope="module")
