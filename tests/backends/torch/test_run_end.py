@@ -192,18 +192,24 @@ def test_the_lock_names_its_holder_and_is_released_with_it(tmp_path: Path) -> No
     assert subprocess.run(hold_lock(tmp_path), cwd=REPO, capture_output=True).returncode == 0
 
 
+def holds_lock(folder: Path, pid: int) -> bool:
+    """Whether process ``pid`` has written itself into ``folder``'s lock file (it then holds
+    the lock: it writes only after taking it)."""
+    try:
+        return bool(json.loads((folder / "run.lock").read_text())["pid"] == pid)
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
     holder = subprocess.Popen(hold_lock(tmp_path, "; import time; time.sleep(120)"), cwd=REPO)
     try:
-        deadline = time.monotonic() + 60
-        while True:  # until the child holds it
-            try:
-                acquire_run_lock(tmp_path).release()
-            except RunFolderBusyError as exc:
-                assert f"PID {holder.pid} on host" in str(exc)
-                break
-            assert time.monotonic() < deadline
+        deadline = time.monotonic() + 120
+        while not holds_lock(tmp_path, holder.pid):  # read only: taking it would race the child
+            assert holder.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
+        with pytest.raises(RunFolderBusyError, match=f"PID {holder.pid} on host"):
+            acquire_run_lock(tmp_path)
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
