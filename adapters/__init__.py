@@ -3,7 +3,8 @@
 Public API::
 
     # policy side (adapters.policy, adapters.logprobs)
-    response_logprobs_and_stats, response_logprobs_and_work, token_logprobs,
+    response_logprobs_and_stats, response_logprobs_and_work, response_logprobs_and_entropy,
+    token_logprobs,
     final_hidden_states, lm_head_of, position_ids_from_mask
     # reward side (adapters.direction, adapters.reward_models, adapters.scorers)
     RewardOutput, DirectionModel, EmbeddingDirectionModel, SeqClassificationRM,
@@ -40,6 +41,7 @@ from adapters.policy import (
     final_hidden_states,
     lm_head_of,
     position_ids_from_mask,
+    response_logprobs_and_entropy,
     response_logprobs_and_stats,
     response_logprobs_and_work,
 )
@@ -89,6 +91,7 @@ __all__ = [
     "load_minilm",
     "minilm_model_dir",
     "position_ids_from_mask",
+    "response_logprobs_and_entropy",
     "response_logprobs_and_stats",
     "response_logprobs_and_work",
     "tiny_causal_lm",

@@ -29,7 +29,9 @@ from credit_core import (
     PolicyStats,
     choose_work_path,
     policy_stats,
+    streamed_logprobs_and_entropy,
     streamed_work_and_logprobs,
+    token_entropy,
     unsigned_work,
 )
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE, DEFAULT_TILE_ELEMENTS
@@ -324,3 +326,37 @@ def response_logprobs_and_work(
             )
     zero = torch.zeros((), dtype=w0.dtype, device=device)
     return torch.where(x.real, logp, zero.to(logp.dtype)), torch.where(x.real, w0, zero)
+
+
+def response_logprobs_and_entropy(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_len: int,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    tile_elements: int = DEFAULT_TILE_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(response token) (B, R) and the policy's entropy H (B, R), from ONE forward.
+
+    Arguments and log-probs as ``response_logprobs_and_stats``. H_t = -sum_v p_t[v]
+    log p_t[v] at ``temperature``, float32 (float64 for a float64 model), never
+    differentiable, exactly 0 at padding. Under ``no_grad`` (the old policy) one streamed
+    LM-head pass gives both; with grad enabled the differentiable log-probs take their own.
+    """
+    x = response_hidden(model, input_ids, attention_mask, response_len)
+    kw: dict[str, Any] = {
+        "temperature": temperature,
+        "lm_head_bias": None if x.bias is None else x.bias.detach(),
+        "chunk_size": chunk_size,
+        "tile_elements": tile_elements,
+    }
+    if torch.is_grad_enabled():
+        logp = _response_logprobs(x, temperature, chunk_size, tile_elements)
+        with torch.no_grad():
+            entropy = token_entropy(x.hidden.detach(), x.weight.detach(), **kw)
+    else:
+        logp, entropy = streamed_logprobs_and_entropy(x.hidden, x.weight, x.tokens, **kw)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    return torch.where(x.real, logp, zero), torch.where(x.real, entropy, zero.to(entropy.dtype))

@@ -7,6 +7,7 @@ Public API::
         CreditSignals, assign_credit,
         unsigned_work, unsigned_work_from_logits, streamed_unsigned_work,
         streamed_work_and_logprobs, choose_work_path, token_entropy,
+        streamed_logprobs_and_entropy,
         get_strategy, list_strategies, register_plugin, hookimpl,
         CreditConfig, group_advantages, CreditError,
     )
@@ -40,7 +41,7 @@ from credit_core.streamed_work import (
     streamed_unsigned_work_from_logits,
     streamed_work_and_logprobs,
 )
-from credit_core.token_entropy import token_entropy
+from credit_core.token_entropy import streamed_logprobs_and_entropy, token_entropy
 from credit_core.work import token_work
 from credit_core.work_path import (
     TWO_MATMUL_MIN_EMBED_DIM,
@@ -77,6 +78,7 @@ __all__ = [
     "policy_stats_from_logits",
     "register_plugin",
     "strategy_class",
+    "streamed_logprobs_and_entropy",
     "streamed_unsigned_work",
     "streamed_unsigned_work_from_logits",
     "streamed_work_and_logprobs",

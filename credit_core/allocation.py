@@ -26,6 +26,8 @@ class CreditDiagnostics:
       divided by log(n) (1 = uniform; responses with n = 1 count as 1).
     - ``frac_upweighted``: fraction of valid tokens with w_t > 1.
     - ``nonfinite_fallbacks``: responses whose scores were non-finite and fell back to w = 1.
+    - ``uniform_fallbacks``: responses given w = 1 for want of a signal (no selected token,
+      no attention mass on the response, a single token; docs/design.md, "Baselines").
     """
 
     weight_max: float
@@ -33,6 +35,7 @@ class CreditDiagnostics:
     weight_entropy: float
     frac_upweighted: float
     nonfinite_fallbacks: int
+    uniform_fallbacks: int = 0
 
     def to_dict(self, prefix: str = "credit/") -> dict[str, float]:
         """Flat ``{prefix + field: value}`` for metric loggers."""
@@ -43,7 +46,10 @@ class CreditDiagnostics:
 UNIFORM_DIAGNOSTICS = CreditDiagnostics(1.0, 1.0, 1.0, 0.0, 0)
 
 
-def _diagnostics(weights: torch.Tensor, mask: torch.Tensor, fallbacks: int) -> CreditDiagnostics:
+def weight_diagnostics(
+    weights: torch.Tensor, mask: torch.Tensor, fallbacks: int, uniform_fallbacks: int = 0
+) -> CreditDiagnostics:
+    """``CreditDiagnostics`` of token weights (B, T) (0 at padding) over ``mask`` (B, T)."""
     n = mask.sum(dim=1).to(weights.dtype)
     valid = weights[mask]
     share = weights / n.unsqueeze(1)
@@ -57,6 +63,7 @@ def _diagnostics(weights: torch.Tensor, mask: torch.Tensor, fallbacks: int) -> C
         weight_entropy=float(norm_entropy.mean()),
         frac_upweighted=float((valid > 1.0 + 1e-6).float().mean()),
         nonfinite_fallbacks=fallbacks,
+        uniform_fallbacks=uniform_fallbacks,
     )
 
 
@@ -121,4 +128,4 @@ def allocate_weights(
     soft = torch.softmax(logits, dim=1)
     weights = (1.0 - lam) + lam * n.unsqueeze(1) * soft
     weights = torch.where(mask, weights, 0.0)
-    return weights, _diagnostics(weights, mask, fallbacks)
+    return weights, weight_diagnostics(weights, mask, fallbacks)

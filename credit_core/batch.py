@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -10,8 +11,36 @@ import torch
 from credit_core.errors import CreditError
 from credit_core.tensor_checks import check_tensor
 
-Signal = Literal["reward_grad", "policy_stats", "unsigned_work"]
-SIGNALS: frozenset[str] = frozenset({"reward_grad", "policy_stats", "unsigned_work"})
+Signal = Literal[
+    "reward_grad",
+    "policy_stats",
+    "unsigned_work",
+    "token_entropy",
+    "reward_attention",
+    "prefix_rewards",
+]
+SIGNALS: frozenset[str] = frozenset(
+    {
+        "reward_grad",
+        "policy_stats",
+        "unsigned_work",
+        "token_entropy",
+        "reward_attention",
+        "prefix_rewards",
+    }
+)
+#: The per-token (B, T) floating signals, validated alike.
+TOKEN_SIGNALS: tuple[str, ...] = (
+    "unsigned_work",
+    "token_entropy",
+    "reward_attention",
+    "prefix_rewards",
+)
+
+#: ``gather(values)``: a 1-D tensor of this process's values concatenated with those of
+#: every other process of the same step (an all-gather over variable lengths), on the
+#: values' device. None where one process holds the step's whole batch.
+Gather = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -120,6 +149,16 @@ class CreditBatch:
       (S - ubar q), the work without sign(A) (docs/design.md), computed by a backend that
       knew g before the policy statistics (``credit_core.unsigned_work``). Equals
       ``token_work(policy_stats, reward_grad, None)``; may hold non-finite values.
+    - ``token_entropy`` (B, T) floating, optional: H_t = -sum_v p_t[v] log p_t[v] of the
+      policy that sampled the batch, at the rollout temperature (``token_entropy``).
+    - ``reward_attention`` (B, T) floating, optional: alpha_t >= 0, the direction model's
+      last-layer attention (head mean) from its score position to response token t,
+      renormalized over the response: sums to 1 over a row's valid tokens, or is 0 on the
+      whole row when the score position puts no mass on the response.
+    - ``prefix_rewards`` (B, T) floating, optional: r_t = s_t - s_{t-1}, s_t the direction
+      model's score of the prompt with the response's first t tokens (s_0: empty response).
+    - ``gather`` optional ``Gather``: how a strategy reaches the values of the step's other
+      processes (a batch-wide quantile); None: this batch is the whole step.
 
     Everything lives on one device. Construction validates all of it and raises
     ``CreditError`` naming the field with expected and actual shapes.
@@ -131,6 +170,10 @@ class CreditBatch:
     reward_grad: torch.Tensor | None = None
     policy_stats: PolicyStats | None = None
     unsigned_work: torch.Tensor | None = None
+    token_entropy: torch.Tensor | None = None
+    reward_attention: torch.Tensor | None = None
+    prefix_rewards: torch.Tensor | None = None
+    gather: Gather | None = None
 
     def __post_init__(self) -> None:
         adv = check_tensor("CreditBatch.advantages", self.advantages, (None,), floating=True)
@@ -168,10 +211,10 @@ class CreditBatch:
                     f"CreditBatch.policy_stats.m1: expected embedding width d={d} "
                     f"(from reward_grad), got {ps.embed_dim}"
                 )
-        if self.unsigned_work is not None:
-            check_tensor(
-                "CreditBatch.unsigned_work", self.unsigned_work, (B, T), floating=True, device=dev
-            )
+        for name in TOKEN_SIGNALS:
+            value = getattr(self, name)
+            if value is not None:
+                check_tensor(f"CreditBatch.{name}", value, (B, T), floating=True, device=dev)
 
     @property
     def batch_size(self) -> int:
@@ -181,6 +224,10 @@ class CreditBatch:
     def lengths(self) -> torch.Tensor:
         """(B,) int64 number of valid tokens per response."""
         return self.mask.sum(dim=1)
+
+    def gathered(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` (1-D) joined with the other processes' (``gather``), or as they are."""
+        return values if self.gather is None else self.gather(values)
 
     def require(self, signals: frozenset[str], strategy: str) -> None:
         """Raise CreditError if a signal in ``signals`` is missing from this batch."""

@@ -9,6 +9,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from credit_core.allocation import CreditDiagnostics
+from credit_core.baseline_strategies import BASELINE_STRATEGIES
 from credit_core.batch import CreditBatch, PolicyStats
 from credit_core.errors import CreditError
 from credit_core.hookspecs import hookimpl
@@ -188,6 +189,7 @@ BUILTIN_STRATEGIES: tuple[type[CreditStrategy], ...] = (
     DATCShuffledStrategy,
     DATCInverseStrategy,
     SaliencyStrategy,
+    *BASELINE_STRATEGIES,
 )
 
 

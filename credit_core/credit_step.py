@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from credit_core.batch import SIGNALS, CreditBatch, PolicyStats
+from credit_core.batch import SIGNALS, TOKEN_SIGNALS, CreditBatch, Gather, PolicyStats
 from credit_core.errors import CreditError
 from credit_core.strategy import CreditResult, CreditStrategy
 
@@ -25,11 +25,19 @@ class CreditSignals:
     - ``reward_grad`` (B, T, d): dR / d(RM input embedding), at policy response positions.
     - ``policy_stats``: ``PolicyStats`` (B, T[, d]) of the policy that sampled the batch.
     - ``unsigned_work`` (B, T): DATC's W0 (docs/design.md), streamed when g is known first.
+    - ``token_entropy`` (B, T): the sampling policy's entropy per response position.
+    - ``reward_attention`` (B, T): the direction model's attention over the response.
+    - ``prefix_rewards`` (B, T): differences of the direction model's prefix scores.
+
+    ``CreditBatch`` states each one's contract.
     """
 
     reward_grad: torch.Tensor | None = None
     policy_stats: PolicyStats | None = None
     unsigned_work: torch.Tensor | None = None
+    token_entropy: torch.Tensor | None = None
+    reward_attention: torch.Tensor | None = None
+    prefix_rewards: torch.Tensor | None = None
 
     @property
     def computed(self) -> frozenset[str]:
@@ -38,10 +46,14 @@ class CreditSignals:
 
     def select(self, rows: torch.Tensor | slice) -> CreditSignals:
         """The signals of a subset of responses (rows of the batch dimension)."""
+        tokens = {
+            name: None if getattr(self, name) is None else getattr(self, name)[rows]
+            for name in TOKEN_SIGNALS
+        }
         return CreditSignals(
             reward_grad=None if self.reward_grad is None else self.reward_grad[rows],
             policy_stats=None if self.policy_stats is None else self.policy_stats.select(rows),
-            unsigned_work=None if self.unsigned_work is None else self.unsigned_work[rows],
+            **tokens,
         )
 
 
@@ -51,12 +63,17 @@ def assign_credit(
     mask: torch.Tensor,
     token_ids: torch.Tensor,
     signals: CreditSignals | None = None,
+    *,
+    gather: Gather | None = None,
 ) -> CreditResult:
     """Token advantages (B, T) float32 (0 where ``mask`` is False) and diagnostics.
 
     ``advantages`` (B,), ``mask`` (B, T) bool, ``token_ids`` (B, T) int64 and ``signals`` as
-    ``CreditBatch`` validates them. Raises ``CreditError`` when ``signals`` holds a signal the
-    strategy does not read (``strategy.signals_for``), or lacks one it needs.
+    ``CreditBatch`` validates them. ``gather``: how to reach the values of the step's other
+    processes, for a strategy that selects tokens batch-wide (``CreditBatch.gather``); a
+    backend whose step spans several processes passes it. Raises ``CreditError`` when
+    ``signals`` holds a signal the strategy does not read (``strategy.signals_for``), or
+    lacks one it needs.
     """
     signals = signals or CreditSignals()
     batch = CreditBatch(
@@ -66,6 +83,10 @@ def assign_credit(
         reward_grad=signals.reward_grad,
         policy_stats=signals.policy_stats,
         unsigned_work=signals.unsigned_work,
+        token_entropy=signals.token_entropy,
+        reward_attention=signals.reward_attention,
+        prefix_rewards=signals.prefix_rewards,
+        gather=gather,
     )
     reads = strategy.signals_for(batch)
     unread = sorted(signals.computed - reads)

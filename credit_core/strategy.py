@@ -60,8 +60,9 @@ class CreditStrategy(ABC):
     Class attributes a subclass sets:
 
     - ``name``: the registry key (unique across all plugins).
-    - ``requires``: the signals ``assign`` reads, a subset of {"reward_grad", "policy_stats",
-      "unsigned_work"}; backends compute only these.
+    - ``requires``: the signals ``assign`` reads, a subset of ``SIGNALS`` ("reward_grad",
+      "policy_stats", "unsigned_work", "token_entropy", "reward_attention",
+      "prefix_rewards"); backends compute only these.
     - ``work_requires``: None, or the signals that suffice instead of ``requires`` when the
       backend computes DATC's unsigned work W0 directly (it must contain "unsigned_work");
       DATC-family strategies declare ``{"unsigned_work"}`` next to ``requires =

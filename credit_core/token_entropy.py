@@ -1,6 +1,7 @@
 """The policy's per-token entropy H_t = -sum_v p_t[v] log p_t[v], p_t = softmax(logits_t /
 temperature), streamed over the vocabulary (``fold_tiles`` with ``Entropy``): no (B, T, V)
-tensor is formed."""
+tensor is formed. ``streamed_logprobs_and_entropy`` folds the sampled token's log-prob into
+the same pass (the old policy's pass of a backend that needs both)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ import torch
 
 from credit_core.logits_tiles import fold_tiles, lm_head_logits
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE, DEFAULT_TILE_ELEMENTS
-from credit_core.tensor_checks import check_lm_head, check_streaming, check_tile_elements
-from credit_core.tile_reductions import Entropy
+from credit_core.tensor_checks import (
+    check_lm_head,
+    check_streaming,
+    check_tile_elements,
+    check_token_ids,
+)
+from credit_core.tile_reductions import Entropy, SampledToken
 
 
 def token_entropy(
@@ -40,3 +46,36 @@ def token_entropy(
     with torch.no_grad():
         fold_tiles(logits, (entropy,), chunk_size, tile_elements, acc)
     return entropy.entropy.reshape(B, T)
+
+
+def streamed_logprobs_and_entropy(
+    hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    token_ids: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    lm_head_bias: torch.Tensor | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    tile_elements: int = DEFAULT_TILE_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p_y, H), both (B, T), from ONE streamed LM-head pass (``fold_tiles`` with
+    ``SampledToken`` and ``Entropy``): the old policy's log-probs and its entropy for the
+    price of the log-probs alone.
+
+    token_ids (B, T) in [0, V); the other arguments and the dtype rules as
+    ``token_entropy``. log p_y = log softmax(logits / temperature)[y], as
+    ``adapters.logprobs.token_logprobs`` computes it but never differentiable.
+    """
+    h, W = check_lm_head(hidden, lm_head_weight, lm_head_bias)
+    B, T, _ = h.shape
+    ids = check_token_ids(token_ids, (B, T), W.shape[0], h.device).reshape(B * T).long()
+    check_streaming(temperature, chunk_size)
+    check_tile_elements(tile_elements)
+    acc = torch.promote_types(h.dtype, torch.float32)
+    sampled = SampledToken(ids, acc, logprob=True)
+    entropy = Entropy(B * T, acc, h.device)
+    logits = lm_head_logits(h, W, lm_head_bias, temperature, acc)
+    with torch.no_grad():
+        fold_tiles(logits, (sampled, entropy), chunk_size, tile_elements, acc)
+    assert sampled.logprob is not None
+    return sampled.logprob.reshape(B, T), entropy.entropy.reshape(B, T)

@@ -116,6 +116,7 @@ class StepSignals:
                     diag.frac_upweighted * n_tok,
                     n_tok,
                     diag.nonfinite_fallbacks,
+                    diag.uniform_fallbacks,
                 ],
                 dtype=torch.float64,
                 device=ctx.collective_device,
@@ -127,6 +128,7 @@ class StepSignals:
             weight_entropy=float(sums[0] / sums[1]),
             frac_upweighted=float(sums[2] / sums[3]),
             nonfinite_fallbacks=int(sums[4]),
+            uniform_fallbacks=int(sums[5]),
         )
         return merged.to_dict(prefix="credit/")
 

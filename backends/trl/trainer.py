@@ -400,15 +400,16 @@ class CreditGRPOTrainer(GRPOTrainer):
         names = ("weight_max", "weight_min", "weight_entropy", "frac_upweighted")
         nan = float("nan")
         local = (
-            [nan] * 5
+            [nan] * 6
             if diagnostics is None
             else [
                 *(float(getattr(diagnostics, n)) for n in names),
                 float(diagnostics.nonfinite_fallbacks),
+                float(diagnostics.uniform_fallbacks),
             ]
         )
         device = self.accelerator.device
-        values = self.accelerator.gather(torch.tensor([local], device=device)).reshape(-1, 5)
+        values = self.accelerator.gather(torch.tensor([local], device=device)).reshape(-1, 6)
         valid = values[~values[:, 0].isnan()]
         if valid.shape[0] == 0:
             return
@@ -419,6 +420,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             weight_entropy=float(valid[:, 2].mean()),
             frac_upweighted=float(valid[:, 3].mean()),
             nonfinite_fallbacks=int(valid[:, 4].sum()),
+            uniform_fallbacks=int(valid[:, 5].sum()),
         )
         for key, value in reduced.to_dict(prefix="credit/").items():
             self._metrics[mode][key].append(value)

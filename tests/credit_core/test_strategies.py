@@ -272,6 +272,7 @@ def test_diagnostics_summarize_the_weights() -> None:
         "credit/weight_entropy": diag.weight_entropy,
         "credit/frac_upweighted": diag.frac_upweighted,
         "credit/nonfinite_fallbacks": 0.0,
+        "credit/uniform_fallbacks": 0.0,
     }
     assert set(diag.to_dict(prefix="")) == {
         "weight_max",
@@ -279,6 +280,7 @@ def test_diagnostics_summarize_the_weights() -> None:
         "weight_entropy",
         "frac_upweighted",
         "nonfinite_fallbacks",
+        "uniform_fallbacks",
     }
 
 

@@ -1,4 +1,6 @@
-"""Streamed token entropy == the entropy of the full softmax computed directly."""
+"""Streamed token entropy == the entropy of the full softmax computed directly; the old
+policy's log-probs and entropy from one streamed pass == both computed from the full
+softmax."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import math
 import pytest
 import torch
 
-from credit_core import CreditError, token_entropy
+from credit_core import CreditError, streamed_logprobs_and_entropy, token_entropy
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -40,6 +42,34 @@ def test_token_entropy_matches_the_full_softmax_entropy(
     )
     assert H_t.shape == (B, T) and H_t.dtype == torch.float64
     torch.testing.assert_close(H_t, _full_softmax_entropy(logits, tau), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(("chunk", "tile_elements"), [(4096, 1 << 21), (7, 10), (16, 1)])
+def test_logprobs_and_entropy_from_one_pass_match_the_full_softmax(
+    chunk: int, tile_elements: int
+) -> None:
+    gen = torch.Generator().manual_seed(4)
+    B, T, H, V, tau = 3, 5, 16, 75, 0.7
+    hidden = torch.randn(B, T, H, generator=gen, dtype=torch.float64) * 3
+    weight = torch.randn(V, H, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(V, generator=gen, dtype=torch.float64)
+    ids = torch.randint(0, V, (B, T), generator=gen)
+    logits = (hidden @ weight.T + b).detach()
+    logp, H_t = streamed_logprobs_and_entropy(
+        hidden,
+        weight,
+        ids,
+        temperature=tau,
+        lm_head_bias=b,
+        chunk_size=chunk,
+        tile_elements=tile_elements,
+    )
+    full = torch.log_softmax(logits / tau, dim=-1)
+    torch.testing.assert_close(logp, full.gather(2, ids.unsqueeze(2)).squeeze(2))
+    torch.testing.assert_close(H_t, _full_softmax_entropy(logits, tau), rtol=1e-10, atol=1e-10)
+    assert not logp.requires_grad and not H_t.requires_grad
+    with pytest.raises(CreditError, match="token_ids: expected values in"):
+        streamed_logprobs_and_entropy(hidden, weight, ids + V)
 
 
 def test_token_entropy_float32_and_no_grad() -> None:

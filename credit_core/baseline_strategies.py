@@ -1,0 +1,211 @@
+"""Published token-credit baselines as strategies (docs/design.md, "Baselines").
+
+- ``entropy_top``: the 80/20 rule (Wang et al., 2025, arXiv 2506.01939): only the tokens
+  whose policy entropy reaches the batch's (1 - rho) quantile carry the advantage.
+- ``random_top``: its control, a uniformly random selection of the same share.
+- ``abc``: attention-based credit (Chan et al., 2024, arXiv 2402.00782), in its
+  mean-preserving form w_t = (1 - beta) + beta T alpha_t.
+- ``red``: reward redistribution from prefix scores (Li et al., 2024, arXiv 2411.08302), in
+  its mean-preserving form w_t proportional to max(sign(A) r_t, 0) + eps.
+
+Every weight form keeps the sign of A and its per-response mean (w >= 0, mean 1 over a
+response's valid tokens); ``mask`` mode of the two selections is the published A_t = A M_t,
+which does not. A response for which a method has no signal gets w = 1 and is counted in
+``CreditDiagnostics.uniform_fallbacks``.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from credit_core.allocation import weight_diagnostics
+from credit_core.batch import CreditBatch
+from credit_core.errors import CreditError
+from credit_core.strategy import CreditResult, CreditStrategy
+from credit_core.token_selection import top_fraction
+
+SelectionMode = Literal["mask", "weight"]
+
+
+class TopFractionParams(BaseModel):
+    """Parameters of a top-fraction selection: the share ``rho`` of the batch's valid tokens
+    kept, and what is done with the selection M (``mode``): ``mask`` A_t = A M_t (the
+    published method), ``weight`` w_t = M_t n / sum_t M_t (sign and mean of A kept)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    rho: float = Field(0.2, gt=0.0, le=1.0, description="share of the batch's tokens kept")
+    mode: SelectionMode = Field("mask", description="mask: A_t = A M_t; weight: mean-keeping")
+
+
+class RandomTopParams(TopFractionParams):
+    """``TopFractionParams`` plus the seed of the random keys."""
+
+    seed: int = Field(0, ge=0, description="seed of the key generator")
+
+
+def _result(batch: CreditBatch, weights: torch.Tensor, uniform_fallbacks: int) -> CreditResult:
+    """A = A_i w_t (B, T) float32 for weights (B, T) that are 0 at padding."""
+    adv = batch.advantages.to(torch.float64).unsqueeze(1) * weights
+    diag = weight_diagnostics(weights, batch.mask, 0, uniform_fallbacks)
+    return CreditResult(adv.to(torch.float32), diag)
+
+
+def mean_one(raw: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights (B, T) float64 = raw n / sum(raw) over each row's valid tokens, 0 at padding,
+    for raw (B, T) >= 0; a row whose raw values sum to 0 gets w = 1. Returns the weights
+    and the bool (B,) of those uniform rows."""
+    raw = torch.where(mask, raw.to(torch.float64), 0.0)
+    total = raw.sum(dim=1)
+    empty = total <= 0
+    n = mask.sum(dim=1).to(torch.float64)
+    w = raw * (n / torch.where(empty, 1.0, total)).unsqueeze(1)
+    return torch.where(mask, torch.where(empty.unsqueeze(1), 1.0, w), 0.0), empty
+
+
+class _TopFractionStrategy(CreditStrategy):
+    """A strategy that selects a batch-wide top ``rho`` share of tokens by a per-token key."""
+
+    Params: ClassVar[type[BaseModel]] = TopFractionParams
+    params: TopFractionParams
+
+    @abstractmethod
+    def keys(self, batch: CreditBatch) -> torch.Tensor:
+        """Per-token keys (B, T); the largest are selected."""
+
+    def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
+        batch.require(self.requires, self.name)
+        selected = top_fraction(self.keys(batch), batch, self.params.rho, f"{self.name} keys")
+        if self.params.mode == "mask":
+            return _result(batch, selected.to(torch.float64), 0)
+        weights, empty = mean_one(selected.to(torch.float64), batch.mask)
+        return _result(batch, weights, int(empty.sum()))
+
+
+class EntropyTopStrategy(_TopFractionStrategy):
+    """The 80/20 rule: keep the tokens whose entropy H_t reaches the (1 - rho) quantile of
+    H over the step's valid tokens (all processes); ``mode`` says what the selection does."""
+
+    name = "entropy_top"
+    requires = frozenset({"token_entropy"})
+
+    def keys(self, batch: CreditBatch) -> torch.Tensor:
+        entropy = batch.token_entropy
+        assert entropy is not None  # guaranteed by batch.require
+        return entropy
+
+
+class RandomTopStrategy(_TopFractionStrategy):
+    """Control of ``entropy_top``: the same rule on uniform random keys, i.e. a uniformly
+    random ``rho`` share of the step's tokens. Keys are drawn on the CPU from a generator
+    seeded once (``seed``) that advances with every call."""
+
+    name = "random_top"
+    Params: ClassVar[type[BaseModel]] = RandomTopParams
+    params: RandomTopParams
+
+    def __init__(self, params: BaseModel | None = None) -> None:
+        super().__init__(params)
+        self.generator = torch.Generator().manual_seed(self.params.seed)
+
+    def keys(self, batch: CreditBatch) -> torch.Tensor:
+        keys = torch.rand(batch.mask.shape, generator=self.generator, dtype=torch.float64)
+        return keys.to(batch.mask.device)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if set(state) != {"generator"}:
+            raise CreditError(
+                f"strategy {self.name!r}: expected state keys ['generator'], got {sorted(state)}"
+            )
+        self.generator.set_state(state["generator"])
+
+
+class ABCParams(BaseModel):
+    """The share ``beta`` of the credit that follows the attention (0.5 in the paper)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    beta: float = Field(0.5, ge=0.0, le=1.0, description="share of credit set by attention")
+
+
+class ABCStrategy(CreditStrategy):
+    """Attention-based credit, mean-preserving: w_t = (1 - beta) + beta n alpha_t with
+    alpha the direction model's attention over the response (sum 1 over valid tokens).
+    A row without attention mass on its response, or with one token, gets w = 1."""
+
+    name = "abc"
+    requires = frozenset({"reward_attention"})
+    Params: ClassVar[type[BaseModel]] = ABCParams
+    params: ABCParams
+
+    def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
+        batch.require(self.requires, self.name)
+        alpha = batch.reward_attention
+        assert alpha is not None  # guaranteed by batch.require
+        mask = batch.mask
+        a = torch.where(mask, alpha.to(torch.float64), 0.0)
+        if bool((a < 0).any()) or not bool(torch.isfinite(a).all()):
+            rows = torch.nonzero(((a < 0) | ~torch.isfinite(a)).any(dim=1)).flatten().tolist()
+            raise CreditError(
+                f"CreditBatch.reward_attention: expected finite values >= 0, rows {rows} are not"
+            )
+        n = mask.sum(dim=1).to(torch.float64)
+        uniform = (a.sum(dim=1) <= 0) | (n == 1)
+        beta = self.params.beta
+        w = (1.0 - beta) + beta * n.unsqueeze(1) * a
+        w = torch.where(mask, torch.where(uniform.unsqueeze(1), 1.0, w), 0.0)
+        return _result(batch, w, int(uniform.sum()))
+
+
+class REDParams(BaseModel):
+    """``eps``: the floor added to every token's redistributed reward before rescaling (a
+    token against the advantage's sign keeps a small weight, not 0)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    eps: float = Field(1e-6, gt=0.0, allow_inf_nan=False, description="floor of each weight")
+
+
+class REDStrategy(CreditStrategy):
+    """Reward redistribution, mean-preserving: w_t proportional to max(sign(A) r_t, 0) +
+    eps, rescaled to mean 1 over the response, with r_t = s_t - s_{t-1} the direction
+    model's prefix-score differences. A response whose r_t all oppose sign(A) gets (near)
+    uniform weights from the floor; A = 0 gives w = 1."""
+
+    name = "red"
+    requires = frozenset({"prefix_rewards"})
+    Params: ClassVar[type[BaseModel]] = REDParams
+    params: REDParams
+
+    def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
+        batch.require(self.requires, self.name)
+        r = batch.prefix_rewards
+        assert r is not None  # guaranteed by batch.require
+        mask = batch.mask
+        bad = mask & ~torch.isfinite(r)
+        if bool(bad.any()):
+            rows = torch.nonzero(bad.any(dim=1)).flatten().tolist()
+            raise CreditError(
+                f"CreditBatch.prefix_rewards: expected finite values at valid tokens, rows "
+                f"{rows} are not"
+            )
+        sign = torch.sign(batch.advantages.to(torch.float64)).unsqueeze(1)
+        aligned = (sign * r.to(torch.float64)).clamp_min(0.0)
+        unaligned = ~torch.where(mask, aligned > 0, False).any(dim=1)
+        weights, _ = mean_one(aligned + self.params.eps, mask)
+        return _result(batch, weights, int((unaligned & (sign[:, 0] != 0)).sum()))
+
+
+BASELINE_STRATEGIES: tuple[type[CreditStrategy], ...] = (
+    EntropyTopStrategy,
+    RandomTopStrategy,
+    ABCStrategy,
+    REDStrategy,
+)
