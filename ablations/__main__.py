@@ -1,5 +1,6 @@
 """``python -m ablations CONFIG.yaml [--set k=v ...] [--shard i/n] [--debug]`` and
-``python -m ablations merge CONFIG.yaml --from DIR [DIR ...] [--set ...] [--debug]``.
+``python -m ablations merge CONFIG.yaml --from DIR [DIR ...] [--rows CSV ...] [--set ...]
+[--debug]``.
 
 The first trains the config's runs (this shard's share with ``--shard``; finished runs are
 skipped) and, for the whole plan, writes report.md, results.csv and the figures, then prints
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         usage="%(prog)s CONFIG [--set KEY=VALUE ...] [--shard I/N] [--debug]\n"
-        "       %(prog)s merge CONFIG --from DIR [DIR ...] [--set KEY=VALUE ...]",
+        "       %(prog)s merge CONFIG --from DIR [DIR ...] [--rows CSV ...] [--set KEY=VALUE ...]",
         description="Train the same policy under several credit strategies across settings, "
         "families and seeds; report the comparison. Subcommand 'merge' combines shards.",
     )
@@ -73,6 +74,15 @@ def build_merge_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="output folders of the shards",
     )
+    parser.add_argument(
+        "--rows",
+        dest="earlier",
+        nargs="+",
+        default=[],
+        metavar="CSV",
+        help="results.csv files of earlier runs of this config: a planned run that no "
+        "folder holds is taken from their rows as written (the report counts them)",
+    )
     return parser
 
 
@@ -99,7 +109,12 @@ def _ablate(args_in: list[str]) -> int:
     if args_in[:1] == ["merge"]:
         args = build_merge_parser().parse_args(args_in[1:])
         cfg = load_ablate_config(args.config, args.overrides)
-        outputs = merge(cfg, [Path(p) for p in args.sources], command=command)
+        outputs = merge(
+            cfg,
+            [Path(p) for p in args.sources],
+            command=command,
+            earlier=[Path(p) for p in args.earlier],
+        )
     else:
         args = build_parser().parse_args(args_in)
         try:

@@ -99,6 +99,14 @@ class ReportConfig(Section):
         description="fewest (family, seed) pairs a verdict is given from; below it the report "
         "shows the numbers and says 'too few pairs'",
     )
+    contenders: list[str] = Field(
+        default_factory=list,
+        description="labels compared head to head with each of 'published' (e.g. datc, datc_mid)",
+    )
+    published: list[str] = Field(
+        default_factory=list,
+        description="labels of the published token-credit baselines the contenders face",
+    )
 
 
 class AblateConfig(Section):
@@ -189,6 +197,12 @@ class AblateConfig(Section):
                 raise ValueError(
                     f"strategies: the baseline and the method run in every setting; remove "
                     f"'settings' from {strategy.label!r}"
+                )
+        for role in ("contenders", "published"):
+            unknown_labels = sorted(set(getattr(self.report, role)) - set(labels))
+            if unknown_labels:
+                raise ValueError(
+                    f"report.{role}: {unknown_labels} are not labels of the strategies {labels}"
                 )
         for role in ("baseline", "method", "control"):
             label = getattr(self, role)

@@ -7,6 +7,9 @@
   columns: exact-credit correlation, gradient cosine, its split-half reliability) over the
   evaluation steps; one line per strategy (mean over the seeds that have a value) with its
   interval.
+- ``plot_head_to_head``: one panel per contender (``datc``, ``datc_mid``), one row per
+  (setting, published baseline): the paired difference of the held-out metric over all
+  (family, seed) pairs with its interval, a vertical line at 0 (``ablations.head_to_head``).
 - ``plot_credit``: a few sampled responses, one row each, every token a cell colored by its
   DATC weight w_t = A_t / A (1 = what GRPO gives every token; the color scale is centered
   at 1), with the token text written in the cell (``backends.samples.heatmap``, the
@@ -21,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ablations.head_to_head import ALL_FAMILIES, SettingHeadToHead
 from ablations.stats import mean_interval
 from backends.samples.heatmap import credit_figure, pyplot
 
@@ -188,6 +192,62 @@ def _finish(
         )
     pct = f"{round(confidence * 100)}%"
     fig.suptitle(f"{title}, shaded {pct} interval", fontsize=10)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
+def plot_head_to_head(path: Path, comparisons: Sequence[SettingHeadToHead]) -> Path:
+    """Write the contenders-versus-published-baselines figure to ``path`` (PNG)."""
+    plt = pyplot()
+    pooled = [c for s in comparisons for c in s.rows if c.family == ALL_FAMILIES]
+    contenders = list(dict.fromkeys(c.contender for c in pooled))
+    rows = list(dict.fromkeys((c.setting, c.baseline) for c in pooled))
+    titles = {s.setting: s.title.split(":")[0] for s in comparisons}
+    fig, axes = plt.subplots(
+        1,
+        max(1, len(contenders)),
+        figsize=(4.5 * max(1, len(contenders)), 0.32 * len(rows) + 1.6),
+        squeeze=False,
+        sharey="row",
+        layout="constrained",
+    )
+    colors = plt.get_cmap("tab10")
+    baselines = list(dict.fromkeys(b for _, b in rows))
+    for col, contender in enumerate(contenders):
+        ax = axes[0][col]
+        for y, (setting, baseline) in enumerate(rows):
+            hit = next(
+                (
+                    c
+                    for c in pooled
+                    if (c.contender, c.setting, c.baseline) == (contender, setting, baseline)
+                ),
+                None,
+            )
+            if hit is None or hit.diff.n < 2:
+                continue
+            color = colors(baselines.index(baseline) % 10)
+            ax.errorbar(
+                hit.diff.mean,
+                y,
+                xerr=[[hit.diff.mean - hit.diff.low], [hit.diff.high - hit.diff.mean]],
+                fmt="o",
+                color=color,
+                markersize=4,
+                capsize=2,
+            )
+        ax.axvline(0.0, color="grey", linewidth=0.8)
+        ax.set_yticks(range(len(rows)), [f"{titles[s]} vs {b}" for s, b in rows], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(f"{contender} minus baseline", fontsize=9)
+        ax.set_xlabel("paired difference, held-out metric")
+        ax.grid(alpha=0.3, axis="x")
+    fig.suptitle(
+        "Against the published baselines: mean over (family, seed) pairs, 95% interval",
+        fontsize=10,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     pyplot().close(fig)

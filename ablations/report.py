@@ -159,10 +159,12 @@ def render_report(
     figures: Mapping[str, Sequence[Path]],
     setting_info: Mapping[str, Mapping[str, Any]],
     preamble: Sequence[str] = (),
+    sections: Sequence[str] = (),
     relative_to: Path,
 ) -> str:
     """The whole report.md text. ``figures`` maps a setting to its PNGs; ``setting_info``
-    to facts about its models (pretraining loss, reward-model fit, ...)."""
+    to facts about its models (pretraining loss, reward-model fit, ...); ``sections``:
+    Markdown sections placed after the verdicts."""
     pct = f"{round(spec.confidence * 100)}%"
     out = [
         f"# Ablation report: {title}",
@@ -209,6 +211,8 @@ def render_report(
         "",
         _tally(verdicts, spec),
     ]
+    for section in sections:
+        out += ["", section]
     for s in spec.settings:
         blocks = [t for t in tables if t.setting == s.name]
         if not blocks:

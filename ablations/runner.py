@@ -34,6 +34,7 @@ import yaml
 from ablations import figures as figs
 from ablations.ablation_config import AblateConfig, deep_merge
 from ablations.cache import spec_hash
+from ablations.head_to_head import head_to_head, head_to_head_markdown
 from ablations.pretrain import TOKENIZER_DIR
 from ablations.report import render_report
 from ablations.results import (
@@ -48,7 +49,7 @@ from ablations.results import (
     write_result,
 )
 from ablations.settings import SETTINGS, SettingAssets
-from ablations.summary import SettingSpec, SummarySpec, summarize
+from ablations.summary import SettingSpec, SummarySpec, group_runs, summarize
 from backends.torch.errors import ConfigError
 from credit_core.cli import CommandError
 from credit_core.preemption import PreemptionWatch, signal_name
@@ -437,10 +438,12 @@ def _supervise(
         )
 
 
-def merge(cfg: AblateConfig, sources: Sequence[Path], *, command: str) -> Outputs:
+def merge(
+    cfg: AblateConfig, sources: Sequence[Path], *, command: str, earlier: Sequence[Path] = ()
+) -> Outputs:
     """Copy every planned run's folder, made with this config, from the shard output folders
     ``sources`` into ``cfg.output_dir`` (current runs already there are kept) and write the
-    outputs."""
+    outputs (``write_outputs``, with the ``earlier`` results.csv files)."""
     out = Path(cfg.output_dir)
     for run, fingerprint in fingerprints(cfg, plan_runs(cfg)).items():
         dest = run.folder(out)
@@ -452,7 +455,7 @@ def merge(cfg: AblateConfig, sources: Sequence[Path], *, command: str) -> Output
                     shutil.rmtree(dest)
                 shutil.copytree(run.folder(src), dest)
                 break
-    return write_outputs(cfg, command=command)
+    return write_outputs(cfg, command=command, earlier=earlier)
 
 
 def summary_spec(cfg: AblateConfig) -> SummarySpec:
@@ -500,14 +503,21 @@ def _setting_info(results: dict[RunKey, dict[str, Any]]) -> dict[str, dict[str, 
     return info
 
 
-def write_outputs(cfg: AblateConfig, *, command: str) -> Outputs:
+def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = ()) -> Outputs:
     """results.csv, figures and report.md of the whole plan, from the results in the output
-    folder.
+    folder, and for runs it does not hold, from the rows of ``earlier`` results.csv files
+    (of earlier runs of this config: their rows are used as written, and the report says
+    how many runs came from them).
 
     Raises ``ConfigError`` naming the missing runs when some have no result yet."""
     out = Path(cfg.output_dir)
     plan = plan_runs(cfg)
     found, missing = collect(plan, out, fingerprints(cfg, plan))
+    adopted: dict[RunKey, list[dict[str, Any]]] = {}
+    if missing and earlier:
+        earlier_rows = group_runs(row for path in earlier for row in read_csv(path))
+        adopted = {run: earlier_rows[run] for run in missing if run in earlier_rows}
+        missing = [run for run in missing if run not in adopted]
     if missing:
         names = ", ".join(r.relpath for r in missing[:10])
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
@@ -515,7 +525,11 @@ def write_outputs(cfg: AblateConfig, *, command: str) -> Outputs:
             f"{len(missing)} of {len(plan)} runs have no result for this config yet "
             f"({names}{more}); run the missing shards (or the whole config) first"
         )
-    rows = [row for run in plan for row in result_rows(run, found[run])]
+    rows = [
+        row
+        for run in plan
+        for row in (result_rows(run, found[run]) if run in found else adopted[run])
+    ]
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / CSV_FILE
     write_csv(csv_path, rows)
@@ -551,7 +565,7 @@ def write_outputs(cfg: AblateConfig, *, command: str) -> Outputs:
                 )
             )
         shown = next(
-            (r for r in plan if r.setting == s.name and found[r].get("credit_examples")), None
+            (r for r in found if r.setting == s.name and found[r].get("credit_examples")), None
         )
         if shown is not None:
             paths.append(
@@ -563,8 +577,10 @@ def write_outputs(cfg: AblateConfig, *, command: str) -> Outputs:
                 )
             )
         by_setting[s.name] = paths
-    total = sum(float(found[r]["wall_s"]) for r in plan)
-    threads = sorted({int(found[r].get("threads", 0)) for r in plan})
+    total = sum(
+        float(found[r]["wall_s"]) if r in found else float(adopted[r][0]["wall_s"]) for r in plan
+    )
+    threads = sorted({int(found[r].get("threads", 0)) for r in found})
     preamble = [
         "",
         f"{len(plan)} runs: {len(cfg.settings)} settings x {len(cfg.families)} "
@@ -580,6 +596,20 @@ def write_outputs(cfg: AblateConfig, *, command: str) -> Outputs:
         f"{total / 60:.1f} min on {', '.join(map(str, threads))} torch thread(s) "
         "(pretraining and reward-model training not included; they are cached).",
     ]
+    if adopted:
+        sources = ", ".join(f"`{p}`" for p in earlier)
+        preamble.append(
+            f"{len(adopted)} of the {len(plan)} runs were not rerun: their rows are read as "
+            f"written from the results of an earlier run of this config ({sources})."
+        )
+    sections = []
+    if cfg.report.contenders and cfg.report.published:
+        compared = head_to_head(rows, spec, cfg.report.contenders, cfg.report.published)
+        figure = figs.plot_head_to_head(fig_dir / "head_to_head.png", compared)
+        section = head_to_head_markdown(compared, spec.min_pairs)
+        rel = figure.relative_to(out).as_posix()
+        sections.append(f"{section}\n\n![head_to_head]({rel})")
+        by_setting.setdefault("", []).append(figure)
     report = render_report(
         title=cfg.name,
         command=command,
@@ -589,6 +619,7 @@ def write_outputs(cfg: AblateConfig, *, command: str) -> Outputs:
         figures=by_setting,
         setting_info=_setting_info(found),
         preamble=preamble,
+        sections=sections,
         relative_to=out,
     )
     report_path = out / REPORT_FILE

@@ -15,7 +15,7 @@ Public API::
 
 from credit_core.advantages import ESTIMATORS, group_advantages
 from credit_core.allocation import CreditDiagnostics, allocate_weights
-from credit_core.batch import SIGNALS, CreditBatch, PolicyStats
+from credit_core.batch import DIRECTION_SIGNALS, SIGNALS, CreditBatch, PolicyStats
 from credit_core.config import CreditConfig
 from credit_core.credit_step import CreditSignals, assign_credit
 from credit_core.errors import CreditError
@@ -51,6 +51,7 @@ from credit_core.work_path import (
 )
 
 __all__ = [
+    "DIRECTION_SIGNALS",
     "ENTRY_POINT_GROUP",
     "ESTIMATORS",
     "SIGNALS",

@@ -29,6 +29,11 @@ SIGNALS: frozenset[str] = frozenset(
         "prefix_rewards",
     }
 )
+#: The signals that come from a direction model (``policy_stats`` through its embedding
+#: table): a strategy reading one of them needs a direction model configured.
+DIRECTION_SIGNALS: frozenset[str] = frozenset(
+    {"reward_grad", "policy_stats", "unsigned_work", "reward_attention", "prefix_rewards"}
+)
 #: The per-token (B, T) floating signals, validated alike.
 TOKEN_SIGNALS: tuple[str, ...] = (
     "unsigned_work",

@@ -8,7 +8,9 @@ each phase's inputs and outputs are named in its signature (``backends.torch.ste
 2. ``signals(batch, pool) -> StepSignals``, the credit path: rewards, ``group_advantages``
    (groups never straddle ranks), old-policy log-probs at the rollout temperature, reference
    log-probs (if ``kl_coef > 0``), only the signals the credit strategy requires (RM
-   gradient, policy stats), then ``strategy.assign_with_diagnostics``;
+   gradient, policy stats or W0, the policy's entropy from the old-policy pass, the RM's
+   attention or prefix rewards from its scoring), then ``assign_credit`` (a batch-wide
+   selection sees every rank's values through ``DistContext.gather_values``);
 3. ``update(signals) -> UpdateResult``: ``ppo_epochs`` x ``updates_per_epoch`` optimizer
    steps of the clipped loss with token advantages (+ KL), micro-batched (``micro_step``
    -> ``UpdateTerms``), normalized by the step's global totals so the gradient equals the
@@ -32,7 +34,11 @@ from typing import Any
 
 import torch
 
-from adapters.policy import response_logprobs_and_stats, response_logprobs_and_work
+from adapters.policy import (
+    response_logprobs_and_entropy,
+    response_logprobs_and_stats,
+    response_logprobs_and_work,
+)
 from backends.torch import checkpoint as ckpt
 from backends.torch.config import (
     TrainConfig,
@@ -86,6 +92,7 @@ from backends.torch.step import (
     merged,
 )
 from credit_core import (
+    DIRECTION_SIGNALS,
     CreditSignals,
     CreditStrategy,
     PolicyStats,
@@ -134,19 +141,28 @@ class RunResult:
 @dataclass(frozen=True)
 class PolicyPass:
     """One no-grad pass of a policy over a rollout batch: log-probs (B, R) at the rollout
-    temperature and, when asked, ``PolicyStats`` (B, R[, d]) or DATC's W0 (B, R); 0 at
-    padding."""
+    temperature and, when asked, ``PolicyStats`` (B, R[, d]), DATC's W0 (B, R) or the
+    entropy H (B, R); 0 at padding."""
 
     logp: torch.Tensor
     stats: PolicyStats | None = None
     work: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
 
 
 def _reads(strategy: CreditStrategy) -> frozenset[str]:
     """The signals the trainer computes for ``strategy``: rewards are scored before the old
     policy's pass, so a strategy with ``work_requires`` gets W0 streamed from the reward
-    gradient instead of ``PolicyStats``."""
-    return type(strategy).signals_to_compute(reward_grad_first=True)
+    gradient instead of ``PolicyStats``. The old-policy pass gives one policy-side signal:
+    the entropy, or the statistics / W0, not both (no built-in strategy reads both)."""
+    reads = type(strategy).signals_to_compute(reward_grad_first=True)
+    if "token_entropy" in reads and reads & {"policy_stats", "unsigned_work"}:
+        raise ConfigError(
+            f"credit: strategy {strategy.name!r} reads token_entropy together with "
+            f"{sorted(reads & {'policy_stats', 'unsigned_work'})}; the native trainer's "
+            "old-policy pass gives one of them"
+        )
+    return reads
 
 
 def _labels(batch: RolloutBatch, pool: Sequence[Prompt]) -> list[Any]:
@@ -197,10 +213,17 @@ class GRPORecipe:
             device=dev,
             grad_points=self.strategy.reward_grad_points,
         )
-        if self.reads and self.reward.direction is None:
+        direction = self.reward.direction
+        if self.reads & DIRECTION_SIGNALS and direction is None:
             raise ConfigError(
                 f"credit: strategy {cfg.credit.name!r} needs a differentiable reward model "
                 "(reward.direction_model), but the config has none"
+            )
+        if "reward_attention" in self.reads and not (direction and direction.gives_attention):
+            raise ConfigError(
+                f"credit: strategy {cfg.credit.name!r} reads the reward model's attention, "
+                f"but the direction model ({type(direction).__name__}) has none; use a "
+                "transformer reward model (seq_classification or encoder_similarity)"
             )
         self.model = wrap_model(PolicyModule(self.policy.model), self.ctx, cfg.distributed.strategy)
         self.checkpointed = checkpointed_layers(self.model)  # policy.gradient_checkpointing
@@ -412,14 +435,16 @@ class GRPORecipe:
         embedding: torch.Tensor | None = None,
         stats: bool = False,
         reward_grad: torch.Tensor | None = None,
+        entropy: bool = False,
     ) -> PolicyPass:
         """No-grad log-probs (B, R) at the rollout temperature, micro-batched, with
-        ``PolicyStats`` (``stats``) or DATC's W0 from ``reward_grad`` (B, R, d), in the same
-        forward; both need the reward embedding table ``embedding`` (V, d)."""
+        ``PolicyStats`` (``stats``) or DATC's W0 from ``reward_grad`` (B, R, d), both needing
+        the reward embedding table ``embedding`` (V, d), or the entropy (``entropy``, from
+        the log-probs' own streamed LM-head pass), in the same forward."""
         cfg = self.cfg
         emb = embedding
         R = batch.response_len
-        logps, parts, works = [], [], []
+        logps, parts, works, entropies = [], [], [], []
         with torch.no_grad():
             for rows, mb in batch.micro_batches(cfg.algorithm.micro_batch_size):
                 with root_gathered(model, reshard=False):
@@ -434,6 +459,15 @@ class GRPORecipe:
                             reward_grad=reward_grad[rows, : mb.response_len],
                         )
                         works.append(pad_responses(w0, R))
+                    elif entropy:
+                        logp, h = response_logprobs_and_entropy(
+                            model,
+                            mb.input_ids,
+                            mb.attention_mask,
+                            mb.response_len,
+                            temperature=cfg.rollout.temperature,
+                        )
+                        entropies.append(pad_responses(h, R))
                     else:
                         logp, st = response_logprobs_and_stats(
                             model,
@@ -450,6 +484,7 @@ class GRPORecipe:
             torch.cat(logps),
             PolicyStats.cat(parts) if parts else None,
             torch.cat(works) if works else None,
+            torch.cat(entropies) if entropies else None,
         )
 
     def signals(
@@ -471,13 +506,15 @@ class GRPORecipe:
         strategy = strategy or self.strategy
         side = rewards or self.reward
         reads = _reads(strategy)
-        if reads and side.direction is None:
+        if reads & DIRECTION_SIGNALS and side.direction is None:
             raise ConfigError(f"credit: strategy {strategy.name!r} needs a direction model")
         reward = side.compute(
             batch,
             with_grad=bool(reads & {"reward_grad", "unsigned_work"}),
             micro_batch_size=cfg.algorithm.micro_batch_size,
             labels=_labels(batch, pool),
+            with_attention="reward_attention" in reads,
+            with_prefix_rewards="prefix_rewards" in reads,
         )
         advantages = group_advantages(
             reward.rewards, cfg.rollout.group_size, cfg.algorithm.estimator, cfg.algorithm.adv_eps
@@ -488,6 +525,7 @@ class GRPORecipe:
             embedding=side.embedding,
             stats="policy_stats" in reads,
             reward_grad=reward.reward_grad if "unsigned_work" in reads else None,
+            entropy="token_entropy" in reads,
         )
         ref_logp = kl_ref = None
         if self.ref_model is not None:
@@ -502,7 +540,11 @@ class GRPORecipe:
                 reward_grad=reward.reward_grad if "reward_grad" in reads else None,
                 policy_stats=old.stats,
                 unsigned_work=old.work,
+                token_entropy=old.entropy,
+                reward_attention=reward.attention,
+                prefix_rewards=reward.prefix_rewards,
             ),
+            gather=self.ctx.gather_values,
         )
         return StepSignals(
             batch=batch,

@@ -31,9 +31,15 @@ BASE: dict[str, object] = {"strategies": ["uniform", "datc"], "settings": ["targ
 def test_shipped_configs_load_and_have_the_promised_shape() -> None:
     quick = load_ablate_config(QUICK)
     originals = ["target_tokens", "minilm_shared", "minilm_bridge", "verifiable"]
-    assert list(quick.settings) == [*originals, "positional_sparse"]  # one sparse setting
-    assert [s.label for s in quick.strategies] == ["uniform", "datc", "datc_shuffled"]
-    assert quick.seeds == [0, 1] and len(plan_runs(quick)) == 30
+    # the sparse setting where the full report found DATC's gain, one dense setting (a tie)
+    assert list(quick.settings) == ["positional_sparse", "target_tokens"]
+    assert [s.label for s in quick.strategies] == ["uniform", "datc", "datc_mid", "entropy_top"]
+    assert quick.families == ["llama", "gpt2"] and quick.seeds == [0, 1, 2, 3]
+    pairs = len(quick.families) * len(quick.seeds)
+    assert pairs >= quick.report.min_pairs  # every setting gets a verdict
+    assert len(plan_runs(quick)) == pairs * (4 + 2)
+    assert quick.report.contenders == ["datc", "datc_mid"]
+    assert quick.report.published == ["entropy_top"]
     full = load_ablate_config(FULL)
     assert list(full.settings) == [*originals, "positional_sparse", "keyword_sparse"]
     mid = full.strategy("datc_mid")
@@ -48,9 +54,17 @@ def test_shipped_configs_load_and_have_the_promised_shape() -> None:
         "datc_shuffled",
         "datc_inverse",
         "saliency",
+        "entropy_top",
+        "random_top",
+        "abc",
+        "red",
     }
+    abc = full.strategy("abc")  # setting 5's reward model is a module without attention
+    assert abc.settings is not None and "positional_sparse" not in abc.settings
+    assert full.report.contenders == ["datc", "datc_mid"]
+    assert full.report.published == ["entropy_top", "random_top", "abc", "red"]
     assert full.families == ["llama", "gpt2"] and len(full.seeds) >= 4
-    assert len(plan_runs(full)) == (6 * 7 + 5) * 2 * len(full.seeds)
+    assert len(plan_runs(full)) == (6 * 10 + 5 + 5) * 2 * len(full.seeds)
 
 
 def test_strategy_label_and_settings(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from backends.torch.metrics import read_jsonl
 from backends.torch.models import build_policy
 from backends.torch.rollout_rewards import build_prompts_and_reward
 from backends.torch.trainer import GRPORecipe, RunResult, train
-from credit_core import group_advantages, token_work
+from credit_core import ScoreStrategy, group_advantages, token_work
 from credit_core.builtin_strategies import BUILTIN_STRATEGIES
 from tests.helpers.paths import REPO
 from tests.helpers.torch_tiny import build_policy_with_frequent_eos, comparable, tiny_config
@@ -48,7 +48,13 @@ def steps_of(history: list[dict[str, Any]], key: str = "reward/mean") -> list[in
 # ------------------------------------------------------------------ every strategy runs
 
 
-@pytest.mark.parametrize("strategy", BUILTIN)
+#: The built-in task's direction model is a module without attention: ``abc`` runs in
+#: tests/backends/torch/test_baselines.py with a transformer reward model.
+RUN_ON_TASK = [name for name in BUILTIN if name != "abc"]
+SCORE_BASED = {cls.name for cls in BUILTIN_STRATEGIES if issubclass(cls, ScoreStrategy)}
+
+
+@pytest.mark.parametrize("strategy", RUN_ON_TASK)
 def test_every_builtin_strategy_completes_three_steps_computing_only_what_it_needs(
     tmp_path: Path, strategy: str
 ) -> None:
@@ -60,7 +66,8 @@ def test_every_builtin_strategy_completes_three_steps_computing_only_what_it_nee
         assert all(math.isfinite(v) for v in record.values()), record
         assert record["signals/reward_grad_rows"] == (batch if "reward_grad" in requires else 0)
         assert record["signals/policy_stats_rows"] == (batch if "policy_stats" in requires else 0)
-        assert record["credit/weight_min"] > 0  # lam < 1: every token keeps the sign of A
+        if strategy in SCORE_BASED:
+            assert record["credit/weight_min"] > 0  # lam < 1: every token keeps the sign of A
 
 
 # ------------------------------------------- datc_mid, datc_ig: where the gradient is taken
