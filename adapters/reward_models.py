@@ -69,9 +69,10 @@ AttentionPooling = Literal["first", "last", "mean"]
 
 #: Encoder families whose ``*ForSequenceClassification`` reads the first token's last hidden
 #: state (transformers 5 source: BERT-style ``pooler`` on token 0, RoBERTa-style heads on
-#: ``features[:, 0, :]``, DistilBERT ``hidden_state[:, 0]``). ModernBERT and EuroBERT pool as
-#: their config's ``classifier_pooling`` says; other encoder families (BART's EOS token,
-#: Funnel, XLM's sequence summary, ...) are not listed: no attention is read from them.
+#: ``features[:, 0, :]``, DistilBERT ``hidden_state[:, 0]``, DeBERTa's ``ContextPooler``;
+#: some record no attention weights, see ``last_attention_module``). ModernBERT and EuroBERT
+#: pool as their config's ``classifier_pooling`` says; other encoder families (BART's EOS
+#: token, Funnel, XLM's sequence summary, ...) are not listed: no attention is read there.
 FIRST_TOKEN_CLASSIFIERS = frozenset(
     {
         "albert",
@@ -79,6 +80,8 @@ FIRST_TOKEN_CLASSIFIERS = frozenset(
         "camembert",
         "convbert",
         "data2vec-text",
+        "deberta",
+        "deberta-v2",
         "distilbert",
         "electra",
         "ernie",
@@ -86,6 +89,7 @@ FIRST_TOKEN_CLASSIFIERS = frozenset(
         "layoutlm",
         "megatron-bert",
         "mobilebert",
+        "mpnet",
         "nomic_bert",
         "roberta",
         "roberta-prelayernorm",
@@ -185,6 +189,13 @@ def pooled_attention(
     return torch.einsum("bhqk,bq->bk", weights, m) / total
 
 
+FLOAT64_EAGER = (
+    "; the eager attention of most decoders (Llama, Qwen2, ...) takes its softmax in float32, "
+    "where a float64 padding mask's minimum becomes -inf and a padded row NaN: run the reward "
+    "model in float32 or bfloat16 for ABC"
+)
+
+
 class LastLayerAttention:
     """A ``ForwardRecorder``: a transformers model's last-layer attention, head mean, in
     the row of the position its output is pooled from (``pooled_attention``), (B, L).
@@ -202,6 +213,9 @@ class LastLayerAttention:
     ``pooling`` "mean" is our reading of "the pooled position" of a mean-pooled encoder: its
     pooled vector is the mean of the attended positions' last hidden states, so its
     attention row is the mean of their attention rows.
+
+    Non-finite weights in the pooled row raise ``CreditError`` during the forward: a
+    float64 decoder's eager attention (softmax in float32) turns a left-padded row to NaN.
     """
 
     def __init__(
@@ -226,7 +240,15 @@ class LastLayerAttention:
                     f"attention: {type(self.module).__name__} returned no attention weights "
                     f"(B, H, L, L) under {model.config._attn_implementation!r} attention"
                 )
-            return pooled_attention(weights.detach(), mask, self.pooling)
+            row = pooled_attention(weights.detach(), mask, self.pooling)
+            bad = ~torch.isfinite(row).all(dim=1)
+            if bool(bad.any()):
+                raise CreditError(
+                    "attention: non-finite last-layer attention weights in rows "
+                    f"{torch.nonzero(bad).flatten().tolist()} under eager attention "
+                    f"({weights.dtype}){FLOAT64_EAGER if weights.dtype == torch.float64 else ''}"
+                )
+            return row
 
         if before != "eager":
             model.set_attn_implementation("eager")
