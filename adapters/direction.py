@@ -18,14 +18,26 @@ of the project's reward models do it:
 3. Move the gradient to policy positions: position by position on the fast path, through
    character offsets otherwise. Prompt and special-token gradients are not used.
 
+Two more signals come on request (issue #19), for the ABC and RED baselines:
+
+- ``with_attention``: the RM's last-layer attention (head mean) in the row of the position
+  its score is read from, recorded during the same forward (a ``ForwardRecorder`` the
+  concrete model supplies), restricted to the response tokens, moved to policy tokens like
+  the gradient and renormalized.
+- ``with_prefix_rewards``: s_t, the RM score of the prompt with the response's first t
+  tokens, and r_t = s_t - s_{t-1}. In general from extra no-grad forwards over all the
+  batch's prefixes (``prefix_scores``); for a causal classifier whose score head reads every
+  position, from the reward forward itself (a ``ForwardRecorder`` of that head).
+
 The concrete models live in ``adapters.reward_models``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -48,11 +60,27 @@ class RewardOutput:
       tokens truncated away by the RM's max length).
     - diagnostics: counters for logging (``rm/truncated_tokens``,
       ``bridge/dropped_rm_tokens``, ``bridge/dropped_grad_fraction``).
+    - attention (B, R) float32 or None (not asked for): alpha_t >= 0, the RM's last-layer
+      attention averaged over heads, in the row of the position its score is read from,
+      at policy response position t. Over a row's valid (mask True) response tokens it
+      sums to 1; exactly 0 at padding. Prompt and special tokens are left out before
+      renormalizing; with the vocabulary bridge each RM token's mass is shared among the
+      policy tokens it overlaps (as its gradient is), RM tokens that overlap none lose
+      theirs. A row that puts no attention mass on any response token (an empty response,
+      response tokens that all vanish through the bridge) is all 0.
+    - prefix_rewards (B, R) float32 or None (not asked for): s_{t+1} - s_t at response
+      position t < n_b (n_b: the row's valid response length), exactly 0 at padding, where
+      s_t is the RM score of the prompt with the response's first t tokens; s_{n_b} is
+      ``rewards[b]`` itself, so sum_t prefix_rewards[b, t] = rewards[b] - s_0. s_0 is the
+      score with an empty response, and 0 where the RM input would then hold no token at all
+      (no prompt, no special tokens: e.g. a ``ModuleRM`` reading the response alone).
     """
 
     rewards: torch.Tensor
     reward_grad: torch.Tensor | None = None
     diagnostics: dict[str, float] = field(default_factory=dict)
+    attention: torch.Tensor | None = None
+    prefix_rewards: torch.Tensor | None = None
 
 
 class DirectionModel(ABC):
@@ -70,6 +98,13 @@ class DirectionModel(ABC):
         """d, the width of the RM's input embeddings."""
         return int(self.reward_embedding.shape[1])
 
+    @property
+    def gives_attention(self) -> bool:
+        """Whether ``score(..., with_attention=True)`` can give ``attention`` (False here: a
+        model that can says so), known without scoring: a backend refuses an attention
+        strategy (ABC) at start-up with it."""
+        return False
+
     @abstractmethod
     def score(
         self,
@@ -79,13 +114,60 @@ class DirectionModel(ABC):
         response_mask: torch.Tensor,
         *,
         with_grad: bool,
+        with_attention: bool = False,
+        with_prefix_rewards: bool = False,
     ) -> RewardOutput:
-        """Rewards (B,) and, if ``with_grad``, the reward gradient (B, R, d).
+        """Rewards (B,) and, if asked, the reward gradient (B, R, d), the attention (B, R)
+        and the prefix rewards (B, R) (see ``RewardOutput``).
 
         prompt_ids/prompt_mask (B, P): the prompt in policy ids, padded on either side;
         response_ids/response_mask (B, R): the response, right-padded (the mask of each row
-        is a prefix). One forward (+ one backward) pass for the whole batch.
+        is a prefix). One forward (+ one backward) pass for the whole batch gives the
+        rewards, the gradient and the attention; prefix rewards may take more passes.
+        ``with_attention`` raises ``CreditError`` where ``gives_attention`` is False.
         """
+
+
+def score_rollout(
+    model: DirectionModel,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    with_grad: bool,
+    with_attention: bool = False,
+    with_prefix_rewards: bool = False,
+) -> RewardOutput:
+    """``model.score`` with only the signals asked for, each checked to be there.
+
+    ``with_attention`` / ``with_prefix_rewards`` are passed only when set, so a
+    ``DirectionModel`` whose ``score`` predates them (a user's ``kind: module`` factory)
+    still serves every strategy that does not read them. Raises ``CreditError`` when
+    attention is asked of a model whose ``gives_attention`` is False, or when an asked-for
+    output is missing or not (B, R).
+    """
+    if with_attention and not model.gives_attention:
+        raise CreditError(
+            f"attention: {type(model).__name__} gives no attention weights (gives_attention is "
+            "False); ABC needs a transformer reward model with attentions"
+        )
+    flags = {"with_attention": True} if with_attention else {}
+    if with_prefix_rewards:
+        flags["with_prefix_rewards"] = True
+    out = model.score(
+        prompt_ids, prompt_mask, response_ids, response_mask, with_grad=with_grad, **flags
+    )
+    for wanted, name, value in (
+        (with_attention, "attention", out.attention),
+        (with_prefix_rewards, "prefix_rewards", out.prefix_rewards),
+    ):
+        if not wanted:
+            continue
+        if value is None:
+            raise CreditError(f"{name}: asked of {type(model).__name__}.score, which returned none")
+        check_tensor(name, value, tuple(response_ids.shape), floating=True)
+    return out
 
 
 def check_rollout(
@@ -111,6 +193,23 @@ def check_rollout(
             f"rows {rows} are not"
         )
     return prompt_mask != 0, rmask
+
+
+@dataclass
+class Recorded:
+    """A tensor a forward hook records during one reward forward (None until it runs)."""
+
+    value: torch.Tensor | None = None
+
+
+class ForwardRecorder(Protocol):
+    """Records one tensor during the reward forward that runs inside ``record(inputs)``.
+
+    ``record`` is a context manager yielding the ``Recorded`` it fills; ``inputs`` are the
+    RM inputs of that forward. Its ``value`` is detached (B, L) over RM positions.
+    """
+
+    def record(self, inputs: RMInputs) -> AbstractContextManager[Recorded]: ...
 
 
 @dataclass(frozen=True)
@@ -140,6 +239,15 @@ class EmbeddingDirectionModel(DirectionModel):
       ids directly (then ``table`` is indexed by policy ids).
     - policy_vocab_size: rows of ``reward_embedding`` (the policy LM head's size; default
       the policy tokenizer's length, or the table's rows).
+    - prefix_batch_rows: rows (prompt + response prefix) per no-grad forward of
+      ``prefix_scores``; lower it when those forwards run out of memory.
+
+    Subclasses that can record more during the reward forward set, after this constructor:
+    ``attention_recorder`` (the pooled position's last-layer attention, (B, L) over RM
+    positions, head mean: then ``gives_attention`` is True; otherwise ``no_attention`` says
+    why not) and ``position_scores_recorder`` (the score at every RM position of a causal
+    classifier, (B, L): prefix rewards from the reward forward itself when nothing is
+    truncated; the subclass sets it only where that equals ``prefix_scores``).
     """
 
     def __init__(
@@ -155,11 +263,16 @@ class EmbeddingDirectionModel(DirectionModel):
         max_length: int,
         policy_vocab_size: int | None = None,
         on_nonfinite_grad: NonFiniteGrad = "error",
+        prefix_batch_rows: int = 64,
     ) -> None:
         if on_nonfinite_grad not in ("error", "pass"):
             raise CreditError(
                 f"on_nonfinite_grad: expected 'error' or 'pass', got {on_nonfinite_grad!r}"
             )
+        if isinstance(prefix_batch_rows, bool) or not isinstance(prefix_batch_rows, int):
+            raise CreditError(f"prefix_batch_rows: expected an int >= 1, got {prefix_batch_rows!r}")
+        if prefix_batch_rows < 1:
+            raise CreditError(f"prefix_batch_rows: expected an int >= 1, got {prefix_batch_rows}")
         check_tensor("reward model embedding table", table, (None, None), floating=True)
         self.modules = modules
         for module in modules:
@@ -171,6 +284,10 @@ class EmbeddingDirectionModel(DirectionModel):
         self.padding_side: PaddingSide = padding_side
         self.max_length = max_length
         self.on_nonfinite_grad: NonFiniteGrad = on_nonfinite_grad
+        self.prefix_batch_rows = prefix_batch_rows
+        self.attention_recorder: ForwardRecorder | None = None
+        self.no_attention = f"{type(self).__name__} records no attention weights"
+        self.position_scores_recorder: ForwardRecorder | None = None
         self._rm_backend = None if rm_tokenizer is None else plain_backend(rm_tokenizer)
         self.bridge: VocabBridge | None = None
         if rm_tokenizer is not None and policy_tokenizer is not None:
@@ -199,6 +316,11 @@ class EmbeddingDirectionModel(DirectionModel):
                 f"got shape {tuple(self.table.shape)}"
             )
         self.reward_embedding = E.to(acc)
+
+    @property
+    def gives_attention(self) -> bool:
+        """True when an ``attention_recorder`` is set (see the class docstring)."""
+        return self.attention_recorder is not None
 
     @property
     def identical_vocab(self) -> bool:
@@ -311,8 +433,16 @@ class EmbeddingDirectionModel(DirectionModel):
         response_mask: torch.Tensor,
         *,
         with_grad: bool,
+        with_attention: bool = False,
+        with_prefix_rewards: bool = False,
     ) -> RewardOutput:
-        """See ``DirectionModel.score``; errors are ``CreditError`` naming the tensor."""
+        """See ``DirectionModel.score``; errors are ``CreditError`` naming the tensor.
+
+        One forward (+ one backward with ``with_grad``) gives the rewards, the gradient and
+        the attention. Prefix rewards come from that same forward where a
+        ``position_scores_recorder`` is set and no RM input reached ``max_length``;
+        otherwise from ``prefix_scores``'s extra no-grad forwards (cost there).
+        """
         if any(m.training for module in self.modules for m in module.modules()):
             raise CreditError(
                 "reward model: a module is in train mode; a DirectionModel keeps its reward "
@@ -320,36 +450,109 @@ class EmbeddingDirectionModel(DirectionModel):
             )
         if with_grad and torch.is_inference_mode_enabled():
             raise CreditError("score(with_grad=True) cannot run under torch.inference_mode()")
+        attention_recorder = self.attention_recorder
+        if with_attention and attention_recorder is None:
+            raise CreditError(
+                f"attention: {self.no_attention}; ABC needs a transformer reward model with "
+                "attentions"
+            )
         prepared = self.prepare(prompt_ids, prompt_mask, response_ids, response_mask)
         inputs = prepared.inputs
-        B = response_ids.shape[0]
+        B, R = response_ids.shape
+        position_recorder = self.position_scores_recorder if with_prefix_rewards else None
+        if position_recorder is not None and bool(
+            (inputs.attention_mask.sum(dim=1) >= self.max_length).any()
+        ):
+            position_recorder = None  # a row may be truncated: its prefixes are not its cuts
         embeds = self.table[inputs.input_ids]
-        grad: torch.Tensor | None = None
-        if with_grad:
-            with torch.enable_grad():
-                embeds.requires_grad_(True)
-                rewards = self._checked_rewards(embeds, inputs, B)
-                (grad,) = torch.autograd.grad(rewards.sum(), embeds, allow_unused=True)
-            if grad is None:
-                grad = torch.zeros_like(embeds)
-        else:
-            with torch.no_grad():
-                rewards = self._checked_rewards(embeds, inputs, B)
-        rewards = rewards.detach()
-        bad = ~torch.isfinite(rewards)
-        if bool(bad.any()):
-            raise CreditError(
-                f"rewards: the reward model returned non-finite rewards in rows "
-                f"{torch.nonzero(bad).flatten().tolist()}"
-            )
+        attention: Recorded | None = None
+        positions: Recorded | None = None
+        with ExitStack() as recording:
+            if with_attention and attention_recorder is not None:
+                attention = recording.enter_context(attention_recorder.record(inputs))
+            if position_recorder is not None:
+                positions = recording.enter_context(position_recorder.record(inputs))
+            grad: torch.Tensor | None = None
+            if with_grad:
+                with torch.enable_grad():
+                    embeds.requires_grad_(True)
+                    rewards = self._checked_rewards(embeds, inputs, B)
+                    (grad,) = torch.autograd.grad(rewards.sum(), embeds, allow_unused=True)
+                if grad is None:
+                    grad = torch.zeros_like(embeds)
+            else:
+                with torch.no_grad():
+                    rewards = self._checked_rewards(embeds, inputs, B)
+        rewards = self._checked_finite("rewards", rewards.detach())
         acc = torch.promote_types(rewards.dtype, torch.float32)
         diagnostics = {"rm/truncated_tokens": float(inputs.n_truncated)}
-        reward_grad = None
+        rmask = response_mask != 0
+        out = RewardOutput(rewards.to(acc).to(response_ids.device), None, diagnostics)
         if grad is not None:
-            reward_grad = self._to_policy(grad.to(acc), prepared, diagnostics)
-            self._check_grad(reward_grad, response_mask != 0)
-            reward_grad = reward_grad.to(response_ids.device)
-        return RewardOutput(rewards.to(acc).to(response_ids.device), reward_grad, diagnostics)
+            reward_grad = self._grad_to_policy(grad.to(acc), prepared, diagnostics)
+            self._check_grad(reward_grad, rmask)
+            out = replace(out, reward_grad=reward_grad.to(response_ids.device))
+        if attention is not None:
+            alpha = self._attention_to_policy(_recorded(attention, "attention"), prepared)
+            out = replace(out, attention=_renormalized(alpha.to(response_ids.device), rmask))
+        if with_prefix_rewards:
+            if positions is not None:
+                recorded = _recorded(positions, "position scores")
+                scores = self._scores_at_cuts(recorded, inputs, R).to(response_ids.device)
+            else:
+                scores = self.prefix_scores(prompt_ids, prompt_mask, response_ids, response_mask)
+            out = replace(out, prefix_rewards=_telescoped(scores, out.rewards, rmask))
+        return out
+
+    def prefix_scores(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """s (B, R), accumulation dtype, on the response's device: s[b, t] is the RM score
+        of row b's prompt with the first t response tokens, for t < n_b (0 elsewhere).
+
+        The general path of prefix rewards (the full response, t = n_b, is the ordinary
+        reward). Each cut response goes through ``prepare`` like any response, so the
+        template's special tokens follow the cut (BERT's final [SEP]) and, through the
+        bridge, the cut policy tokens' text is re-tokenized. s_0 is the score with an empty
+        response; where the RM input would then hold no token at all (no prompt and no
+        special tokens), s_0 = 0 without a forward.
+
+        Cost: sum_b n_b rows (at most B * R: R forwards' worth of rows) in no-grad forwards
+        of ``prefix_batch_rows`` rows each, rows of similar t together; no backward. A
+        Python loop runs over those chunks only.
+        """
+        _, rmask = check_rollout(prompt_ids, prompt_mask, response_ids, response_mask)
+        B, R = response_ids.shape
+        device = response_ids.device
+        acc = torch.promote_types(self.table.dtype, torch.float32)
+        scores = torch.zeros(B, R, dtype=acc, device=device)
+        columns = torch.arange(R, device=device)
+        rows, cuts = torch.nonzero(columns < rmask.sum(dim=1, keepdim=True), as_tuple=True)
+        order = torch.argsort(cuts, stable=True)
+        rows, cuts = rows[order], cuts[order]
+        for start in range(0, int(rows.numel()), self.prefix_batch_rows):
+            b = rows[start : start + self.prefix_batch_rows]
+            t = cuts[start : start + self.prefix_batch_rows]
+            inputs = self.prepare(
+                prompt_ids[b], prompt_mask[b], response_ids[b], columns < t.unsqueeze(1)
+            ).inputs
+            filled = (inputs.attention_mask != 0).any(dim=1)
+            if not bool(filled.any()):
+                continue
+            if not bool(filled.all()):
+                inputs = _rows_of(inputs, filled)
+            with torch.no_grad():
+                values = self._checked_rewards(
+                    self.table[inputs.input_ids], inputs, inputs.input_ids.shape[0]
+                )
+            values = self._checked_finite("prefix scores", values)
+            keep = filled.to(device)
+            scores[b[keep], t[keep]] = values.to(device, acc)
+        return scores
 
     def _checked_rewards(self, embeds: torch.Tensor, inputs: RMInputs, B: int) -> torch.Tensor:
         rewards = self.reward_from_embeds(embeds, inputs)
@@ -360,32 +563,77 @@ class EmbeddingDirectionModel(DirectionModel):
             )
         return rewards
 
+    @staticmethod
+    def _checked_finite(name: str, rewards: torch.Tensor) -> torch.Tensor:
+        bad = ~torch.isfinite(rewards)
+        if bool(bad.any()):
+            raise CreditError(
+                f"{name}: the reward model returned non-finite rewards in rows "
+                f"{torch.nonzero(bad).flatten().tolist()}"
+            )
+        return rewards
+
     def _to_policy(
+        self, values: torch.Tensor, prepared: PreparedBatch
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``values`` (B, L, d) at RM positions -> (B, R, d) at policy response positions
+        (0 where none), plus, through the bridge, the RM response tokens' values (B, K, d)
+        and which of them were dropped (B, K) (None on the fast path)."""
+        d = values.shape[2]
+        if prepared.policy_index is not None:
+            index = prepared.policy_index
+            picked = values.gather(1, index.clamp(min=0).unsqueeze(2).expand(*index.shape, d))
+            return torch.where((index >= 0).unsqueeze(2), picked, 0.0), None, None
+        assert prepared.rm_spans is not None and prepared.policy_spans is not None
+        inputs = prepared.inputs
+        positions = inputs.response_positions
+        v_resp = values.gather(1, positions.unsqueeze(2).expand(*positions.shape, d))
+        v_resp = torch.where(inputs.response_valid.unsqueeze(2), v_resp, 0.0)
+        out, dropped = VocabBridge.move_gradients(
+            v_resp, prepared.rm_spans, inputs.response_valid, prepared.policy_spans
+        )
+        return out, v_resp, dropped
+
+    def _grad_to_policy(
         self,
         grad: torch.Tensor,
         prepared: PreparedBatch,
         diagnostics: dict[str, float],
     ) -> torch.Tensor:
-        d = grad.shape[2]
-        if prepared.policy_index is not None:
-            index = prepared.policy_index
-            picked = grad.gather(1, index.clamp(min=0).unsqueeze(2).expand(*index.shape, d))
-            return torch.where((index >= 0).unsqueeze(2), picked, 0.0)
-        assert prepared.rm_spans is not None and prepared.policy_spans is not None
-        inputs = prepared.inputs
-        positions = inputs.response_positions
-        g_resp = grad.gather(1, positions.unsqueeze(2).expand(*positions.shape, d))
-        g_resp = torch.where(inputs.response_valid.unsqueeze(2), g_resp, 0.0)
-        out, dropped = VocabBridge.move_gradients(
-            g_resp, prepared.rm_spans, inputs.response_valid, prepared.policy_spans
-        )
-        mass = g_resp.abs().sum(dim=2)
-        total = float(mass.sum())
-        diagnostics["bridge/dropped_rm_tokens"] = float(dropped.sum())
-        diagnostics["bridge/dropped_grad_fraction"] = (
-            float(mass[dropped].sum()) / total if total > 0 else 0.0
-        )
+        out, g_resp, dropped = self._to_policy(grad, prepared)
+        if g_resp is not None and dropped is not None:
+            mass = g_resp.abs().sum(dim=2)
+            total = float(mass.sum())
+            diagnostics["bridge/dropped_rm_tokens"] = float(dropped.sum())
+            diagnostics["bridge/dropped_grad_fraction"] = (
+                float(mass[dropped].sum()) / total if total > 0 else 0.0
+            )
         return out
+
+    def _attention_to_policy(self, row: torch.Tensor, prepared: PreparedBatch) -> torch.Tensor:
+        """The pooled attention row (B, L) over RM positions -> its mass on each policy
+        response token (B, R), not normalized: response tokens only (prompt and special
+        tokens are left out), RM-token mass shared by the bridge's character overlap."""
+        acc = torch.promote_types(row.dtype, torch.float32)
+        moved, _, _ = self._to_policy(row.to(acc).unsqueeze(2), prepared)
+        return moved[..., 0]
+
+    @staticmethod
+    def _scores_at_cuts(position_scores: torch.Tensor, inputs: RMInputs, R: int) -> torch.Tensor:
+        """s (B, R) as ``prefix_scores`` gives it, read off a causal classifier's score at
+        every RM position (B, L) in the reward forward (fast path, left padding, no suffix,
+        nothing truncated): s_t at the position of response token t - 1, s_0 at the one
+        before the response (0 where that is padding or there is none)."""
+        positions = inputs.response_positions
+        K = positions.shape[1]
+        before = positions[:, :1] - 1
+        at = torch.cat([before, positions[:, : K - 1]], dim=1)
+        acc = torch.promote_types(position_scores.dtype, torch.float32)
+        s = position_scores.to(acc).gather(1, at.clamp(min=0))
+        attended = inputs.attention_mask.gather(1, before.clamp(min=0)) != 0
+        s[:, :1] = torch.where((before >= 0) & attended, s[:, :1], 0.0)
+        s = torch.where(inputs.response_valid, s, 0.0)
+        return torch.nn.functional.pad(s, (0, max(R - K, 0)))[:, :R]
 
     def _check_grad(self, reward_grad: torch.Tensor, rmask: torch.Tensor) -> None:
         if self.on_nonfinite_grad == "pass":
@@ -420,3 +668,42 @@ def embedding_for_vocab(table: torch.Tensor, vocab: int) -> torch.Tensor:
 def masked_rows(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
     """Each row's ids where ``mask`` (bool) is set, as lists (one copy to the CPU)."""
     return [row[m].tolist() for row, m in zip(ids.cpu(), mask.cpu(), strict=True)]
+
+
+def _recorded(record: Recorded, name: str) -> torch.Tensor:
+    if record.value is None:
+        raise CreditError(
+            f"{name}: the reward model's forward did not run the module they are recorded from"
+        )
+    return record.value
+
+
+def _renormalized(mass: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``mass`` (B, R) >= 0 zeroed outside ``mask`` and scaled to sum to 1 per row, float32;
+    a row without mass stays all 0."""
+    mass = torch.where(mask, mass, 0.0)
+    total = mass.sum(dim=1, keepdim=True)
+    return torch.where(total > 0, mass / torch.where(total > 0, total, 1.0), 0.0).float()
+
+
+def _telescoped(scores: torch.Tensor, rewards: torch.Tensor, rmask: torch.Tensor) -> torch.Tensor:
+    """Prefix rewards (B, R) float32: s_{t+1} - s_t for t < n_b, 0 elsewhere, from
+    ``scores`` s_t (B, R) (t < n_b) and s_{n_b} = ``rewards`` (B,)."""
+    n = rmask.sum(dim=1, keepdim=True)
+    t = torch.arange(scores.shape[1], device=scores.device).unsqueeze(0)
+    following = torch.cat([scores[:, 1:], scores[:, :1]], dim=1)
+    following = torch.where(t == n - 1, rewards.to(scores.dtype).unsqueeze(1), following)
+    return torch.where(t < n, following - scores, 0.0).float()
+
+
+def _rows_of(inputs: RMInputs, rows: torch.Tensor) -> RMInputs:
+    """The rows ``rows`` (bool (B,)) of ``inputs``."""
+    return RMInputs(
+        input_ids=inputs.input_ids[rows],
+        attention_mask=inputs.attention_mask[rows],
+        token_type_ids=inputs.token_type_ids[rows],
+        position_ids=inputs.position_ids[rows],
+        response_positions=inputs.response_positions[rows],
+        response_valid=inputs.response_valid[rows],
+        n_truncated=inputs.n_truncated,
+    )

@@ -21,7 +21,7 @@ strategy whose ``reward_grad_points`` is n >= 1 (``datc_mid``, ``datc_ig``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -144,7 +144,9 @@ class PathGradientDirection(DirectionModel):
 
     Rewards are ``inner``'s at the sampled tokens (one RM forward); with ``with_grad`` the
     gradient costs ``points`` RM forward + backward passes and one ``expected`` call.
-    ``reward_embedding`` is ``inner``'s.
+    ``reward_embedding`` is ``inner``'s. Attention and prefix rewards are ``inner``'s,
+    passed through unchanged: the attention comes from that rewards forward, the prefix
+    rewards at ``inner``'s cost; ``gives_attention`` is ``inner``'s.
     """
 
     def __init__(
@@ -161,6 +163,10 @@ class PathGradientDirection(DirectionModel):
         self.alphas = path_alphas(points)
         self.reward_embedding = inner.reward_embedding
 
+    @property
+    def gives_attention(self) -> bool:
+        return self.inner.gives_attention
+
     def score(
         self,
         prompt_ids: torch.Tensor,
@@ -169,9 +175,17 @@ class PathGradientDirection(DirectionModel):
         response_mask: torch.Tensor,
         *,
         with_grad: bool,
+        with_attention: bool = False,
+        with_prefix_rewards: bool = False,
     ) -> RewardOutput:
         out = self.inner.score(
-            prompt_ids, prompt_mask, response_ids, response_mask, with_grad=False
+            prompt_ids,
+            prompt_mask,
+            response_ids,
+            response_mask,
+            with_grad=False,
+            with_attention=with_attention,
+            with_prefix_rewards=with_prefix_rewards,
         )
         if not with_grad:
             return out
@@ -186,7 +200,7 @@ class PathGradientDirection(DirectionModel):
             self.alphas,
         )
         grad = torch.where((response_mask != 0).unsqueeze(2), grad, 0.0)
-        return RewardOutput(out.rewards, grad.to(out.rewards.dtype), out.diagnostics)
+        return replace(out, reward_grad=grad.to(out.rewards.dtype))
 
 
 def path_direction(

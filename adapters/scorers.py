@@ -7,8 +7,8 @@
   ``CallableScorer`` wraps a ``TextScorer`` (decoding with the policy tokenizer, special
   tokens skipped); ``ModelScorer`` uses a ``DirectionModel``'s own reward.
 - ``RewardSignals``: a scorer plus an optional direction model; ``compute`` returns the
-  rewards and, when asked, the direction model's gradient, running the RM once when the
-  scorer *is* the direction model.
+  rewards and, when asked, the direction model's gradient, attention and prefix rewards,
+  running the RM once when the scorer *is* the direction model.
 - ``import_object("pkg.module:name")``: how configs name callables.
 """
 
@@ -17,12 +17,18 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from adapters.direction import DirectionModel, RewardOutput, check_rollout, masked_rows
+from adapters.direction import (
+    DirectionModel,
+    RewardOutput,
+    check_rollout,
+    masked_rows,
+    score_rollout,
+)
 from adapters.signature import accepts_keyword
 from credit_core import CreditError
 
@@ -158,28 +164,53 @@ class RewardSignals:
         *,
         with_grad: bool,
         labels: Sequence[Any] | None = None,
+        with_attention: bool = False,
+        with_prefix_rewards: bool = False,
     ) -> RewardOutput:
-        """Rewards (B,) float32 from the scorer (given the rows' ``labels``); ``reward_grad``
-        from the direction model when ``with_grad`` (one RM forward+backward; the scorer's RM
-        pass is shared when the scorer is the direction model itself)."""
+        """Rewards (B,) float32 from the scorer (given the rows' ``labels``); from the
+        direction model, when asked: ``reward_grad`` (``with_grad``), ``attention``
+        (``with_attention``) and ``prefix_rewards`` (``with_prefix_rewards``), see
+        ``RewardOutput``. One RM forward (+ backward) gives the gradient and the attention,
+        shared with the scorer's RM pass when the scorer is the direction model itself.
+
+        With a separate scorer the attention and prefix rewards are still the direction
+        model's (as its gradient is): its prefix rewards then sum to the direction model's
+        reward minus s_0, not to the scorer's reward.
+        """
         dm = self.direction_model
-        if with_grad and dm is None:
-            raise CreditError(
-                "reward_grad was asked for, but no direction model is configured "
-                "(set a differentiable reward model as the direction model)"
-            )
+        for wanted, signal in (
+            (with_grad, "reward_grad"),
+            (with_attention, "attention"),
+            (with_prefix_rewards, "prefix_rewards"),
+        ):
+            if wanted and dm is None:
+                raise CreditError(
+                    f"{signal} was asked for, but no direction model is configured "
+                    "(set a differentiable reward model as the direction model)"
+                )
         same = isinstance(self.scorer, ModelScorer) and self.scorer.model is dm
-        if same and dm is not None:
-            out = dm.score(
-                prompt_ids, prompt_mask, response_ids, response_mask, with_grad=with_grad
+        rewards: torch.Tensor | None = None
+        if not same:
+            rewards = self.scorer(
+                prompt_ids, prompt_mask, response_ids, response_mask, labels=labels
             )
-            return RewardOutput(out.rewards.float(), out.reward_grad, out.diagnostics)
-        rewards = self.scorer(prompt_ids, prompt_mask, response_ids, response_mask, labels=labels)
-        if not with_grad or dm is None:
+        if dm is None or not (same or with_grad or with_attention or with_prefix_rewards):
+            assert rewards is not None  # the scorer is not a direction model's
             return RewardOutput(rewards, None, {})
-        out = dm.score(prompt_ids, prompt_mask, response_ids, response_mask, with_grad=True)
+        out = score_rollout(
+            dm,
+            prompt_ids,
+            prompt_mask,
+            response_ids,
+            response_mask,
+            with_grad=with_grad,
+            with_attention=with_attention,
+            with_prefix_rewards=with_prefix_rewards,
+        )
+        if rewards is None:
+            return replace(out, rewards=out.rewards.float())
         diagnostics = {
             **out.diagnostics,
             "rm/direction_model_reward_mean": float(out.rewards.mean()),
         }
-        return RewardOutput(rewards, out.reward_grad, diagnostics)
+        return replace(out, rewards=rewards, diagnostics=diagnostics)

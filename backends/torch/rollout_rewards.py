@@ -26,7 +26,8 @@ from backends.torch.tasks import get_task
 
 
 class RolloutRewards:
-    """Rewards (B,) and, on request, the reward gradient (B, R, d) of a rollout batch."""
+    """Rewards (B,) and, on request, the reward gradient (B, R, d), the attention (B, R)
+    and the prefix rewards (B, R) of a rollout batch."""
 
     def __init__(self, signals: RewardSignals) -> None:
         self.signals = signals
@@ -48,11 +49,19 @@ class RolloutRewards:
         with_grad: bool,
         micro_batch_size: int,
         labels: Sequence[Any] | None = None,
+        with_attention: bool = False,
+        with_prefix_rewards: bool = False,
     ) -> RewardOutput:
-        """Rewards (B,) float32, the gradient (B, R, d) float32 if ``with_grad`` (else None;
-        0 at padding), and the adapters' diagnostics averaged over micro-batches.
-        ``labels`` (B,): each row's label, for text scorers that take labels."""
-        rewards, grads = [], []
+        """Rewards (B,) float32; the gradient (B, R, d) float32 if ``with_grad``, the
+        attention (B, R) float32 if ``with_attention`` and the prefix rewards (B, R) float32
+        if ``with_prefix_rewards`` (each None when not asked; 0 at padding, R the batch's
+        response length; see ``adapters.direction.RewardOutput``); and the adapters'
+        diagnostics averaged over micro-batches. ``labels`` (B,): each row's label, for text
+        scorers that take labels."""
+        rewards: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
+        attention: list[torch.Tensor] = []
+        prefix_rewards: list[torch.Tensor] = []
         diagnostics: dict[str, float] = {}
         calls = 0
         for rows, mb in batch.micro_batches(micro_batch_size):
@@ -63,17 +72,26 @@ class RolloutRewards:
                 mb.response_mask,
                 with_grad=with_grad,
                 labels=None if labels is None else labels[rows],
+                with_attention=with_attention,
+                with_prefix_rewards=with_prefix_rewards,
             )
             calls += 1
             rewards.append(out.rewards.float())
             for key, value in out.diagnostics.items():
                 diagnostics[key] = diagnostics.get(key, 0.0) + float(value)
-            if out.reward_grad is not None:
-                grads.append(pad_responses(out.reward_grad.float(), batch.response_len))
+            for part, parts in (
+                (out.reward_grad, grads),
+                (out.attention, attention),
+                (out.prefix_rewards, prefix_rewards),
+            ):
+                if part is not None:
+                    parts.append(pad_responses(part.float(), batch.response_len))
         return RewardOutput(
             torch.cat(rewards),
             torch.cat(grads) if with_grad else None,
             {k: v / calls for k, v in diagnostics.items()},
+            torch.cat(attention) if with_attention else None,
+            torch.cat(prefix_rewards) if with_prefix_rewards else None,
         )
 
 
