@@ -145,6 +145,12 @@ class AblateConfig(Section):
     )
     report: ReportConfig = Field(default_factory=ReportConfig)
     probes: ProbeConfig = Field(default_factory=ProbeConfig)
+    only: list[str] | None = Field(
+        default=None,
+        description="train only the runs of these strategy labels now (no report: merge the "
+        "rest with `merge --from` / `--rows`); null = the whole plan. Not part of any run's "
+        "fingerprint",
+    )
 
     @field_validator("strategies", mode="before")
     @classmethod
@@ -198,6 +204,9 @@ class AblateConfig(Section):
                     f"strategies: the baseline and the method run in every setting; remove "
                     f"'settings' from {strategy.label!r}"
                 )
+        unknown_only = sorted(set(self.only or []) - set(labels))
+        if unknown_only:
+            raise ValueError(f"only: {unknown_only} are not labels of the strategies {labels}")
         for role in ("contenders", "published"):
             unknown_labels = sorted(set(getattr(self.report, role)) - set(labels))
             if unknown_labels:

@@ -234,6 +234,12 @@ _ASSET_COST = {
 }
 
 
+def runs_now(cfg: AblateConfig, plan: Sequence[RunKey]) -> list[RunKey]:
+    """The runs of ``plan`` this invocation trains: all, or those of the strategies named by
+    ``cfg.only`` (the rest is left to other invocations)."""
+    return [r for r in plan if cfg.only is None or r.strategy in cfg.only]
+
+
 def run_fingerprint(cfg: AblateConfig, run: RunKey) -> str:
     """A hash of everything in ``cfg`` that determines ``run``'s result: its training
     section, the setting's parameters, the strategy's credit config,
@@ -285,14 +291,14 @@ def run_ablation(
     plan = plan_runs(cfg)
     if assets_only:
         pairs = sorted(
-            {(r.setting, r.family) for r in _pending(cfg, plan)},
+            {(r.setting, r.family) for r in _pending(cfg, runs_now(cfg, plan))},
             key=lambda p: (-_ASSET_COST.get(p[0], 0), p),
         )
         for setting, family in pairs[shard_index::shard_count]:
             _set_status(out, shard_index, f"assets of {setting}/{family}")
             build_assets(cfg, setting, family, log)
         return None
-    mine = shard_runs(plan, shard_index, shard_count)
+    mine = shard_runs(runs_now(cfg, plan), shard_index, shard_count)
     pending = _pending(cfg, mine)
     stale = sum((r.folder(out) / RESULT_FILE).is_file() for r in pending)
     log(
@@ -322,13 +328,24 @@ def run_ablation(
     if shard_count > 1:
         log(f"[ablate] shard {shard_index}/{shard_count} done")
         return None
+    return _outputs_unless_partial(cfg, command, log)
+
+
+def _outputs_unless_partial(cfg: AblateConfig, command: str, log: Log) -> Outputs | None:
+    """The outputs of the whole plan, or None with ``cfg.only`` set (part of the plan)."""
+    if cfg.only is not None:
+        log(
+            f"[ablate] the runs of {', '.join(cfg.only)} are done; the report needs the "
+            "whole plan: `python -m ablations merge` the other runs (--from, --rows)"
+        )
+        return None
     return write_outputs(cfg, command=command)
 
 
 WORKER_CONFIG = "ablate_config.yaml"
 
 
-def run_workers(cfg: AblateConfig, *, command: str, log: Log = print) -> Outputs:
+def run_workers(cfg: AblateConfig, *, command: str, log: Log = print) -> Outputs | None:
     """Run the plan with ``cfg.workers`` worker processes on this machine (each a shard,
     ``cfg.threads`` torch threads each): first the assets, spread over the workers, then the
     runs; then write the outputs. The resolved config is written to the output folder for
@@ -337,7 +354,7 @@ def run_workers(cfg: AblateConfig, *, command: str, log: Log = print) -> Outputs
     The runner supervises its workers (``_supervise``): one that dies, fails or hangs ends
     the runner (the others are stopped) with a ``WorkerFailedError`` naming it and its run; a
     stop signal is passed to every worker and ends the runner with ``RunStoppedError``. Finished
-    runs are kept either way, so the same command continues."""
+    runs are kept either way, so the same command continues. None with ``cfg.only``."""
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg_file = out / WORKER_CONFIG
@@ -352,7 +369,7 @@ def run_workers(cfg: AblateConfig, *, command: str, log: Log = print) -> Outputs
             subprocess.Popen([*argv, "--shard", f"{i}/{n}", *extra], env=env) for i in range(n)
         ]
         _supervise(procs, out, cfg.worker_timeout_s, phase)
-    return write_outputs(cfg, command=command)
+    return _outputs_unless_partial(cfg, command, log)
 
 
 def _last_progress(out: Path, index: int) -> tuple[str, float]:

@@ -218,6 +218,18 @@ def test_shards_and_merge_equal_the_unsharded_run(cache: Path, tmp_path: Path) -
     assert _table(outputs.csv) == _table(tmp_path / "whole" / CSV_FILE)
     half = len(plan_runs(adopting)) // 2
     assert f"{half} of the {2 * half} runs were not rerun" in outputs.report.read_text()
+    # `only`: one strategy's runs now, no report; merged with the earlier rows, the same table
+    partial = load_ablate_config(
+        QUICK, [*subset, f"output_dir={tmp_path / 'partial'}", "only=[datc]"]
+    )
+    logs = []
+    assert run_ablation(partial, command="test", log=logs.append) is None
+    assert any(", 4 to run" in m for m in logs) and any("merge" in m for m in logs[-1:]), logs
+    assert {p.parent.parent.name for p in (tmp_path / "partial").rglob(RESULT_FILE)} == {"datc"}
+    outputs = merge(
+        partial, [tmp_path / "partial"], command="test", earlier=[tmp_path / "whole" / CSV_FILE]
+    )
+    assert _table(outputs.csv) == _table(tmp_path / "whole" / CSV_FILE)
 
 
 def test_merge_names_missing_runs(cache: Path, tmp_path: Path) -> None:

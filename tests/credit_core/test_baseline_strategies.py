@@ -82,7 +82,7 @@ def test_entropy_top_mask_mode_is_trls_high_entropy_mask(seed: int, rho: float) 
 def test_entropy_top_selects_over_every_process_of_the_step() -> None:
     """The threshold is the quantile of both processes' entropies, not of this one's."""
     adv, mask = random_batch(3, B=4)
-    other_adv, other_mask = random_batch(4, B=4)
+    _, other_mask = random_batch(4, B=4)
     gen = torch.Generator().manual_seed(5)
     mine, theirs = torch.rand(mask.shape, generator=gen), 3 * torch.rand(mask.shape, generator=gen)
 

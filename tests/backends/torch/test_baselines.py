@@ -163,3 +163,47 @@ def test_gather_values_joins_every_ranks_values_of_unequal_length_in_rank_order(
     expected = torch.cat([torch.arange(3.0), torch.arange(5.0) + 10])
     for rank in (0, 1):
         assert torch.equal(torch.load(tmp_path / f"rank{rank}.pt"), expected)
+
+
+@pytest.fixture(scope="module")
+def bert_rm_setting(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Setting 1's assets at toy size: a word-level tiny policy and a tiny BERT reward model
+    (a transformer with attention) trained in-process on the target-word rate."""
+    from ablations.settings import TargetTokensParams, build_target_tokens
+
+    params = TargetTokensParams.model_validate(
+        {
+            "num_train": 16,
+            "num_held_out": 4,
+            "num_pretrain": 32,
+            "pretrain": {"steps": 2, "batch_size": 4},
+            "rm": {"examples": 32, "steps": 2, "batch_size": 8, "hidden": 16},
+        }
+    )
+    return build_target_tokens(params, "llama", tmp_path_factory.mktemp("assets"))
+
+
+@pytest.mark.parametrize("credit", ["abc", "red"])
+def test_abc_and_red_train_with_a_transformer_reward_model(
+    tmp_path: Path, bert_rm_setting: Any, credit: str
+) -> None:
+    from ablations.pretrain import TOKENIZER_DIR
+
+    assets = bert_rm_setting
+    cfg = tiny_config(
+        tmp_path / "run",
+        steps=2,
+        credit=credit,
+        reward=assets.reward,
+        rollout={"group_size": 4, "prompts_per_step": 2, "max_new_tokens": 6},
+    )
+    cfg["policy"] = {
+        "path": str(assets.policy_dir),
+        "tokenizer": str(assets.policy_dir / TOKENIZER_DIR),
+    }
+    cfg["data"] = assets.data
+    result = train(cfg)
+    for record in result.history:
+        assert all(v == v for v in record.values()), record  # no NaN
+        assert record["credit/uniform_fallbacks"] >= 0
+        assert record["signals/reward_grad_rows"] == 0  # neither takes the RM's gradient
