@@ -269,10 +269,12 @@ class EmbeddingDirectionModel(DirectionModel):
             raise CreditError(
                 f"on_nonfinite_grad: expected 'error' or 'pass', got {on_nonfinite_grad!r}"
             )
-        if isinstance(prefix_batch_rows, bool) or not isinstance(prefix_batch_rows, int):
+        if (
+            isinstance(prefix_batch_rows, bool)
+            or not isinstance(prefix_batch_rows, int)
+            or prefix_batch_rows < 1
+        ):
             raise CreditError(f"prefix_batch_rows: expected an int >= 1, got {prefix_batch_rows!r}")
-        if prefix_batch_rows < 1:
-            raise CreditError(f"prefix_batch_rows: expected an int >= 1, got {prefix_batch_rows}")
         check_tensor("reward model embedding table", table, (None, None), floating=True)
         self.modules = modules
         for module in modules:
@@ -673,7 +675,7 @@ def masked_rows(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
 def _recorded(record: Recorded, name: str) -> torch.Tensor:
     if record.value is None:
         raise CreditError(
-            f"{name}: the reward model's forward did not run the module they are recorded from"
+            f"{name}: the reward model's forward never ran the module they are recorded from"
         )
     return record.value
 
@@ -691,8 +693,9 @@ def _telescoped(scores: torch.Tensor, rewards: torch.Tensor, rmask: torch.Tensor
     ``scores`` s_t (B, R) (t < n_b) and s_{n_b} = ``rewards`` (B,)."""
     n = rmask.sum(dim=1, keepdim=True)
     t = torch.arange(scores.shape[1], device=scores.device).unsqueeze(0)
-    following = torch.cat([scores[:, 1:], scores[:, :1]], dim=1)
-    following = torch.where(t == n - 1, rewards.to(scores.dtype).unsqueeze(1), following)
+    following = torch.where(
+        t == n - 1, rewards.to(scores.dtype).unsqueeze(1), scores.roll(-1, dims=1)
+    )
     return torch.where(t < n, following - scores, 0.0).float()
 
 

@@ -189,7 +189,7 @@ def pooled_attention(
     return torch.einsum("bhqk,bq->bk", weights, m) / total
 
 
-FLOAT64_EAGER = (
+_FLOAT64_EAGER = (
     "; the eager attention of most decoders (Llama, Qwen2, ...) takes its softmax in float32, "
     "where a float64 padding mask's minimum becomes -inf and a padded row NaN: run the reward "
     "model in float32 or bfloat16 for ABC"
@@ -246,7 +246,7 @@ class LastLayerAttention:
                 raise CreditError(
                     "attention: non-finite last-layer attention weights in rows "
                     f"{torch.nonzero(bad).flatten().tolist()} under eager attention "
-                    f"({weights.dtype}){FLOAT64_EAGER if weights.dtype == torch.float64 else ''}"
+                    f"({weights.dtype}){_FLOAT64_EAGER if weights.dtype == torch.float64 else ''}"
                 )
             return row
 
@@ -286,25 +286,25 @@ class ScoreHeadOutputs:
         return output[..., 0]
 
 
-def _attention_recorder(
-    model: torch.nn.Module, pooling: AttentionPooling | None
-) -> LastLayerAttention | str:
-    """The recorder of ``model``'s pooled attention, or why there is none."""
+def _read_attention(
+    dm: EmbeddingDirectionModel, model: torch.nn.Module, pooling: AttentionPooling | None
+) -> None:
+    """Give ``dm`` the recorder of ``model``'s pooled attention, or say why there is none."""
     config: Any = getattr(model, "config", None)
-    kind = getattr(config, "model_type", type(model).__name__)
-    if pooling is None:
-        return (
-            f"the classifier of model_type {kind!r} pools no position we know (ABC reads that "
-            "position's attention row)"
-        )
     found = last_attention_module(model)
-    if found is None:
-        return (
+    if pooling is None:
+        dm.no_attention = (
+            f"the classifier of model_type {getattr(config, 'model_type', None)!r} pools no "
+            "position we know (ABC reads that position's attention row)"
+        )
+    elif found is None:
+        dm.no_attention = (
             f"{type(model).__name__} declares no attention module transformers records "
             "weights from (_can_record_outputs['attentions']) or cannot switch to eager "
             "attention (set_attn_implementation)"
         )
-    return LastLayerAttention(model, found[0], found[1], pooling)
+    else:
+        dm.attention_recorder = LastLayerAttention(model, found[0], found[1], pooling)
 
 
 class SeqClassificationRM(EmbeddingDirectionModel):
@@ -346,9 +346,9 @@ class SeqClassificationRM(EmbeddingDirectionModel):
                 "reward model: expected a single-label classifier (num_labels=1), "
                 f"got num_labels={getattr(config, 'num_labels', None)}"
             )
-        from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
-
         if padding_side is None:
+            from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
             padding_side = (
                 "right" if config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES else "left"
             )
@@ -372,11 +372,7 @@ class SeqClassificationRM(EmbeddingDirectionModel):
             prefix_batch_rows=prefix_batch_rows,
         )
         pooling = classifier_pooling(config)
-        recorder = _attention_recorder(model, pooling)
-        if isinstance(recorder, str):
-            self.no_attention = recorder
-        else:
-            self.attention_recorder = recorder
+        _read_attention(self, model, pooling)
         head = getattr(model, "score", None)
         if (
             pooling == "last"
@@ -456,11 +452,7 @@ class EncoderSimilarityRM(EmbeddingDirectionModel):
         with torch.no_grad():
             out = model(**{k: v.to(device) for k, v in enc.items()})
         self.target = mean_pool(out.last_hidden_state, enc["attention_mask"].to(device))[0]
-        recorder = _attention_recorder(model, "mean")
-        if isinstance(recorder, str):
-            self.no_attention = recorder
-        else:
-            self.attention_recorder = recorder
+        _read_attention(self, model, "mean")
 
     def embed(self, inputs_embeds: torch.Tensor, inputs: RMInputs) -> torch.Tensor:
         """Mean-pooled sentence embeddings (B, d_out) of ``inputs_embeds``."""
