@@ -129,6 +129,7 @@ class CreditGRPOConfig(GRPOConfig):
         self.credit = parse_credit(self.credit)
         self.direction = parse_direction(self.direction)
         self._check_sampling_matches_stats()
+        self._check_one_entropy_selection()
         self.credit_samples_compare = list(self.credit_samples_compare or [])
         labels = [c.label for c in self.credit_samples_configs]
         if len(set(labels)) != len(labels):
@@ -162,6 +163,16 @@ class CreditGRPOConfig(GRPOConfig):
                         f"strategy {self.credit_config.name!r} reads the distribution actually "
                         f"sampled from (policy_stats); leave {key} off"
                     )
+
+    def _check_one_entropy_selection(self) -> None:
+        """``credit: entropy_top`` is TRL's ``top_entropy_quantile`` as a credit strategy:
+        both at once would select twice; ``CreditError`` naming the key then."""
+        if self.credit_config.name == "entropy_top" and self.top_entropy_quantile < 1.0:
+            raise CreditError(
+                f"top_entropy_quantile: {self.top_entropy_quantile!r} applies TRL's own "
+                "high-entropy mask on top of credit strategy 'entropy_top', which already "
+                "selects the high-entropy tokens (its rho); leave top_entropy_quantile at 1.0"
+            )
 
     @property
     def credit_config(self) -> CreditConfig:

@@ -4,16 +4,18 @@ At a recorded optimizer step (every ``credit_samples_steps`` steps, by default a
 ``logging_steps``, and the last) at which ``CreditGRPOTrainer.token_advantages`` forms token
 advantages (every step in the loss phase; in the generation phase, the steps at which TRL
 generates: a generation serves ``steps_per_generation x num_iterations`` steps), the first
-time it does so for that step, ``TrlSampleRecorder.record`` takes
-``credit_samples_count`` responses of that batch (``backends.samples.records.pick_rows``:
+time it does so for that step (on every process at once), ``TrlSampleRecorder.record``
+takes ``credit_samples_count`` responses of that batch (``backends.samples.records.pick_rows``:
 in the generation phase the rows are TRL's contiguous groups of ``num_generations``; in the
 loss phase TRL has shuffled them, so the micro-batch is taken as one group: its highest and
 lowest A) with their prompt, tokens,
 reward (the weighted sum of TRL's reward functions, as TRL's advantage uses it), A and
 token advantages. Each compared strategy's token advantages come from ``assign_credit`` on
-the same rows with the same signals: a compared strategy must read no signal the run does
-not compute and take the reward gradient where the run takes it (refused at start-up
-otherwise). The main process appends the record to ``<output_dir>/credit_samples.jsonl``
+the same batch (all its valid rows, every process for a batch-wide selection such as
+``random_top``) with the same signals (``compared_signals``): a compared strategy must
+read no signal the run does not compute and take the reward gradient where the run takes
+it (refused at start-up otherwise). A recorded step whose picked rows hold no valid token
+is skipped. The main process appends the record to ``<output_dir>/credit_samples.jsonl``
 and, when TRL logs to TensorBoard, logs the heat-map as the image ``credit/samples``
 through TRL's own TensorBoard writer (same event files as its scalars).
 """
@@ -31,7 +33,6 @@ from credit_core import (
     CreditError,
     CreditSignals,
     CreditStrategy,
-    assign_credit,
     get_strategy,
 )
 
@@ -72,6 +73,12 @@ def compared_strategies(
     return out
 
 
+def compared_signals(strategy: CreditStrategy, signals: CreditSignals) -> CreditSignals:
+    """The part of the run's ``signals`` that the compared ``strategy`` reads."""
+    reads = type(strategy).signals_to_compute(reward_grad_first=True)
+    return CreditSignals(**{name: getattr(signals, name) for name in reads})
+
+
 class TrlSampleRecorder:
     """Records the credit samples of the TRL steps that are due (see the module docstring)."""
 
@@ -98,6 +105,11 @@ class TrlSampleRecorder:
         self._writer: SamplesWriter | None = None
         self._last = -1
 
+    @property
+    def labels(self) -> list[str]:
+        """The labels of the compared strategies."""
+        return [label for label, _ in self.compare]
+
     def due(self, step: int, max_steps: int) -> bool:
         """Whether optimizer step ``step`` (>= 1) is recorded and not recorded yet."""
         every = self.interval > 0 and (step % self.interval == 0 or step == max_steps)
@@ -107,25 +119,23 @@ class TrlSampleRecorder:
         self,
         step: int,
         batch: dict[str, Any],
-        token_advantages: torch.Tensor,
-        signals: CreditSignals,
+        credits: dict[str, torch.Tensor],
         mask: torch.Tensor,
         group_size: int,
     ) -> None:
         """Record ``step`` from ``batch`` (TRL's, with ``advantages`` (B,), ``prompt_ids``/
-        ``prompt_mask``, ``completion_ids`` and the rewards under ``REWARDS_KEY``), its
-        ``token_advantages`` (B, T), the ``signals`` they came from and the loss ``mask``."""
+        ``prompt_mask``, ``completion_ids`` and the rewards under ``REWARDS_KEY``), the
+        token advantages (B, T) of the run (``own``) and of each compared strategy
+        (``credits``, by label) and the loss ``mask``. The step counts as recorded even when
+        the picked rows hold no valid token (then nothing is written)."""
         self._last = step
         A = batch["advantages"]
         rows = [r for r in pick_rows(A, group_size, self.count) if bool(mask[r].any())]
+        if not rows:
+            return
         index = torch.tensor(rows, device=A.device)
         ids = batch["completion_ids"][index].long()
-        token_adv = {self.own: token_advantages[index]}
-        for label, strategy in self.compare:
-            reads = type(strategy).signals_to_compute(reward_grad_first=True)
-            theirs = CreditSignals(**{name: getattr(signals, name) for name in reads})
-            result = assign_credit(strategy, A[index], mask[index], ids, theirs.select(index))
-            token_adv[label] = result.token_advantages
+        token_adv = {label: credits[label][index] for label in (self.own, *self.labels)}
         prompts = [
             str(self.tokenizer.decode(p[m.bool()].tolist(), skip_special_tokens=False))
             for p, m in zip(batch["prompt_ids"][index], batch["prompt_mask"][index], strict=True)
@@ -137,7 +147,7 @@ class TrlSampleRecorder:
         record = StepSamples(
             step=step,
             strategy=self.own,
-            compare=[label for label, _ in self.compare],
+            compare=self.labels,
             samples=response_samples(
                 prompts=prompts,
                 tokens=tokens,

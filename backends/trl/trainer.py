@@ -3,33 +3,40 @@
 TRL computes the response advantages A (B,) in ``_generate_and_score_completions`` and its
 loss multiplies the importance ratio by ``inputs["advantages"]``, accepting a (B, T) tensor.
 This subclass replaces A by the token advantages of ``credit_core.assign_credit`` (0 at
-padding, row mean A over the valid tokens), computing only the signals the strategy reads.
-The reward gradient is always known before the policy statistics are reduced, so a
-strategy with ``work_requires`` (the DATC family) gets DATC's unsigned work W0 streamed in
-two matmuls per vocabulary tile instead of ``PolicyStats`` (``signals_to_compute``):
+padding), computing only the signals the strategy reads (``signals_to_compute``; the reward
+gradient is always known before the policy statistics are reduced, so a strategy with
+``work_requires``, the DATC family, gets DATC's unsigned work W0 streamed in two matmuls
+per vocabulary tile instead of ``PolicyStats``):
 
-- ``reward_grad`` (B, T, d): the direction model's input-embedding gradient, taken at
-  generation time with grad enabled (TRL's reward functions return scalars and run model
-  rewards under ``torch.inference_mode()``).
-- ``policy_stats`` or ``unsigned_work``: from the final hidden states of a policy forward
-  TRL already takes, at the parameters that sampled the batch, with no extra forward:
+- reward side (``reward_grad`` (B, T, d), ``reward_attention`` (B, T), ``prefix_rewards``
+  (B, T)): one scoring pass of the direction model at generation time, asking only for
+  what is read; with grad enabled when the gradient is read (TRL's reward functions return
+  scalars and run model rewards under ``torch.inference_mode()``), without otherwise.
+- policy side (``policy_stats`` or ``unsigned_work`` from the final hidden states,
+  ``token_entropy`` from TRL's fused LM head, which computes the entropy at TRL's
+  temperature in every forward): from a policy forward TRL already takes, at the parameters
+  that sampled the batch, with no extra forward:
 
   * where TRL takes an old-log-prob forward (``num_iterations > 1``, gradient accumulation
-    across generations, vLLM importance correction), from that forward's hidden states,
-    reduced at generation time once the reward gradient is known;
+    across generations, vLLM importance correction), from that forward, at generation time
+    (for the whole generation batch);
   * otherwise (the default on-policy setup) from the loss forward of each micro-batch, whose
-    parameters are still those that sampled it: the statistics are taken without grad
-    from its detached hidden states, and the token advantages are formed before TRL's loss
-    reads them (``_get_per_token_logps_and_entropies`` runs before that read).
+    parameters are still those that sampled it: the signals are taken without grad, and the
+    token advantages are formed before TRL's loss reads them
+    (``_get_per_token_logps_and_entropies`` runs before that read).
 
-Strategies that need no policy statistics (``uniform``, ``saliency``) get their token
-advantages at generation time. The credit diagnostics go to TRL's metrics as ``credit/...``.
+Strategies that read no policy-side signal get their token advantages at generation time.
+A strategy that selects tokens batch-wide (``entropy_top``, ``random_top``) takes its
+quantile over the batch the advantages are formed for, joined over every process
+(``process_gather``). The credit diagnostics go to TRL's metrics as ``credit/...``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -43,7 +50,12 @@ from adapters.grad_path import path_direction
 from adapters.reward_models import SeqClassificationRM
 from backends.trl.capture import HiddenCapture, lm_head
 from backends.trl.config import CreditGRPOConfig
-from backends.trl.credit_samples import REWARDS_KEY, TrlSampleRecorder, compared_strategies
+from backends.trl.credit_samples import (
+    REWARDS_KEY,
+    TrlSampleRecorder,
+    compared_signals,
+    compared_strategies,
+)
 from backends.trl.version import check_trl_version
 from credit_core import (
     CreditDiagnostics,
@@ -55,20 +67,81 @@ from credit_core import (
     policy_stats,
     unsigned_work,
 )
+from credit_core.baseline_strategies import TopFractionParams
+from credit_core.batch import Gather
 
-#: Key of the inputs dict that carries the reward gradient (B, T, d) from generation to the
-#: loss step (TRL shuffles and splits every tensor of that dict along dim 0).
-REWARD_GRAD_KEY = "credit_reward_grad"
+#: The reward-side signals: the ``RewardOutput`` field that holds each, and the
+#: ``DirectionModel.score`` option that asks for it.
+REWARD_SIDE: dict[str, tuple[str, str]] = {
+    "reward_grad": ("reward_grad", "with_grad"),
+    "reward_attention": ("attention", "with_attention"),
+    "prefix_rewards": ("prefix_rewards", "with_prefix_rewards"),
+}
 
-#: File of a checkpoint folder that holds the strategy's mutable state (when it has one).
+#: Prefix of the keys of the inputs dict that carry the reward-side signals from generation
+#: to the loss step (``credit_reward_grad``, ...; TRL shuffles and splits every tensor of that
+#: dict along dim 0).
+CARRY_PREFIX = "credit_"
+
+#: File of a checkpoint folder that holds the strategy's mutable state (when it has one) of a
+#: one-process run; with several processes, each writes ``credit_strategy_<rank>.pt``.
 STRATEGY_STATE_FILE = "credit_strategy.pt"
 
 #: Where the token advantages are formed: at generation time, or in each loss step.
 CreditPhase = Literal["generation", "loss"]
 
-#: Takes the detached final hidden states (B, T, H) of a policy forward at the positions
-#: that predict the completion tokens, and those tokens (B, T).
-HiddenConsumer = Callable[[torch.Tensor, torch.Tensor], None]
+
+@dataclass(frozen=True)
+class PolicyForward:
+    """What a policy forward TRL runs hands to the credit (all detached):
+
+    - ``token_ids`` (B, T): the completion tokens.
+    - ``hidden`` (B, T, H) or None: the final hidden states at the positions that predict
+      them; recorded only when policy statistics are read.
+    - ``entropy`` (B, T) float32 or None: TRL's fused-head entropy of p_t at TRL's
+      temperature (0 at masked positions); kept only when ``token_entropy`` is read.
+    """
+
+    token_ids: torch.Tensor
+    hidden: torch.Tensor | None
+    entropy: torch.Tensor | None
+
+
+#: Takes the ``PolicyForward`` of the next policy forward TRL runs.
+ForwardConsumer = Callable[[PolicyForward], None]
+
+
+def selects_batch_wide(strategy: CreditStrategy) -> bool:
+    """Whether ``strategy`` is one of ``credit_core``'s top-fraction selections
+    (``entropy_top``, ``random_top``), which gather their keys over every process at every
+    credit step: a process without a valid token must still take part in that gather."""
+    return isinstance(strategy.params, TopFractionParams)
+
+
+def process_gather(accelerator: Any) -> Gather | None:
+    """A ``credit_core`` ``Gather`` over ``accelerator``'s processes (None for one process):
+    each process's 1-D values concatenated in process order, whatever their lengths. The
+    lengths are gathered first, the values padded to the longest and gathered as float64
+    (exact for float32 and float64 values), the padding dropped, and the result cast back
+    to the caller's dtype; so a process with nothing to contribute takes part with an
+    empty tensor of any floating dtype. Every process must call it the same number of
+    times (it runs two collectives)."""
+    if accelerator.num_processes == 1:
+        return None
+
+    def gather(values: torch.Tensor) -> torch.Tensor:
+        count = torch.tensor([values.numel()], dtype=torch.long, device=values.device)
+        counts = accelerator.gather(count).tolist()
+        longest = max(counts)
+        if longest == 0:
+            return values
+        padded = torch.zeros(longest, dtype=torch.float64, device=values.device)
+        padded[: values.numel()] = values
+        rows = accelerator.gather(padded).reshape(len(counts), longest)
+        joined = torch.cat([row[:n] for row, n in zip(rows, counts, strict=True)])
+        return joined.to(values.dtype)
+
+    return gather
 
 
 class CreditGRPOTrainer(GRPOTrainer):
@@ -76,9 +149,11 @@ class CreditGRPOTrainer(GRPOTrainer):
 
     Takes ``GRPOTrainer``'s arguments, ``args`` a ``CreditGRPOConfig``, plus
     ``direction_model`` (an ``adapters.direction.DirectionModel`` in the policy's vocabulary).
-    When the strategy reads a signal and none is given, it is built from ``args.direction``,
-    else from the first reward model among ``reward_funcs`` (so ``credit: datc`` alone is
-    enough for a TRL run with a reward model).
+    When the strategy reads a signal of the direction model and none is given, it is built
+    from ``args.direction``, else from the first reward model among ``reward_funcs`` (so
+    ``credit: datc`` alone is enough for a TRL run with a reward model). A strategy that
+    reads ``reward_attention`` is refused (``CreditError`` naming ``direction``) when the
+    direction model gives none (``gives_attention`` False).
     ``credit_phase`` says where the token advantages are formed (see the module docstring).
     """
 
@@ -104,18 +179,27 @@ class CreditGRPOTrainer(GRPOTrainer):
         self.reads = type(self.strategy).signals_to_compute(reward_grad_first=True)
         self.needs_reward_grad = bool(self.reads & {"reward_grad", "unsigned_work"})
         self.needs_policy_stats = bool(self.reads & {"policy_stats", "unsigned_work"})
+        self.needs_entropy = "token_entropy" in self.reads
+        #: the reward-side signals the direction model's scoring pass gives (``REWARD_SIDE``)
+        gradient = frozenset({"reward_grad"} if self.needs_reward_grad else ())
+        self.scored = gradient | (self.reads & {"reward_attention", "prefix_rewards"})
         self.direction: DirectionModel | None = None
-        if self.needs_reward_grad or self.needs_policy_stats:
+        if self.scored or self.needs_policy_stats:
             self.direction = direction_model or self._build_direction(args)
+            self._check_direction_gives(self.direction)
         if self.strategy.reward_grad_points:  # datc_mid, datc_ig: m1 at TRL's temperature
             points = self.strategy.reward_grad_points
             self.direction = path_direction(self.direction, self.policy, points, self.temperature)
+        self.needs_policy_forward = self.needs_policy_stats or self.needs_entropy
         self.credit_phase: CreditPhase = (
-            "loss" if self.needs_policy_stats and not self.takes_old_logp_forward else "generation"
+            "loss"
+            if self.needs_policy_forward and not self.takes_old_logp_forward
+            else "generation"
         )
         self._capture = HiddenCapture(self.policy) if self.needs_policy_stats else None
-        self._on_hidden: HiddenConsumer | None = None
-        self._old_hidden: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._on_forward: ForwardConsumer | None = None
+        self._old_forward: PolicyForward | None = None
+        self._gather = process_gather(self.accelerator)
         self.samples = self._build_recorder(args)
         self._local_rewards: torch.Tensor | None = None
 
@@ -189,21 +273,43 @@ class CreditGRPOTrainer(GRPOTrainer):
             "model in reward_funcs, or pass direction_model= to CreditGRPOTrainer"
         )
 
+    def _check_direction_gives(self, direction: DirectionModel) -> None:
+        """``CreditError`` naming ``direction`` when the strategy reads the direction model's
+        attention (``reward_attention``) and ``direction`` gives none."""
+        if "reward_attention" in self.scored and not direction.gives_attention:
+            raise CreditError(
+                f"direction: strategy {self.strategy.name!r} reads the direction model's "
+                f"attention (reward_attention), but {type(direction).__name__} gives none "
+                "(gives_attention is False); use a direction model with attention over its "
+                "input (docs/reward_models.md)"
+            )
+
+    def _strategy_state_file(self) -> str:
+        """``STRATEGY_STATE_FILE``; with several processes, this process's own file (each
+        process's stream advances with the shape of its own batches)."""
+        if self.accelerator.num_processes == 1:
+            return STRATEGY_STATE_FILE
+        return f"credit_strategy_{self.accelerator.process_index}.pt"
+
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        """TRL's checkpoint, plus the strategy's mutable state (``datc_shuffled``'s random
-        stream) in ``STRATEGY_STATE_FILE`` when it has any."""
+        """TRL's checkpoint, plus the strategy's mutable state (``datc_shuffled``'s and
+        ``random_top``'s random streams), when it has any, in ``_strategy_state_file()``
+        (written by every process, as transformers writes its RNG states)."""
         super()._save_checkpoint(model, trial)  # type: ignore[no-untyped-call]
         state = self.strategy.state_dict()
-        if state and self.args.should_save:
+        if state:
             folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            path = os.path.join(self._get_output_dir(trial=trial), folder, STRATEGY_STATE_FILE)
-            torch.save(state, path)
+            path = os.path.join(self._get_output_dir(trial=trial), folder)
+            os.makedirs(path, exist_ok=True)
+            torch.save(state, os.path.join(path, self._strategy_state_file()))
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         """TRL's resume, plus the strategy's state saved by ``_save_checkpoint``."""
         super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[no-untyped-call]
-        path = None if checkpoint is None else os.path.join(checkpoint, STRATEGY_STATE_FILE)
-        if path is not None and os.path.exists(path):
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, self._strategy_state_file())
+        if os.path.exists(path):
             self.strategy.load_state_dict(torch.load(path, weights_only=True))
 
     # -------------------------------------------------------------------------- signals
@@ -214,66 +320,99 @@ class CreditGRPOTrainer(GRPOTrainer):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         logits_to_keep: int,
-        *args: Any,
+        batch_size: int | None = None,
+        compute_entropy: bool = False,
         **kwargs: Any,
     ) -> Any:
-        """TRL's forward; when a consumer waits for them (``_on_hidden``), the policy's final
-        hidden states of this forward are recorded and handed over (detached) with the
-        completion tokens ``input_ids[:, -logits_to_keep:]``."""
-        consumer, self._on_hidden = self._on_hidden, None
+        """TRL's forward. When a consumer waits for it (``_on_forward``), this forward's
+        ``PolicyForward`` is handed over: the final hidden states (recorded when policy
+        statistics are read) and the entropies TRL's fused head computes in every forward
+        (kept when ``token_entropy`` is read; TRL's caller gets them only if it asked)."""
+        consumer, self._on_forward = self._on_forward, None
+        forward = super()._get_per_token_logps_and_entropies
         if consumer is None:
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            return forward(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy,
+                **kwargs,
             )
-        assert self._capture is not None  # set whenever statistics are needed
-        with self._capture.recording() as chunks:
-            result = super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+        recording: AbstractContextManager[list[torch.Tensor]] = (
+            self._capture.recording() if self._capture is not None else nullcontext([])
+        )
+        with recording as chunks:
+            logps, entropies, *rest = forward(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size=batch_size,
+                compute_entropy=compute_entropy or self.needs_entropy,
+                **kwargs,
             )
-        # hidden state j predicts token j + 1: completion tokens are predicted by -T-1 .. -2
-        hidden = torch.cat(chunks)[:, -logits_to_keep - 1 : -1]
-        consumer(hidden.detach(), input_ids[:, -logits_to_keep:])
-        return result
+        hidden = None
+        if self._capture is not None:
+            # hidden state j predicts token j + 1: completion tokens are predicted by -T-1 .. -2
+            hidden = torch.cat(chunks)[:, -logits_to_keep - 1 : -1].detach()
+        entropy = entropies.detach().float() if self.needs_entropy else None
+        consumer(PolicyForward(input_ids[:, -logits_to_keep:], hidden, entropy))
+        return (logps, entropies if compute_entropy else None, *rest)
 
     def credit_signals(
-        self,
-        reward_grad: torch.Tensor | None,
-        hidden: torch.Tensor | None = None,
-        token_ids: torch.Tensor | None = None,
+        self, scored: Mapping[str, torch.Tensor], forward: PolicyForward | None = None
     ) -> CreditSignals:
-        """The signals the strategy reads (``self.reads``): ``reward_grad`` (B, T, d), and,
-        from the policy's final hidden states (B, T, H) at the positions that predict
-        ``token_ids`` (B, T), DATC's W0 (streamed with ``reward_grad``) or ``PolicyStats``;
-        no grad, TRL's temperature."""
-        grad = reward_grad if "reward_grad" in self.reads else None
-        if hidden is None or token_ids is None:
-            return CreditSignals(reward_grad=grad)
-        assert self.direction is not None
-        h = hidden.float() if self.credit_args.cast_lm_head_to_fp32 else hidden
+        """The signals the strategy reads (``self.reads``): the reward-side ones from
+        ``scored`` (``score_rewards``), and from a policy ``forward``: its entropy, and,
+        from its hidden states, DATC's W0 (streamed with ``scored["reward_grad"]``) or
+        ``PolicyStats`` (no grad, TRL's temperature)."""
+        found: dict[str, Any] = {name: scored[name] for name in REWARD_SIDE if name in self.reads}
+        if forward is None:
+            return CreditSignals(**found)
+        if self.needs_entropy:
+            found["token_entropy"] = forward.entropy
+        if not self.needs_policy_stats:
+            return CreditSignals(**found)
+        assert self.direction is not None and forward.hidden is not None
+        h = forward.hidden.float() if self.credit_args.cast_lm_head_to_fp32 else forward.hidden
         kw: dict[str, Any] = {
             "temperature": self.temperature,
             "chunk_size": self.credit_args.credit_stats_chunk_size,
         }
         E = self.direction.reward_embedding
+        ids = forward.token_ids
         with torch.no_grad(), lm_head(self.policy) as (weight, bias):
             if "unsigned_work" in self.reads:
-                assert reward_grad is not None
-                w0 = unsigned_work(h, weight, token_ids, E, reward_grad, lm_head_bias=bias, **kw)
-                return CreditSignals(unsigned_work=w0)
-            stats = policy_stats(h, weight, token_ids, E, lm_head_bias=bias, **kw)
-        return CreditSignals(reward_grad=grad, policy_stats=stats)
+                g = scored["reward_grad"]
+                found["unsigned_work"] = unsigned_work(
+                    h, weight, ids, E, g, lm_head_bias=bias, **kw
+                )
+            else:
+                found["policy_stats"] = policy_stats(h, weight, ids, E, lm_head_bias=bias, **kw)
+        return CreditSignals(**found)
 
-    def reward_grad(self, batch: dict[str, Any]) -> torch.Tensor:
-        """dR / d(RM input embedding) (B, T, d) at the completion tokens of ``batch`` (TRL's
-        generation output), scored in chunks of TRL's per-device batch size."""
+    def score_rewards(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The reward-side signals ``self.scored`` of ``batch`` (TRL's generation output):
+        ``reward_grad`` (B, T, d) dR / d(RM input embedding), ``reward_attention`` and
+        ``prefix_rewards`` (B, T), at its completion tokens, from ONE scoring pass of the
+        direction model per chunk of TRL's per-device batch size, with grad only when the
+        gradient is read. Only the options asked for are passed to ``score`` (a direction
+        model written before ``with_attention``/``with_prefix_rewards`` keeps working for
+        the strategies that read neither)."""
+        if not self.scored:
+            return {}
         assert self.direction is not None
         size = (
             self.args.per_device_train_batch_size
             if self.policy.training
             else self.args.per_device_eval_batch_size
         )
-        parts = []
-        with torch.enable_grad():
+        with_grad = "reward_grad" in self.scored
+        options = {REWARD_SIDE[name][1]: True for name in self.scored if name != "reward_grad"}
+        parts: dict[str, list[torch.Tensor]] = {name: [] for name in self.scored}
+        with torch.enable_grad() if with_grad else torch.no_grad():
             for start in range(0, batch["completion_ids"].shape[0], size):
                 rows = slice(start, start + size)
                 out = self.direction.score(
@@ -281,11 +420,19 @@ class CreditGRPOTrainer(GRPOTrainer):
                     batch["prompt_mask"][rows],
                     batch["completion_ids"][rows],
                     batch["completion_mask"][rows],
-                    with_grad=True,
+                    with_grad=with_grad,
+                    **options,
                 )
-                assert out.reward_grad is not None
-                parts.append(out.reward_grad.detach())
-        return torch.cat(parts)
+                for name, chunks in parts.items():
+                    field, option = REWARD_SIDE[name]
+                    value = getattr(out, field)
+                    if value is None:
+                        raise CreditError(
+                            f"direction: {type(self.direction).__name__}.score({option}=True) "
+                            f"returned no {field}"
+                        )
+                    chunks.append(value.detach())
+        return {name: torch.cat(chunks) for name, chunks in parts.items()}
 
     # --------------------------------------------------------------------------- credit
 
@@ -301,34 +448,34 @@ class CreditGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
         """TRL's generation batch with ``advantages`` (B, T) where credit is formed at
-        generation time; in the loss phase, with the reward gradient (if needed) attached;
-        with the rows' rewards attached when credit samples are recorded."""
-        old_forward = self.needs_policy_stats and self.credit_phase == "generation"
+        generation time; in the loss phase, with the reward-side signals (if any) attached
+        under ``CARRY_PREFIX``; with the rows' rewards attached when credit samples are
+        recorded."""
+        old_forward = self.needs_policy_forward and self.credit_phase == "generation"
         if old_forward:
-            self._on_hidden = self._keep_old_hidden
+            self._on_forward = self._keep_old_forward
         try:
             output: dict[str, Any] = super()._generate_and_score_completions(inputs)
         finally:
-            pending, self._on_hidden = self._on_hidden, None
+            pending, self._on_forward = self._on_forward, None
         if self._local_rewards is not None:
             output[REWARDS_KEY], self._local_rewards = self._local_rewards, None
         if old_forward and (pending is not None or "old_per_token_logps" not in output):
             raise RuntimeError(
                 "CreditGRPOTrainer: TRL took no old-log-prob forward where TRL 1.16 takes one; "
-                "the policy statistics are missing (is the installed TRL the supported one?)"
+                "the policy-side signals are missing (is the installed TRL the supported one?)"
             )
-        reward_grad = self.reward_grad(output) if self.needs_reward_grad else None
+        scored = self.score_rewards(output)
         if self.credit_phase == "loss":
-            if reward_grad is not None:
-                output[REWARD_GRAD_KEY] = reward_grad
+            for name, value in scored.items():
+                output[CARRY_PREFIX + name] = value
             return output
-        old, self._old_hidden = self._old_hidden, None
-        signals = self.credit_signals(reward_grad, *(old or (None, None)))
-        output["advantages"] = self.token_advantages(output, signals)
+        old, self._old_forward = self._old_forward, None
+        output["advantages"] = self.token_advantages(output, self.credit_signals(scored, old))
         return output
 
-    def _keep_old_hidden(self, hidden: torch.Tensor, token_ids: torch.Tensor) -> None:
-        self._old_hidden = (hidden, token_ids)
+    def _keep_old_forward(self, forward: PolicyForward) -> None:
+        self._old_forward = forward
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         """TRL's loss; in the loss phase the token advantages are formed from this step's
@@ -336,17 +483,16 @@ class CreditGRPOTrainer(GRPOTrainer):
         if self.credit_phase != "loss":
             return super()._compute_loss(model, inputs)  # type: ignore[no-any-return,no-untyped-call]
         batch = dict(inputs)  # the buffered generation batch keeps its (B,) advantages
-        reward_grad = batch.pop(REWARD_GRAD_KEY, None)
+        scored = {name: batch.pop(CARRY_PREFIX + name) for name in self.scored}
 
-        def form_credit(hidden: torch.Tensor, token_ids: torch.Tensor) -> None:
-            signals = self.credit_signals(reward_grad, hidden, token_ids)
-            batch["advantages"] = self.token_advantages(batch, signals)
+        def form_credit(forward: PolicyForward) -> None:
+            batch["advantages"] = self.token_advantages(batch, self.credit_signals(scored, forward))
 
-        self._on_hidden = form_credit
+        self._on_forward = form_credit
         try:
             loss: torch.Tensor = super()._compute_loss(model, batch)  # type: ignore[no-untyped-call]
         finally:
-            pending, self._on_hidden = self._on_hidden, None
+            pending, self._on_forward = self._on_forward, None
         if pending is not None:
             raise RuntimeError("CreditGRPOTrainer: TRL's loss took no policy forward")
         return loss
@@ -354,44 +500,64 @@ class CreditGRPOTrainer(GRPOTrainer):
     def token_advantages(self, batch: dict[str, Any], signals: CreditSignals) -> torch.Tensor:
         """Token advantages (B, T) float32 of ``batch`` (``advantages`` (B,),
         ``completion_ids``/``completion_mask`` (B, T), optional ``tool_mask``) and the
-        strategy's ``signals`` by ``assign_credit``: 0 where TRL's loss mask is 0, row mean
-        A over the valid tokens.
+        strategy's ``signals`` by ``assign_credit``: 0 where TRL's loss mask is 0.
 
-        Rows without a valid token (truncated completions TRL masks out) get 0. Logs the
-        diagnostics into TRL's metrics.
+        Rows without a valid token (truncated completions TRL masks out) get 0. A batch-wide
+        selection takes its quantile over this batch of every process. Logs the diagnostics
+        into TRL's metrics; records the credit samples when due (the compared strategies on
+        the same batch, signals and processes).
         """
-        advantages = batch["advantages"]
         mask = batch["completion_mask"].bool()
         if "tool_mask" in batch:
             mask = mask & batch["tool_mask"].bool()
-        token_ids = batch["completion_ids"].long()
-        rows = mask.any(dim=1)
-        token_adv = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        diagnostics: CreditDiagnostics | None = None
-        if bool(rows.any()):
-            every = bool(rows.all())
-            result = assign_credit(
-                self.strategy,
-                advantages if every else advantages[rows],
-                mask if every else mask[rows],
-                token_ids if every else token_ids[rows],
-                signals if every else signals.select(rows),
-            )
-            token_adv[rows] = result.token_advantages
-            diagnostics = result.diagnostics
+        token_adv, diagnostics = self._assign(self.strategy, batch, mask, signals)
         self._log_credit(diagnostics)
         step = self.state.global_step + 1
         if (
             self.samples is not None
             and self.policy.training
             and REWARDS_KEY in batch
-            and bool(rows.any())
             and self.samples.due(step, self.state.max_steps)
         ):
+            credits = {self.samples.own: token_adv}
+            for label, strategy in self.samples.compare:
+                theirs = compared_signals(strategy, signals)
+                credits[label] = self._assign(strategy, batch, mask, theirs)[0]
             shuffled = self.credit_phase == "loss"  # TRL shuffled the rows: one group
             group = mask.shape[0] if shuffled else int(self.num_generations or 1)
-            self.samples.record(step, batch, token_adv, signals, mask, group)
+            self.samples.record(step, batch, credits, mask, group)
         return token_adv
+
+    def _assign(
+        self,
+        strategy: CreditStrategy,
+        batch: dict[str, Any],
+        mask: torch.Tensor,
+        signals: CreditSignals,
+    ) -> tuple[torch.Tensor, CreditDiagnostics | None]:
+        """``assign_credit`` of ``strategy`` on the rows of ``batch`` with a valid token
+        (``mask`` (B, T) bool), with ``process_gather`` for a strategy that reads other
+        processes' values: token advantages (B, T) float32, 0 at the other rows, and the
+        diagnostics (None without a valid row). Without a valid row, a process still takes
+        part in the gather of ``selects_batch_wide`` strategies (a plugin strategy that
+        gathers would wait for it: its batches must not run empty on a process)."""
+        rows = mask.any(dim=1)
+        token_adv = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        if not bool(rows.any()):
+            if self._gather is not None and selects_batch_wide(strategy):
+                self._gather(torch.zeros(0, device=mask.device))
+            return token_adv, None
+        every = bool(rows.all())
+        result = assign_credit(
+            strategy,
+            batch["advantages"] if every else batch["advantages"][rows],
+            mask if every else mask[rows],
+            batch["completion_ids"].long() if every else batch["completion_ids"][rows].long(),
+            signals if every else signals.select(rows),
+            gather=self._gather,
+        )
+        token_adv[rows] = result.token_advantages
+        return token_adv, result.diagnostics
 
     def _log_credit(self, diagnostics: CreditDiagnostics | None) -> None:
         """Append the diagnostics, reduced over processes, to ``self._metrics[mode]``:

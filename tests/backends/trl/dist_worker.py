@@ -1,6 +1,9 @@
-"""Run under ``torchrun --nproc_per_node 2`` by ``test_distributed.py``: two DATC steps of
-``CreditGRPOTrainer`` on CPU (gloo); each rank checks the token advantages that reach TRL's
-loss (0 at padding, row means A) and writes what it saw to ``<out>/rank<k>.json``."""
+"""Run under ``torchrun --nproc_per_node 2`` by ``test_distributed.py``: on CPU (gloo), two
+DATC steps of ``CreditGRPOTrainer``, each rank checking the token advantages that reach
+TRL's loss (0 at padding, row means A); two ``entropy_top`` steps, each rank checking its
+selection against TRL's own ``get_high_entropy_mask`` (quantile over both ranks); one
+``random_top`` step saved to a checkpoint (each rank's stream in its own file). Each rank
+writes what it saw to ``<out>/rank<k>.json``."""
 
 from __future__ import annotations
 
@@ -48,8 +51,46 @@ def main(out: Path) -> None:
         "phase": trainer.credit_phase,
         "batches": seen,
         "metrics": [k for r in trainer.state.log_history for k in r if k.startswith("credit/")],
+        "entropy_top_is_trl": entropy_top_matches_trl(task, tokenizer, out / "entropy", original),
+        "random_top_state": random_top_state_saved(task, tokenizer, out / "random"),
     }
     (out / f"rank{acc.process_index}.json").write_text(json.dumps(record))
+
+
+def entropy_top_matches_trl(task: Any, tokenizer: Any, out: Path, original: Any) -> list[bool]:
+    """Per loss batch of two entropy_top steps: whether the token advantages equal A times
+    TRL's ``get_high_entropy_mask`` (its own forward's entropies, quantile over both ranks)."""
+    same: list[bool] = []
+
+    def spy(self: Any, model: Any, inputs: dict[str, Any]) -> Any:
+        A, mask = inputs["advantages"].clone(), inputs["completion_mask"]
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        attn = torch.cat([inputs["prompt_mask"], mask], dim=1)
+        with torch.no_grad():  # TRL's own forward, bypassing the trainer's hand-over
+            _, entropies, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+                self, model, ids, attn, mask.shape[1], compute_entropy=True
+            )
+        selected = self.get_high_entropy_mask(entropies, mask, 0.8)
+        loss = original(self, model, inputs)
+        same.append(bool(torch.equal(inputs["advantages"], A.unsqueeze(1) * selected)))
+        return loss
+
+    GRPOTrainer._compute_loss = spy  # type: ignore[method-assign]
+    try:
+        make_trainer(task, tokenizer, out, credit="entropy_top", max_steps=2).train()
+    finally:
+        GRPOTrainer._compute_loss = original  # type: ignore[method-assign]
+    return same
+
+
+def random_top_state_saved(task: Any, tokenizer: Any, out: Path) -> bool:
+    """Whether one random_top step saved this rank's own random stream with checkpoint-1."""
+    settings = {"save_strategy": "steps", "save_steps": 1, "max_steps": 1}
+    trainer = make_trainer(task, tokenizer, out, credit="random_top", **settings)
+    trainer.train()
+    rank = trainer.accelerator.process_index
+    state = torch.load(out / "checkpoint-1" / f"credit_strategy_{rank}.pt", weights_only=True)
+    return bool(torch.equal(state["generator"], trainer.strategy.generator.get_state()))
 
 
 if __name__ == "__main__":

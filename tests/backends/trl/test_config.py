@@ -56,6 +56,11 @@ def test_yaml_mapping_direction_and_command_line_override(tmp_path: Path) -> Non
         ("credit: datc\ntop_k: 50\n", r"^top_k: 50 truncates the sampling distribution"),
         ("credit: datc\ntop_p: 0.9\n", r"^top_p: 0.9 truncates"),
         ("credit: datc\ngeneration_kwargs: {min_p: 0.1}\n", r"^generation_kwargs.min_p: 0.1"),
+        (
+            "credit: entropy_top\ntop_entropy_quantile: 0.2\n",
+            r"^top_entropy_quantile: 0.2 applies TRL's own high-entropy mask on top of credit",
+        ),
+        ("credit: {name: entropy_top, mode: both}\n", r"^credit: strategy 'entropy_top'"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, yaml_text: str, message: str) -> None:
@@ -65,6 +70,14 @@ def test_bad_values_name_the_key(tmp_path: Path, yaml_text: str, message: str) -
 
 def test_truncated_sampling_is_fine_for_strategies_without_stats(tmp_path: Path) -> None:
     assert _parse(tmp_path, "credit: saliency\ntop_k: 50\n").top_k == 50
+
+
+def test_baseline_strategies_from_yaml(tmp_path: Path) -> None:
+    args = _parse(tmp_path, "credit: {name: entropy_top, rho: 0.1, mode: weight}\n")
+    assert args.to_dict()["credit"] == {"name": "entropy_top", "rho": 0.1, "mode": "weight"}
+    assert _parse(tmp_path, "credit: datc\ntop_entropy_quantile: 0.2\n").top_entropy_quantile == 0.2
+    for name in ("random_top", "abc", "red"):
+        assert _parse(tmp_path, f"credit: {name}\n").credit_config.name == name
 
 
 def test_other_trl_versions_are_refused() -> None:

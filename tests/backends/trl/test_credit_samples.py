@@ -65,3 +65,23 @@ def test_off_and_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     err = capsys.readouterr().err
     assert "credit_samples_compare.0: 'datc' reads ['unsigned_work']" in err
     assert "'uniform' computes no signal" in err
+
+
+def test_entropy_top_beside_its_random_control(tmp_path: Path) -> None:
+    """``credit: entropy_top`` from the command line, random_top compared: each recorded
+    response holds entropy_top's mean-keeping weights and random_top's 0/1 selection, both
+    taken over the whole batch."""
+    own = '{"name": "entropy_top", "mode": "weight"}'
+    extra = ["--credit", own, "--credit_samples_compare", "random_top", "uniform"]
+    assert run(tmp_path, *extra) == 0
+    records = read_samples(tmp_path / "credit_samples.jsonl")
+    assert [r.step for r in records] == [1, 2]
+    labels = {"entropy_top(mode=weight)", "random_top", "uniform"}
+    for record in records:
+        assert set(record.labels) == labels
+        for s in record.samples:
+            if s.advantage == 0:
+                continue
+            w = s.weights("entropy_top(mode=weight)")
+            assert sum(w) / len(w) == pytest.approx(1.0, abs=1e-4)  # type: ignore[arg-type]
+            assert set(s.weights("random_top")) <= {0.0, 1.0}  # type: ignore[arg-type]

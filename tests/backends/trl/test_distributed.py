@@ -1,4 +1,5 @@
-"""Two CPU processes (torchrun, gloo): DATC under TRL's data-parallel training."""
+"""Two CPU processes (torchrun, gloo): DATC, entropy_top (its quantile over both processes,
+as TRL's) and random_top's checkpointed streams under TRL's data-parallel training."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_processes_datc(tmp_path: Path) -> None:
+def test_two_processes(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if torchrun is None:
         pytest.skip("torchrun is not installed next to this python")
@@ -61,3 +62,6 @@ def test_two_processes_datc(tmp_path: Path) -> None:
             assert batch["rows"] == 16 and batch["zero_at_padding"] and batch["uneven"]
             assert batch["row_mean_err"] < 1e-4
     assert "credit/weight_max" in ranks[0]["metrics"]
+    for rank in ranks:
+        assert rank["entropy_top_is_trl"] == [True, True]
+        assert rank["random_top_state"]

@@ -157,26 +157,33 @@ class ForwardCounter:
             self.other += 1
 
 
+@pytest.mark.parametrize("credit", ["datc", "entropy_top"])
 @pytest.mark.parametrize(
     ("settings", "phase"),
     [({}, "loss"), ({"num_iterations": 2}, "generation")],
     ids=["default-on-policy", "num_iterations=2"],
 )
-def test_datc_takes_no_extra_policy_forward(
-    task: TaskData, tokenizer: Any, tmp_path: Any, settings: dict[str, Any], phase: str
+def test_policy_signals_take_no_extra_policy_forward(
+    task: TaskData,
+    tokenizer: Any,
+    tmp_path: Any,
+    settings: dict[str, Any],
+    phase: str,
+    credit: str,
 ) -> None:
+    """datc's hidden states and entropy_top's entropies come from forwards TRL runs anyway."""
     fixed = {"generation_kwargs": {"min_new_tokens": 16}, **settings}  # same generate steps
     counts = []
     for stock in (True, False):
         trainer = make_trainer(
-            task, tokenizer, tmp_path / str(stock), stock=stock, credit="datc", **fixed
+            task, tokenizer, tmp_path / str(stock), stock=stock, credit=credit, **fixed
         )
         counter = ForwardCounter(trainer.model)
         trainer.train()
         counts.append((counter.fused, counter.other))
         if not stock:
             assert trainer.credit_phase == phase
-    assert counts[0] == counts[1], f"stock TRL {counts[0]} vs datc {counts[1]} (fused, other)"
+    assert counts[0] == counts[1], f"stock TRL {counts[0]} vs {credit} {counts[1]} (fused, other)"
     per_step = 1 if phase == "loss" else 3  # 2 iterations + TRL's old-log-prob forward / 2 steps
     assert counts[0][0] == 2 * per_step or phase == "generation"
 
@@ -218,16 +225,17 @@ def test_strategy_needing_signals_without_direction_names_the_key(
         )
 
 
+@pytest.mark.parametrize("name", ["datc_shuffled", "random_top"])
 def test_strategy_state_is_checkpointed_and_resumed(
-    task: TaskData, tokenizer: Any, tmp_path: Any
+    task: TaskData, tokenizer: Any, tmp_path: Any, name: str
 ) -> None:
-    """datc_shuffled's random stream is saved with TRL's checkpoint and restored on resume:
-    4 steps in one go and 2 + 2 resumed from checkpoint-2 end in the same stream state
-    (fixed-length completions, so every step draws the same amount)."""
+    """datc_shuffled's and random_top's random streams are saved with TRL's checkpoint and
+    restored on resume: 4 steps in one go and 2 + 2 resumed from checkpoint-2 end in the
+    same stream state (fixed-length completions, so every step draws the same amount)."""
     from backends.trl.trainer import STRATEGY_STATE_FILE
 
     settings = {
-        "credit": {"name": "datc_shuffled", "seed": 3},
+        "credit": {"name": name, "seed": 3},
         "save_strategy": "steps",
         "save_steps": 2,
         "max_steps": 4,
