@@ -72,6 +72,7 @@ class _TopFractionStrategy(CreditStrategy):
 
     Params: ClassVar[type[BaseModel]] = TopFractionParams
     params: TopFractionParams
+    gathers = True
 
     @abstractmethod
     def keys(self, batch: CreditBatch) -> torch.Tensor:

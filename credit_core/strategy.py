@@ -68,6 +68,10 @@ class CreditStrategy(ABC):
       DATC-family strategies declare ``{"unsigned_work"}`` next to ``requires =
       {"reward_grad", "policy_stats"}``. Backends ask ``signals_to_compute``.
     - ``Params``: a pydantic model of the parameters (unknown keys rejected).
+    - ``gathers``: True when ``assign`` reads the values of the step's other processes
+      through ``CreditBatch.gather``, called exactly once per call (a collective): a
+      backend then has every process take part at every credit step, one without a valid
+      token by gathering an empty tensor.
 
     ``reward_grad_points`` says where the ``reward_grad`` the strategy reads is taken: 0 (the
     default, DATC as published) at the sampled tokens' embeddings; n >= 1 averaged over n
@@ -84,6 +88,7 @@ class CreditStrategy(ABC):
     requires: ClassVar[frozenset[str]] = frozenset()
     work_requires: ClassVar[frozenset[str] | None] = None
     Params: ClassVar[type[BaseModel]] = NoParams
+    gathers: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -114,7 +114,6 @@ class DistContext:
             mine = torch.cat(parts)
         return mine.to(tensor.device)
 
-
     def gather_values(self, values: torch.Tensor) -> torch.Tensor:
         """A 1-D tensor concatenated over ranks in rank order, on ``values``' device; the
         lengths may differ between ranks (each is padded to the longest for the

@@ -67,7 +67,6 @@ from credit_core import (
     policy_stats,
     unsigned_work,
 )
-from credit_core.baseline_strategies import TopFractionParams
 from credit_core.batch import Gather
 
 #: The reward-side signals: the ``RewardOutput`` field that holds each, and the
@@ -109,13 +108,6 @@ class PolicyForward:
 
 #: Takes the ``PolicyForward`` of the next policy forward TRL runs.
 ForwardConsumer = Callable[[PolicyForward], None]
-
-
-def selects_batch_wide(strategy: CreditStrategy) -> bool:
-    """Whether ``strategy`` is one of ``credit_core``'s top-fraction selections
-    (``entropy_top``, ``random_top``), which gather their keys over every process at every
-    credit step: a process without a valid token must still take part in that gather."""
-    return isinstance(strategy.params, TopFractionParams)
 
 
 def process_gather(accelerator: Any) -> Gather | None:
@@ -539,12 +531,12 @@ class CreditGRPOTrainer(GRPOTrainer):
         (``mask`` (B, T) bool), with ``process_gather`` for a strategy that reads other
         processes' values: token advantages (B, T) float32, 0 at the other rows, and the
         diagnostics (None without a valid row). Without a valid row, a process still takes
-        part in the gather of ``selects_batch_wide`` strategies (a plugin strategy that
-        gathers would wait for it: its batches must not run empty on a process)."""
+        part, with an empty tensor, in the one gather of a ``gathers`` strategy
+        (``CreditStrategy.gathers``)."""
         rows = mask.any(dim=1)
         token_adv = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         if not bool(rows.any()):
-            if self._gather is not None and selects_batch_wide(strategy):
+            if self._gather is not None and type(strategy).gathers:
                 self._gather(torch.zeros(0, device=mask.device))
             return token_adv, None
         every = bool(rows.all())

@@ -179,6 +179,7 @@ def test_shards_and_merge_equal_the_unsharded_run(cache: Path, tmp_path: Path) -
         "settings.verifiable.train={steps: 2, eval: {interval: 1}}",
         "strategies=[uniform, datc]",
         "control=null",
+        "report={contenders: [], published: []}",
     ]
     subset = [s for s in subset if not s.startswith("settings.minilm")]
     whole = load_ablate_config(QUICK, [*subset, f"output_dir={tmp_path / 'whole'}"])
