@@ -18,7 +18,7 @@ of the project's reward models do it:
 3. Move the gradient to policy positions: position by position on the fast path, through
    character offsets otherwise. Prompt and special-token gradients are not used.
 
-Two more signals come on request (issue #19), for the ABC and RED baselines:
+Two more signals come on request, for the ABC and RED baselines (docs/design.md, "Baselines"):
 
 - ``with_attention``: the RM's last-layer attention (head mean) in the row of the position
   its score is read from, recorded during the same forward (a ``ForwardRecorder`` the
