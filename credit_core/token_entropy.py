@@ -1,17 +1,19 @@
 """The policy's per-token entropy H_t = -sum_v p_t[v] log p_t[v], p_t = softmax(logits_t /
 temperature), streamed over the vocabulary (``fold_tiles`` with ``Entropy``): no (B, T, V)
 tensor is formed. ``streamed_logprobs_and_entropy`` folds the sampled token's log-prob into
-the same pass (the old policy's pass of a backend that needs both)."""
+the same pass (the old policy's pass of a backend that needs both); ``token_entropy_from_logits``
+reduces logits a backend has already materialized (OpenRLHF's actor forward)."""
 
 from __future__ import annotations
 
 import torch
 
-from credit_core.logits_tiles import fold_tiles, lm_head_logits
+from credit_core.logits_tiles import fold_tiles, lm_head_logits, materialized_logits
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE, DEFAULT_TILE_ELEMENTS
 from credit_core.tensor_checks import (
     check_lm_head,
     check_streaming,
+    check_tensor,
     check_tile_elements,
     check_token_ids,
 )
@@ -45,6 +47,31 @@ def token_entropy(
     logits = lm_head_logits(h, W, lm_head_bias, temperature, acc)
     with torch.no_grad():
         fold_tiles(logits, (entropy,), chunk_size, tile_elements, acc)
+    return entropy.entropy.reshape(B, T)
+
+
+def token_entropy_from_logits(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    tile_elements: int = DEFAULT_TILE_ELEMENTS,
+) -> torch.Tensor:
+    """H (B, T), the entropy of softmax(logits / temperature), from materialized logits
+    (B, T, V) floating, streamed over the vocabulary in (rows x ``chunk_size``) tiles copied
+    from them (no (B, T, V) temporary). Same contract as ``token_entropy``: float32
+    (float64 for float64 logits), never differentiable, -inf logits contribute 0, a NaN or
+    +inf logit is a ``CreditError`` naming its tile."""
+    z_all = check_tensor("logits", logits, (None, None, None), floating=True)
+    B, T, _ = z_all.shape
+    check_streaming(temperature, chunk_size)
+    check_tile_elements(tile_elements)
+    acc = torch.promote_types(z_all.dtype, torch.float32)
+    entropy = Entropy(B * T, acc, z_all.device)
+    with torch.no_grad():
+        fold_tiles(
+            materialized_logits(z_all, temperature), (entropy,), chunk_size, tile_elements, acc
+        )
     return entropy.entropy.reshape(B, T)
 
 

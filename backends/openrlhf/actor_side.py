@@ -5,7 +5,9 @@ exists only inside the policy actor's forward. So the policy-side signals are re
 on the actor's device, from OpenRLHF's own log-prob forward (``make_experience`` dispatches
 ``forward`` to the policy actors; ``bind_credit_methods`` wraps it), and kept until
 ``compute_advantages_and_returns`` gathers them: a DATC step runs exactly as many policy
-forwards as stock OpenRLHF. Which signal is reduced depends on where the direction model is:
+forwards as stock OpenRLHF. The logits are reduced to the token entropy H (B, A) when the
+strategy reads it (``entropy_top``), and for DATC to a signal that depends on where the
+direction model is:
 
 - on the policy actors (placement ``policy``): the reward gradient g is computed first, in
   the wrapped forward, and the logits are reduced straight to DATC's unsigned work W0
@@ -14,22 +16,27 @@ forwards as stock OpenRLHF. Which signal is reduced depends on where the directi
   forward runs, so the logits are reduced to ``PolicyStats`` (B, A, d) and W is formed in the
   experience maker from those and the reward actors' g.
 
+The direction model's signals (g, its attention over the response, its prefix rewards) come
+from one scoring call on the actors hosting it (``direction_signals_for_actions``).
+
 Functions:
 
-- ``stats_from_logits`` / ``work_from_logits``: ``PolicyStats`` / W0 of one micro-batch from
-  an OpenRLHF ``Actor``'s logits (float32, already divided by the sampling temperature),
-  streamed over the vocabulary one sample's action span at a time.
+- ``stats_from_logits`` / ``work_from_logits`` / ``entropy_from_logits``: ``PolicyStats`` /
+  W0 / H of one micro-batch from an OpenRLHF ``Actor``'s logits (float32, already divided by
+  the sampling temperature), streamed over the vocabulary one sample's action span at a time.
 - ``reduce_policy_stats``: an ``Actor`` forward plus ``stats_from_logits`` (the fallback, one
   extra forward, when a micro-batch's log-prob forward was not seen).
-- ``reward_grad_for_actions``: the direction model's reward and input-embedding gradient,
-  moved to action coordinates.
+- ``direction_signals_for_actions``: the direction model's reward and, from the same
+  scoring call, the signals asked for (gradient, attention, prefix rewards), moved to action
+  coordinates; ``reward_grad_for_actions`` asks for the gradient alone.
 - ``bind_credit_methods``: installs ``credit_policy_signals`` / ``credit_reward_signals`` on
   a live actor, and on a policy actor wraps ``forward``; run through
   ``handle.__ray_call__`` so that OpenRLHF's own
   ``RayActorGroup.async_run_method_batch("credit_policy_signals", ...)`` dispatches it
   across the data-parallel ranks exactly like ``forward``. ``export_reward_embedding`` /
   ``import_reward_embedding`` move the direction model's embedding table to the policy
-  actors when it lives on the reward-model actors.
+  actors when it lives on the reward-model actors; ``direction_gives_attention`` reports
+  what the hosted direction model can give, for the start-up check.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import torch
 
 from adapters.direction import embedding_for_vocab
+from backends.openrlhf.compat import DIRECTION_SIGNALS, EMBEDDING_SIGNALS, LOGITS_SIGNALS
 from backends.openrlhf.forward_capture import CaptureStore, keeping_logits
 from backends.openrlhf.layout import (
     action_token_ids,
@@ -58,6 +66,7 @@ from credit_core import (
     unsigned_work_from_logits,
 )
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
+from credit_core.token_entropy import token_entropy_from_logits
 
 if TYPE_CHECKING:
     from adapters.direction import DirectionModel
@@ -71,6 +80,13 @@ class ActorSignals:
     - ``reward_grad`` (B, A, d) float32: dR/d(RM input embedding), 0 off the action tokens.
     - ``direction_reward`` (B,) float32: the direction model's own reward (for logging).
     - ``unsigned_work`` (B, A) float32: DATC's W0, 0 off the action tokens.
+    - ``token_entropy`` (B, A) float32: the rollout policy's entropy H at each action token
+      (at the rollout temperature), 0 off the action tokens.
+    - ``reward_attention`` (B, A) float32: the direction model's attention over the response,
+      renormalized over the action tokens (sum 1 on a row's action tokens, or 0 on the whole
+      row), 0 off them.
+    - ``prefix_rewards`` (B, A) float32: the direction model's prefix-score differences
+      r_t = s_t - s_{t-1}, 0 off the action tokens.
     - ``extra_policy_forwards``: policy forwards run for these signals beyond OpenRLHF's own
       log-prob forward (0 when they were taken from it, 1 for the fallback).
     """
@@ -79,6 +95,9 @@ class ActorSignals:
     reward_grad: torch.Tensor | None = None
     direction_reward: torch.Tensor | None = None
     unsigned_work: torch.Tensor | None = None
+    token_entropy: torch.Tensor | None = None
+    reward_attention: torch.Tensor | None = None
+    prefix_rewards: torch.Tensor | None = None
     extra_policy_forwards: int = 0
 
     def credit(self) -> CreditSignals:
@@ -87,6 +106,9 @@ class ActorSignals:
             reward_grad=self.reward_grad,
             policy_stats=self.policy_stats,
             unsigned_work=self.unsigned_work,
+            token_entropy=self.token_entropy,
+            reward_attention=self.reward_attention,
+            prefix_rewards=self.prefix_rewards,
         )
 
     def merged(self, other: ActorSignals) -> ActorSignals:
@@ -101,12 +123,11 @@ class ActorSignals:
             reward_grad=pick("reward_grad"),
             direction_reward=pick("direction_reward"),
             unsigned_work=pick("unsigned_work"),
+            token_entropy=pick("token_entropy"),
+            reward_attention=pick("reward_attention"),
+            prefix_rewards=pick("prefix_rewards"),
             extra_policy_forwards=self.extra_policy_forwards + other.extra_policy_forwards,
         )
-
-
-#: Signals reduced from the policy's logits (the others come from the direction model).
-LOGITS_SIGNALS = frozenset({"policy_stats", "unsigned_work"})
 
 
 def _action_spans(
@@ -204,6 +225,28 @@ def work_from_logits(
     return work.masked_fill_(~action_mask.bool(), 0.0)
 
 
+@torch.no_grad()
+def entropy_from_logits(
+    logits: torch.Tensor,
+    sequences: torch.Tensor,
+    action_mask: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> torch.Tensor:
+    """The policy's entropy H (B, A) at each action token from an OpenRLHF ``Actor``'s
+    logits (as ``stats_from_logits``: float32 and already divided by the sampling
+    temperature, so H is the rollout policy's at the rollout temperature), reduced per
+    sample with ``credit_core.token_entropy.token_entropy_from_logits``; float32 (float64
+    for float64 logits), 0 where ``action_mask`` is False."""
+    check_layout(sequences, attention_mask, action_mask)
+    B, A = action_mask.shape
+    entropy = logits.new_zeros(B, A, dtype=torch.promote_types(logits.dtype, torch.float32))
+    for b, j0, j1, rows, _ in _action_spans(logits, sequences, action_mask):
+        entropy[b, j0:j1] = token_entropy_from_logits(rows, chunk_size=chunk_size)[0]
+    return entropy.masked_fill_(~action_mask.bool(), 0.0)
+
+
 def _check_unpacked(actor: Any) -> None:
     if getattr(actor, "packing_samples", False):
         raise CreditError(
@@ -246,39 +289,98 @@ def reduce_policy_stats(
     )
 
 
+def direction_signals_for_actions(
+    model: DirectionModel,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    action_mask: torch.Tensor,
+    signals: frozenset[str],
+) -> ActorSignals:
+    """The direction model's reward (B,) and the ``signals`` asked for (a subset of
+    ``DIRECTION_SIGNALS``) for an OpenRLHF batch, from ONE scoring call.
+
+    Each sample is cut into prompt and response (``layout.split_prompt_response``) and
+    scored with ``DirectionModel.score``: ``with_grad`` (one backward) for "reward_grad",
+    ``with_attention`` for "reward_attention", ``with_prefix_rewards`` (the model's extra
+    no-grad prefix passes) for "prefix_rewards"; an option is passed only when its signal is
+    asked for. The outputs move to action coordinates (0 off the action tokens; observation
+    tokens of a multi-turn sample are scored but get no value); the attention is renormalized
+    over the action tokens (``ActorSignals.reward_attention``). float32 outputs. Raises
+    ``CreditError`` naming the output the model did not return.
+    """
+    unknown = sorted(signals - DIRECTION_SIGNALS)
+    if unknown:
+        raise CreditError(
+            f"direction signals: expected a subset of {sorted(DIRECTION_SIGNALS)}, got {unknown}"
+        )
+    split = split_prompt_response(sequences, attention_mask, action_mask)
+    with_grad = "reward_grad" in signals
+    options: dict[str, bool] = {}
+    if "reward_attention" in signals:
+        options["with_attention"] = True
+    if "prefix_rewards" in signals:
+        options["with_prefix_rewards"] = True
+    with torch.set_grad_enabled(with_grad):
+        out = model.score(
+            split.prompt_ids,
+            split.prompt_mask,
+            split.response_ids,
+            split.response_mask,
+            with_grad=with_grad,
+            **options,
+        )
+    asked = {"with_grad": with_grad, **options}
+    flags = ", ".join(f"{name}=True" for name, on in asked.items() if on)
+
+    def moved(value: torch.Tensor | None, field_name: str) -> torch.Tensor:
+        if value is None:
+            raise CreditError(f"{type(model).__name__}.score({flags}) returned no {field_name}")
+        return response_to_action_coords(value.detach().float(), split, action_mask)
+
+    grad = attention = prefix = None
+    if with_grad:
+        grad = moved(out.reward_grad, "reward_grad")
+    if "reward_attention" in signals:
+        attention = _renormalized(moved(out.attention, "attention"))
+    if "prefix_rewards" in signals:
+        prefix = moved(out.prefix_rewards, "prefix_rewards")
+    return ActorSignals(
+        reward_grad=grad,
+        direction_reward=out.rewards.detach().float(),
+        reward_attention=attention,
+        prefix_rewards=prefix,
+    )
+
+
+def _renormalized(attention: torch.Tensor) -> torch.Tensor:
+    """Rows (B, A) >= 0 divided by their sums; a row summing to 0 stays 0."""
+    total = attention.sum(dim=1, keepdim=True)
+    return torch.where(total > 0, attention / torch.where(total > 0, total, 1.0), 0.0)
+
+
 def reward_grad_for_actions(
     model: DirectionModel,
     sequences: torch.Tensor,
     attention_mask: torch.Tensor,
     action_mask: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The direction model's (reward (B,), reward gradient (B, A, d)) for an OpenRLHF batch.
-
-    Each sample is cut into prompt and response (``layout.split_prompt_response``), scored
-    with one forward and one backward (``DirectionModel.score(with_grad=True)``), and the
-    gradient is moved to action coordinates (0 off the action tokens). float32 outputs.
-    """
-    split = split_prompt_response(sequences, attention_mask, action_mask)
-    with torch.enable_grad():
-        out = model.score(
-            split.prompt_ids,
-            split.prompt_mask,
-            split.response_ids,
-            split.response_mask,
-            with_grad=True,
-        )
-    if out.reward_grad is None:
-        raise CreditError(f"{type(model).__name__}.score(with_grad=True) returned no reward_grad")
-    grad = response_to_action_coords(out.reward_grad.detach().float(), split, action_mask)
-    return grad, out.rewards.detach().float()
+    """The direction model's (reward (B,), reward gradient (B, A, d)) for an OpenRLHF batch:
+    ``direction_signals_for_actions`` asking for "reward_grad" alone (one forward and one
+    backward pass)."""
+    found = direction_signals_for_actions(
+        model, sequences, attention_mask, action_mask, frozenset({"reward_grad"})
+    )
+    assert found.reward_grad is not None  # asked for: moved() raised otherwise
+    assert found.direction_reward is not None
+    return found.reward_grad, found.direction_reward
 
 
 @dataclass
 class ActorCreditState:
     """What ``bind_credit_methods`` leaves on an actor for one role.
 
-    - ``computes``: signals this actor produces ("policy_stats" or "unsigned_work" on policy
-      actors, "reward_grad" on the actors hosting the direction model); "unsigned_work"
+    - ``computes``: signals this actor produces (``LOGITS_SIGNALS`` on policy actors,
+      ``DIRECTION_SIGNALS`` on the actors hosting the direction model); "unsigned_work"
       needs the direction model on the same actor (g is computed before the logits exist).
     - ``direction``: ``RewardModelConfig`` fields of the direction model, if hosted here.
     - ``tokenizer``: the policy tokenizer (the direction model is built in its vocabulary).
@@ -368,36 +470,45 @@ def _signals_around_forward(
     logits reduced to the logits signals in ``state.computes``; return its result and them.
 
     For "unsigned_work" the direction model's g is computed first (its memory is freed
-    before the policy forward runs) and W0 is reduced from the logits; for "policy_stats"
-    the logits are reduced to ``PolicyStats``. Outputs go to the CPU.
+    before the policy forward runs), with the other ``DIRECTION_SIGNALS`` in
+    ``state.computes`` from the same scoring call, and W0 is reduced from the logits; for
+    "policy_stats" the logits are reduced to ``PolicyStats``, for "token_entropy" to H.
+    Outputs go to the CPU.
     """
     _check_unpacked(actor_self.actor)
     device = _device()
-    grad = reward = None
+    scored = ActorSignals()
     if "unsigned_work" in state.computes:
-        grad, reward = reward_grad_for_actions(
+        scored = direction_signals_for_actions(
             _direction_model(state, device),
             sequences.to(device),
             attention_mask.to(device),
             action_mask.to(device),
+            (state.computes & DIRECTION_SIGNALS) | {"reward_grad"},
         )
-    _reward_embedding(state, device)
+    grad = scored.reward_grad
+    if state.computes & EMBEDDING_SIGNALS:
+        _reward_embedding(state, device)
     chunk = state.stats_chunk_size
     found: list[ActorSignals] = []
 
     def on_logits(
         logits: torch.Tensor, seqs: torch.Tensor, acts: torch.Tensor, attn: torch.Tensor
     ) -> None:
-        stats = work = None
-        E = _padded_to_head(state, logits.shape[2])
-        if "policy_stats" in state.computes:
-            stats = stats_from_logits(logits, seqs, acts, attn, E, chunk_size=chunk)
-        if grad is not None:
-            work = work_from_logits(logits, seqs, acts, attn, E, grad, chunk_size=chunk)
+        stats = work = entropy = None
+        if state.computes & EMBEDDING_SIGNALS:
+            E = _padded_to_head(state, logits.shape[2])
+            if "policy_stats" in state.computes:
+                stats = stats_from_logits(logits, seqs, acts, attn, E, chunk_size=chunk)
+            if grad is not None:
+                work = work_from_logits(logits, seqs, acts, attn, E, grad, chunk_size=chunk)
+        if "token_entropy" in state.computes:
+            entropy = entropy_from_logits(logits, seqs, acts, attn, chunk_size=chunk)
         found.append(
             ActorSignals(
                 policy_stats=None if stats is None else stats.to("cpu"),
                 unsigned_work=None if work is None else work.cpu(),
+                token_entropy=None if entropy is None else entropy.cpu(),
             )
         )
 
@@ -407,13 +518,9 @@ def _signals_around_forward(
         raise CreditError(
             f"policy forward: expected one call of the actor with an action mask, got {len(found)}"
         )
-    kept_grad = grad if "reward_grad" in state.computes else None
-    signals = replace(
-        found[0],
-        reward_grad=None if kept_grad is None else kept_grad.cpu(),
-        direction_reward=None if reward is None else reward.cpu(),
-    )
-    return result, signals
+    if "reward_grad" not in state.computes:
+        scored = replace(scored, reward_grad=None)
+    return result, found[0].merged(_to_cpu(scored))
 
 
 def policy_forward_with_credit(
@@ -479,11 +586,11 @@ def credit_signals(
 
     Bound (with ``actor_self`` and ``state``) as ``actor.credit_<role>_signals`` and called by
     OpenRLHF's ``execute_batch`` with the micro-batch's tensors, on the CPU like ``forward``'s;
-    the outputs go back on the CPU. Logits signals ("policy_stats", "unsigned_work") are the
-    ones kept from this micro-batch's log-prob forward, or, if that forward was not seen,
-    computed with one extra forward of ``actor_self.actor`` (counted in
-    ``extra_policy_forwards``); the reward gradient uses the direction model built on first
-    use, unless the W0 path already computed it.
+    the outputs go back on the CPU. ``LOGITS_SIGNALS`` are the ones kept from this
+    micro-batch's log-prob forward, or, if that forward was not seen, computed with one extra
+    forward of ``actor_self.actor`` (counted in ``extra_policy_forwards``); the
+    ``DIRECTION_SIGNALS`` not computed yet (the W0 path takes g in the forward) come from one
+    scoring call of the direction model, built on first use.
     """
     signals = ActorSignals()
     if state.computes & LOGITS_SIGNALS:
@@ -493,16 +600,35 @@ def credit_signals(
                 actor_self, state, sequences, action_mask, attention_mask
             )
         signals = taken
-    if "reward_grad" in state.computes and signals.reward_grad is None:
+    missing = frozenset(
+        name for name in state.computes & DIRECTION_SIGNALS if getattr(signals, name) is None
+    )
+    if missing:
         device = _device()
-        grad, reward = reward_grad_for_actions(
+        scored = direction_signals_for_actions(
             _direction_model(state, device),
             sequences.to(device),
             attention_mask.to(device),
             action_mask.to(device),
+            missing,
         )
-        signals = replace(signals, reward_grad=grad.cpu(), direction_reward=reward.cpu())
+        signals = signals.merged(_to_cpu(scored))
     return signals
+
+
+def _to_cpu(signals: ActorSignals) -> ActorSignals:
+    """The direction model's outputs of ``signals`` on the CPU (what crosses Ray)."""
+
+    def cpu(value: torch.Tensor | None) -> torch.Tensor | None:
+        return None if value is None else value.cpu()
+
+    return replace(
+        signals,
+        reward_grad=cpu(signals.reward_grad),
+        direction_reward=cpu(signals.direction_reward),
+        reward_attention=cpu(signals.reward_attention),
+        prefix_rewards=cpu(signals.prefix_rewards),
+    )
 
 
 def _state(actor_self: Any, role: Role) -> ActorCreditState:
@@ -525,6 +651,13 @@ def import_reward_embedding(actor_self: Any, reward_embedding: torch.Tensor) -> 
     """Run through ``__ray_call__`` on a policy-role actor: set the embedding table its
     policy statistics use."""
     _state(actor_self, "policy").reward_embedding = reward_embedding
+
+
+def direction_gives_attention(actor_self: Any, role: Role) -> bool:
+    """Run through ``__ray_call__`` on an actor hosting the direction model (``role``'s
+    state has a ``direction``): build the model if not built yet and return its
+    ``DirectionModel.gives_attention`` (for ``compat.check_direction_capabilities``)."""
+    return bool(_direction_model(_state(actor_self, role), _device()).gives_attention)
 
 
 def bind_credit_methods(actor_self: Any, role: Role, state: ActorCreditState) -> str:

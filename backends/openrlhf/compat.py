@@ -7,15 +7,23 @@ of ``train_ppo_ray``: ``args.algo.advantage.estimator`` ...) and returns a
 ``uniform`` (stock OpenRLHF) fits every setting. Other strategies split a *response-level*
 advantage over tokens, so they need one: every estimator but ``gae``, ``reinforce`` only
 with gamma 1, and no KL penalty inside the reward (use ``--algo.kl.use_loss`` or
-``--algo.kl.init_coef 0``). Policy statistics (and DATC's W0) are reduced on unpacked
-micro-batches, so packed samples (``--ds.packing_samples``, ``--train.dynamic_batch_enable``),
-ring attention and DeepSpeed tensor parallelism are rejected for strategies that need them;
-so are vision-language inputs.
+``--algo.kl.init_coef 0``). Signals reduced from the policy's logits (policy statistics,
+DATC's W0, the token entropy) need unpacked micro-batches, so packed samples
+(``--ds.packing_samples``, ``--train.dynamic_batch_enable``), ring attention and DeepSpeed
+tensor parallelism are rejected for strategies that read them; vision-language inputs are
+rejected for every strategy but ``uniform``.
 
 What the actors compute (``ResolvedCredit.requires``) is the strategy's
 ``signals_to_compute``: with the direction model on the policy actors its gradient is
 known before the policy's log-prob forward, so a strategy with ``work_requires`` gets W0
-("unsigned_work") instead of ``PolicyStats`` + ``reward_grad``.
+("unsigned_work") instead of ``PolicyStats`` + ``reward_grad``. Every signal of
+``credit_core.SIGNALS`` has a source here: ``LOGITS_SIGNALS`` from the policy's logits,
+``DIRECTION_SIGNALS`` from one scoring call of the direction model.
+
+What a settings check cannot see is the direction model itself, which is built on the
+actors hosting it: ``check_direction_capabilities`` refuses a strategy whose signal the
+built model cannot give (``abc`` without attention), when the experience maker is installed,
+before the first step.
 """
 
 from __future__ import annotations
@@ -25,6 +33,13 @@ from typing import Any, Literal
 
 from backends.openrlhf.settings import OpenRLHFCreditConfig
 from credit_core import CreditError
+
+#: Signals reduced from the policy's logits inside its log-prob forward (policy actors).
+LOGITS_SIGNALS = frozenset({"policy_stats", "unsigned_work", "token_entropy"})
+#: Signals reduced with the direction model's embedding table E (which the policy actors need).
+EMBEDDING_SIGNALS = frozenset({"policy_stats", "unsigned_work"})
+#: Signals of one scoring call of the direction model (on the actors hosting it).
+DIRECTION_SIGNALS = frozenset({"reward_grad", "reward_attention", "prefix_rewards"})
 
 #: OpenRLHF estimators whose token advantages are one value per response.
 RESPONSE_LEVEL_ESTIMATORS = (
@@ -116,11 +131,13 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
             "--data.max_images_per_prompt > 0: vision-language inputs are not supported"
         )
     either_plan = requires | (strategy.work_requires or frozenset())
-    if either_plan & {"policy_stats", "unsigned_work"}:  # reduced from the policy's logits
+    from_logits = sorted(either_plan & LOGITS_SIGNALS)
+    if from_logits:
         if _get(args, "ds.packing_samples", False) or _get(args, "train.dynamic_batch_enable"):
             problems.append(
-                "--ds.packing_samples / --train.dynamic_batch_enable: policy statistics are "
-                "reduced on unpacked micro-batches; packed samples are not supported"
+                f"--ds.packing_samples / --train.dynamic_batch_enable: the signals {from_logits} "
+                "are reduced from the policy's logits on unpacked micro-batches; packed "
+                "samples are not supported"
             )
         if int(_get(args, "ds.ring_attn_size", 1)) > 1:
             problems.append("--ds.ring_attn_size > 1: ring attention is not supported")
@@ -129,8 +146,8 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
 
     placement: Literal["reward", "policy"] | None = None
     direction = cfg.direction
-    if requires & {"reward_grad", "policy_stats", "unsigned_work"}:
-        # policy statistics need the direction model's embedding table as well
+    from_direction = sorted(requires & (DIRECTION_SIGNALS | EMBEDDING_SIGNALS))
+    if from_direction:  # policy statistics need the direction model's embedding table too
         remote = bool(_get(args, "reward.remote_url") or _get(args, "train.agent_func_path"))
         rm_path = _get(args, "reward.model_name_or_path")
         has_rm_actors = not remote and bool(rm_path)
@@ -149,9 +166,10 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
                 direction = {"kind": "seq_classification", "path": str(rm_path).split(",")[0]}
             else:
                 problems.append(
-                    f"strategy {name!r} needs a differentiable reward model for its direction: "
-                    "give --credit.direction.kind/--credit.direction.path (or a 'direction' "
-                    "section in --credit.config), or a local --reward.model_name_or_path"
+                    f"strategy {name!r} needs a differentiable reward model (the direction "
+                    f"model) for its signals {from_direction}: give --credit.direction.kind/"
+                    "--credit.direction.path (or a 'direction' section in --credit.config), or "
+                    "a local --reward.model_name_or_path"
                 )
     if problems:
         raise CreditError(
@@ -162,3 +180,22 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
         direction = OpenRLHFCreditConfig.model_validate({"direction": direction}).direction
     plan = strategy.signals_to_compute(reward_grad_first=placement == "policy")
     return ResolvedCredit(cfg, plan, placement, direction, duplicate_factor, colocate)
+
+
+def check_direction_capabilities(credit: ResolvedCredit, *, gives_attention: bool) -> None:
+    """Refuse ``credit`` if the direction model built for it cannot give a signal it needs.
+
+    ``gives_attention``: ``DirectionModel.gives_attention`` of the model built on every actor
+    hosting it (all of them True). Raises ``CreditError`` naming the strategy, the missing
+    signal, the direction model's settings and what would serve it; run when the experience
+    maker is installed, before the first step (the model does not exist earlier).
+    """
+    if "reward_attention" in credit.requires and not gives_attention:
+        name = credit.config.credit.name
+        raise CreditError(
+            f"credit strategy {name!r} reads 'reward_attention', the direction model's "
+            "attention from its score position over the response, but the direction model "
+            f"{credit.direction} gives none (DirectionModel.gives_attention is False); use a "
+            "direction model that gives attention (--credit.direction.*), or a strategy "
+            "without it ('red' reads the same model's prefix rewards)"
+        )

@@ -1,20 +1,31 @@
 """The token-credit experience maker: OpenRLHF's ``RemoteExperienceMaker`` plus credit.
 
 ``TokenCreditExperienceMaker.compute_advantages_and_returns`` first runs OpenRLHF's own
-(shaped rewards, estimator, returns, advantages), then, per micro-batch ``Experience``:
+(shaped rewards, estimator, returns, advantages) on the step's rollout batch (every
+micro-batch ``Experience`` of one ``make_experience_batch`` call), then:
 
-1. reads the response-level advantage A_i (the advantage of any action token: the
+1. reads each response's advantage A_i (the advantage of any action token: the
    estimators the strategy accepts give one value per response; checked);
 2. gathers the signals the strategy requires from the actors that hold them (policy
-   statistics or DATC's W0 from the policy actors, which took them from OpenRLHF's own
-   log-prob forward in ``make_experience``; the reward gradient from the actors hosting the
-   direction model), dispatched with OpenRLHF's ``RayActorGroup.async_run_method_batch``
-   over the same micro-batches as the log-prob forward;
-3. calls ``strategy.assign_with_diagnostics`` and writes the token advantages into
+   statistics, DATC's W0 or the token entropy from the policy actors, which took them from
+   OpenRLHF's own log-prob forward in ``make_experience``; the reward gradient, attention or
+   prefix rewards from the actors hosting the direction model), dispatched with OpenRLHF's
+   ``RayActorGroup.async_run_method_batch`` over the same micro-batches as the log-prob
+   forward;
+3. calls the strategy (``credit_core.assign_credit``) and writes the token advantages into
    ``experience.advantages`` (0 off the action tokens); ``returns`` are left alone;
 4. logs the diagnostics through ``experience.info`` as (B,) tensors, which OpenRLHF's
    policy actors average into the step status it sends to wandb / TensorBoard
    (``weight_max`` / ``weight_min`` are the whole step's, so the average is the extreme).
+
+How the strategy sees the step (``apply_step_credit`` / ``apply_token_credit``): a strategy
+whose signals are per token (B, A) (``entropy_top``, ``random_top``, ``abc``, ``red``, any
+that reads neither ``reward_grad`` nor ``policy_stats``) gets the whole step as ONE
+``CreditBatch``, so a batch-wide selection (the quantile of ``entropy_top``) covers every
+response of the step: the driver-side maker holds all of them, no ``gather`` is needed. A
+strategy that reads the (B, A, d) signals ``reward_grad`` / ``policy_stats`` (the DATC
+family, ``saliency``) gets one micro-batch at a time, so that the step's (B, A, d) tensors
+are never copied into one; its ``gather`` refuses a batch-wide selection.
 
 Everything happens inside this one call on whole micro-batches, before OpenRLHF splits or
 rebalances them, so nothing relies on extra ``Experience`` attributes (those are dropped on
@@ -36,25 +47,41 @@ from openrlhf.trainer.ppo_utils.experience import Experience
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 
 from backends.openrlhf.actor_side import (
-    LOGITS_SIGNALS,
     ActorCreditState,
     ActorSignals,
     Role,
     bind_credit_methods,
+    direction_gives_attention,
     export_reward_embedding,
     import_reward_embedding,
     signals_method,
 )
-from backends.openrlhf.compat import ResolvedCredit
+from backends.openrlhf.compat import (
+    DIRECTION_SIGNALS,
+    EMBEDDING_SIGNALS,
+    LOGITS_SIGNALS,
+    ResolvedCredit,
+    check_direction_capabilities,
+)
 from backends.openrlhf.layout import action_token_ids
-from credit_core import CreditDiagnostics, CreditError, CreditStrategy, assign_credit
+from credit_core import (
+    CreditDiagnostics,
+    CreditError,
+    CreditSignals,
+    CreditStrategy,
+    assign_credit,
+)
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
+from credit_core.batch import TOKEN_SIGNALS, Gather
 
 #: Gathers the signals of a list of micro-batches (one ``ActorSignals`` per Experience).
 SignalGatherer = Callable[[Sequence[Experience]], list[ActorSignals]]
 
 #: Relative tolerance of the check that a response's action tokens share one advantage.
 CONSTANT_ADVANTAGE_RTOL = 1e-6
+
+#: The (B, A, d) signals: a strategy reading one of them gets one micro-batch at a time.
+WIDE_SIGNALS = frozenset({"reward_grad", "policy_stats"})
 
 
 def response_advantages(advantages: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
@@ -90,14 +117,36 @@ def log_diagnostics(experience: Experience, values: dict[str, float]) -> None:
         experience.info[key] = torch.full((B,), float(value), dtype=torch.float32)
 
 
+def reads_step_batch(strategy: CreditStrategy) -> bool:
+    """Whether ``strategy`` gets the step as one ``CreditBatch`` (``apply_step_credit``):
+    it reads none of the (B, A, d) ``WIDE_SIGNALS``."""
+    return not strategy.requires & WIDE_SIGNALS
+
+
+def _micro_batch_gather(strategy: CreditStrategy) -> Gather:
+    """The ``gather`` of a strategy that gets one micro-batch at a time: it refuses."""
+
+    def refuse(values: torch.Tensor) -> torch.Tensor:
+        raise CreditError(
+            f"strategy {strategy.name!r} selects tokens across the step's batch "
+            "(CreditBatch.gather) and reads the (B, A, d) signals "
+            f"{sorted(strategy.requires & WIDE_SIGNALS)}, which the OpenRLHF backend hands "
+            "to a strategy one micro-batch at a time; a batch-wide selection needs per-token "
+            "signals only"
+        )
+
+    return refuse
+
+
 def apply_token_credit(
     experience: Experience, strategy: CreditStrategy, signals: ActorSignals
 ) -> CreditDiagnostics:
-    """Replace ``experience.advantages`` by ``strategy``'s token advantages; return diagnostics.
+    """Replace ``experience.advantages`` by ``strategy``'s token advantages on this one
+    micro-batch; return its diagnostics.
 
     The strategy sees the responses that have at least one action token, with
     ``mask = action_mask``, ``token_ids`` the action tokens and the gathered ``signals``
-    (``reward_grad``, ``policy_stats``, ``unsigned_work``, whichever were computed); its
+    (whichever were computed), and a ``gather`` that refuses a batch-wide selection; its
     (B, A) float32 output (0 where the mask is False) is cast to the advantages' dtype.
     Responses without action tokens keep all-zero advantages. ``returns`` is not touched.
     """
@@ -115,10 +164,90 @@ def apply_token_credit(
         acts[rows],
         action_token_ids(experience.sequences, experience.action_mask)[rows],
         signals.credit().select(rows),
+        gather=_micro_batch_gather(strategy),
     )
     token_advantages[rows] = result.token_advantages.to(advantages.dtype)
     experience.advantages = token_advantages
     return result.diagnostics
+
+
+def _padded(values: torch.Tensor, width: int) -> torch.Tensor:
+    """(n, A) ``values`` with zero columns appended up to ``width`` >= A."""
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
+
+
+def _stacked_signals(credits: Sequence[CreditSignals], width: int) -> CreditSignals:
+    """The per-token signals of the micro-batches' ``credits`` (n_k, A_k), stacked along the
+    batch and zero-padded to ``width`` columns. A signal present in some micro-batches only
+    is a ``CreditError`` naming it."""
+    stacked: dict[str, torch.Tensor] = {}
+    for name in TOKEN_SIGNALS:
+        values = [getattr(credit, name) for credit in credits]
+        present = [value for value in values if value is not None]
+        if not present:
+            continue
+        if len(present) != len(values):
+            lacking = [k for k, value in enumerate(values) if value is None]
+            raise CreditError(
+                f"credit signals: {name!r} is missing from micro-batches {lacking} of the step"
+            )
+        stacked[name] = torch.cat([_padded(value, width) for value in present])
+    return CreditSignals(
+        unsigned_work=stacked.get("unsigned_work"),
+        token_entropy=stacked.get("token_entropy"),
+        reward_attention=stacked.get("reward_attention"),
+        prefix_rewards=stacked.get("prefix_rewards"),
+    )
+
+
+def apply_step_credit(
+    experiences: Sequence[Experience], strategy: CreditStrategy, signals: Sequence[ActorSignals]
+) -> CreditDiagnostics:
+    """Replace every micro-batch's ``advantages`` by ``strategy``'s token advantages,
+    computed on the whole step as ONE ``CreditBatch``; return the step's diagnostics.
+
+    The batch stacks, in the order of ``experiences``, the responses with at least one action
+    token, each micro-batch's action columns [0, A_k) left-aligned and zero-padded (mask
+    False) to the widest A_k, with ``token_ids`` the action tokens and the per-token
+    ``signals`` (``credit_core.batch.TOKEN_SIGNALS``) padded alike; ``gather`` is None, this
+    batch being the whole step. A strategy reading a (B, A, d) signal is refused
+    (``reads_step_batch``). Outputs are cast to each micro-batch's advantages' dtype;
+    responses without action tokens get all-zero advantages; ``returns`` is not touched.
+    """
+    if not reads_step_batch(strategy):
+        raise CreditError(
+            f"apply_step_credit: strategy {strategy.name!r} reads (B, A, d) signals "
+            f"{sorted(strategy.requires & WIDE_SIGNALS)}; use apply_token_credit per micro-batch"
+        )
+    rows_of, advantages, masks, token_ids, credits = [], [], [], [], []
+    for experience, signal in zip(experiences, signals, strict=True):
+        acts = experience.action_mask.bool()
+        rows = torch.nonzero(acts.any(dim=1)).flatten()
+        rows_of.append(rows)
+        advantages.append(response_advantages(experience.advantages, acts)[rows])
+        masks.append(acts[rows])
+        token_ids.append(action_token_ids(experience.sequences, experience.action_mask)[rows])
+        credits.append(signal.credit().select(rows))
+    token_advantages = [torch.zeros_like(experience.advantages) for experience in experiences]
+    diagnostics = UNIFORM_DIAGNOSTICS
+    if sum(int(rows.numel()) for rows in rows_of) > 0:
+        width = max(int(mask.shape[1]) for mask in masks)
+        result = assign_credit(
+            strategy,
+            torch.cat(advantages),
+            torch.cat([_padded(mask, width) for mask in masks]),
+            torch.cat([_padded(ids, width) for ids in token_ids]),
+            _stacked_signals(credits, width),
+        )
+        start = 0
+        for out, rows, mask in zip(token_advantages, rows_of, masks, strict=True):
+            stop = start + int(rows.numel())
+            out[rows] = result.token_advantages[start:stop, : mask.shape[1]].to(out.dtype)
+            start = stop
+        diagnostics = result.diagnostics
+    for experience, out in zip(experiences, token_advantages, strict=True):
+        experience.advantages = out
+    return diagnostics
 
 
 class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
@@ -184,10 +313,14 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                 f"got {len(signals)}"
             )
         elapsed = time.perf_counter() - start
-        diagnostics = [
-            apply_token_credit(experience, self.credit_strategy, signal)
-            for experience, signal in zip(experiences, signals, strict=True)
-        ]
+        if reads_step_batch(self.credit_strategy):
+            step = apply_step_credit(experiences, self.credit_strategy, signals)
+            diagnostics = [step] * len(experiences)
+        else:
+            diagnostics = [
+                apply_token_credit(experience, self.credit_strategy, signal)
+                for experience, signal in zip(experiences, signals, strict=True)
+            ]
         # OpenRLHF averages every info entry: the extremes are logged as the step's, the
         # same in each micro-batch, so that their average is the step's max and min
         extremes = {
@@ -208,13 +341,16 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
 
     def _bind_actor_methods(self) -> None:
         """Bind the signal methods (and, on the policy actors, the forward wrapper that keeps
-        the logits signals); share the embedding table before the first forward needs it."""
+        the logits signals); share the embedding table before the first forward needs it;
+        for a strategy reading the direction model's attention, build that model on the
+        actors hosting it now and refuse it if it gives none
+        (``compat.check_direction_capabilities``)."""
         credit = self.credit
         chunk = credit.config.stats_chunk_size
         on_policy = credit.placement == "policy"
         policy_state = ActorCreditState(
             computes=(credit.requires & LOGITS_SIGNALS)
-            | (credit.requires & {"reward_grad"} if on_policy else frozenset()),
+            | (credit.requires & DIRECTION_SIGNALS if on_policy else frozenset()),
             direction=credit.direction if on_policy else None,
             tokenizer=self.tokenizer if on_policy else None,
             stats_chunk_size=chunk,
@@ -224,9 +360,10 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                 "__ray_call__", bind_credit_methods, "policy", policy_state
             )
         )
+        host: tuple[Any, Role] = (self.actor_model_group, "policy")
         if credit.placement == "reward":
             reward_state = ActorCreditState(
-                computes=credit.requires & {"reward_grad"},
+                computes=credit.requires & DIRECTION_SIGNALS,
                 direction=credit.direction,
                 tokenizer=self.tokenizer,
                 stats_chunk_size=chunk,
@@ -236,15 +373,22 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                     "__ray_call__", bind_credit_methods, "reward", reward_state
                 )
             )
-            if credit.requires & LOGITS_SIGNALS:
+            host = (self.reward_model_group, "reward")
+            if credit.requires & EMBEDDING_SIGNALS:
                 self._share_reward_embedding()
+        if "reward_attention" in credit.requires:
+            group, role = host
+            answers = ray.get(
+                group.async_run_method("__ray_call__", direction_gives_attention, role)
+            )
+            check_direction_capabilities(credit, gives_attention=all(answers))
 
     def _gather_from_actors(self, experiences: Sequence[Experience]) -> list[ActorSignals]:
         credit = self.credit
         roles: list[tuple[Any, Role]] = []
         if credit.requires & LOGITS_SIGNALS or credit.placement == "policy":
             roles.append((self.actor_model_group, "policy"))
-        if credit.placement == "reward" and "reward_grad" in credit.requires:
+        if credit.placement == "reward" and credit.requires & DIRECTION_SIGNALS:
             roles.append((self.reward_model_group, "reward"))
         batch = {
             "sequences": [e.sequences for e in experiences],

@@ -55,6 +55,7 @@ credit options:
                               'placement:', 'stats_chunk_size:'); flags override it
   --credit.<param> VALUE      a strategy parameter, e.g. --credit.beta 1.0 --credit.lam 0.5
                               --credit.on_nonfinite uniform --credit.seed 0
+                              (entropy_top / random_top: --credit.rho 0.2 --credit.mode weight)
   --credit.direction.<field> VALUE
                               the differentiable reward model giving the direction
                               (adapters.config.RewardModelConfig), e.g.

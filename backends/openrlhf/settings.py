@@ -35,8 +35,9 @@ class OpenRLHFCreditConfig(BaseModel):
     """Token-credit settings of an OpenRLHF run (see the module docstring for the YAML form).
 
     - ``credit``: the strategy and its parameters (``uniform`` = stock OpenRLHF).
-    - ``direction``: the differentiable reward model that gives DATC its direction, as the
-      fields of ``adapters.config.RewardModelConfig``; None means: OpenRLHF's own reward model
+    - ``direction``: the differentiable reward model that gives DATC its direction (and
+      ``abc`` / ``red`` its attention / prefix rewards), as the fields of
+      ``adapters.config.RewardModelConfig``; None means: OpenRLHF's own reward model
       (``--reward.model_name_or_path``) loaded as a sequence classifier.
     - ``placement``: the Ray actors that host the direction model. ``reward``: OpenRLHF's
       reward-model actors; ``policy``: the policy actors (needed with ``--reward.remote_url``,

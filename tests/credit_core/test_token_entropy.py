@@ -1,6 +1,6 @@
-"""Streamed token entropy == the entropy of the full softmax computed directly; the old
-policy's log-probs and entropy from one streamed pass == both computed from the full
-softmax."""
+"""Streamed token entropy == the entropy of the full softmax computed directly (from hidden
+states and from materialized logits); the old policy's log-probs and entropy from one
+streamed pass == both computed from the full softmax."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from credit_core import CreditError, streamed_logprobs_and_entropy, token_entropy
+from credit_core.token_entropy import token_entropy_from_logits
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -42,6 +43,30 @@ def test_token_entropy_matches_the_full_softmax_entropy(
     )
     assert H_t.shape == (B, T) and H_t.dtype == torch.float64
     torch.testing.assert_close(H_t, _full_softmax_entropy(logits, tau), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.6])
+@pytest.mark.parametrize(("chunk", "tile_elements"), [(4096, 1 << 21), (7, 10), (16, 1)])
+def test_token_entropy_from_logits_matches_the_full_softmax_entropy(
+    tau: float, chunk: int, tile_elements: int
+) -> None:
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 5, 75, generator=gen, dtype=torch.float64) * 4
+    logits[0, 1, 3] = float("-inf")  # a masked entry contributes 0
+    H_t = token_entropy_from_logits(
+        logits, temperature=tau, chunk_size=chunk, tile_elements=tile_elements
+    )
+    assert H_t.shape == (3, 5) and H_t.dtype == torch.float64
+    torch.testing.assert_close(H_t, _full_softmax_entropy(logits, tau), rtol=1e-10, atol=1e-10)
+    as_float = token_entropy_from_logits(logits.float().requires_grad_(), chunk_size=chunk)
+    assert as_float.dtype == torch.float32 and not as_float.requires_grad
+    torch.testing.assert_close(as_float, _full_softmax_entropy(logits, 1.0).float())
+    with pytest.raises(CreditError, match="logits: expected shape"):
+        token_entropy_from_logits(logits[0])
+    bad = logits.clone()
+    bad[2, 4, 70] = float("nan")
+    with pytest.raises(CreditError, match="vocabulary 64:75: a logit is NaN"):
+        token_entropy_from_logits(bad, chunk_size=16)
 
 
 @pytest.mark.parametrize(("chunk", "tile_elements"), [(4096, 1 << 21), (7, 10), (16, 1)])

@@ -231,6 +231,7 @@ def test_diagnostics_reach_info_and_survive_openrlhf_batch_splitting(
         "credit/weight_entropy",
         "credit/frac_upweighted",
         "credit/nonfinite_fallbacks",
+        "credit/uniform_fallbacks",
         "credit/signal_time_s",
         "credit/direction_reward",
     }

@@ -10,13 +10,11 @@ Hugging Face model inside the ``Actor``.
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from adapters.tiny import tiny_causal_lm
 from backends.openrlhf.actor_side import (
     ActorCreditState,
     ActorSignals,
@@ -29,6 +27,7 @@ from backends.openrlhf.compat import ResolvedCredit, resolve_credit
 from backends.openrlhf.forward_capture import CaptureStore, keeping_logits
 from backends.openrlhf.settings import OpenRLHFCreditConfig
 from credit_core import CreditConfig, token_work
+from tests.backends.openrlhf.policy_host import PolicyHost
 from tests.helpers.openrlhf import TinyDirectionModel, openrlhf_args, rollout_samples
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -46,42 +45,6 @@ FLAGS = [
     "4",
     "--algo.kl.use_loss",
 ]
-
-
-def policy_actor_class() -> Any:
-    """The Python class behind OpenRLHF's ``@ray.remote`` ``PolicyModelActor``."""
-    from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
-
-    return PolicyModelActor.__ray_metadata__.modified_class
-
-
-class PolicyHost:
-    """A policy actor instance as ``__ray_call__`` sees it, with OpenRLHF's own methods."""
-
-    forward = policy_actor_class().forward
-    execute_batch = policy_actor_class().execute_batch
-
-    def __init__(self, seed: int, temperature: float) -> None:
-        from openrlhf.models import Actor
-
-        self.actor = Actor(tiny_causal_lm("qwen2", VOCAB, seed=seed), temperature=temperature)
-        self.actor.packing_samples = False
-        self.strategy = SimpleNamespace(ring_attn_group=None, is_rank_0=lambda: False)
-        self.forwards = 0
-        self.actor.model.register_forward_pre_hook(self._count)
-
-    def _count(self, *_: Any) -> None:
-        self.forwards += 1
-
-    def run(self, method: str, batches: list[Any]) -> list[Any]:
-        """What ``RayActorGroup.async_run_method_batch`` makes one rank do."""
-        data = {
-            "sequences": [b.sequences for b in batches],
-            "action_mask": [b.action_mask for b in batches],
-            "attention_mask": [b.attention_mask for b in batches],
-        }
-        results: list[Any] = self.execute_batch(method, data, 0, len(batches))
-        return results
 
 
 @pytest.fixture(autouse=True)
@@ -123,7 +86,7 @@ def test_a_datc_step_runs_as_many_policy_forwards_as_stock_openrlhf(
 ) -> None:
     batches = micro_batches()
     rm = TinyDirectionModel(VOCAB, DIM, seed=2)
-    host = PolicyHost(seed=1, temperature=temperature)
+    host = PolicyHost(VOCAB, seed=1, temperature=temperature)
     stock_logp = host.run("forward", batches)
     assert host.forwards == len(batches)  # stock OpenRLHF: one forward per micro-batch
 
@@ -171,7 +134,7 @@ def test_a_datc_step_runs_as_many_policy_forwards_as_stock_openrlhf(
 def test_without_a_seen_forward_the_signals_cost_one_counted_extra_forward() -> None:
     batches = micro_batches()
     rm = TinyDirectionModel(VOCAB, DIM, seed=3)
-    host = PolicyHost(seed=4, temperature=1.0)
+    host = PolicyHost(VOCAB, seed=4, temperature=1.0)
     plan = frozenset({"unsigned_work"})
     bind_credit_methods(host, "policy", state_for(plan, rm, on_policy=True))
     signals = host.run(signals_method("policy"), batches)
@@ -189,7 +152,7 @@ def test_without_a_seen_forward_the_signals_cost_one_counted_extra_forward() -> 
 
 def test_binding_twice_wraps_the_stock_forward_once() -> None:
     rm = TinyDirectionModel(VOCAB, DIM, seed=5)
-    host = PolicyHost(seed=6, temperature=1.0)
+    host = PolicyHost(VOCAB, seed=6, temperature=1.0)
     plan = frozenset({"unsigned_work"})
     bind_credit_methods(host, "policy", state_for(plan, rm, on_policy=True))
     bind_credit_methods(host, "policy", state_for(plan, rm, on_policy=True))
@@ -205,7 +168,7 @@ def test_datc_advantages_from_captured_w0_equal_the_policy_stats_path() -> None:
     from backends.openrlhf.experience_maker import TokenCreditExperienceMaker
 
     rm = TinyDirectionModel(VOCAB, DIM, seed=7)
-    host = PolicyHost(seed=8, temperature=1.0)
+    host = PolicyHost(VOCAB, seed=8, temperature=1.0)
     batches = micro_batches()
     cfg = OpenRLHFCreditConfig(credit=CreditConfig.parse({"name": "datc", "beta": 2.0}))
     stock = stock_maker()
@@ -245,7 +208,7 @@ def test_datc_advantages_from_captured_w0_equal_the_policy_stats_path() -> None:
 
 
 def test_keeping_logits_restores_the_actor_and_passes_other_calls_through() -> None:
-    host = PolicyHost(seed=9, temperature=1.0)
+    host = PolicyHost(VOCAB, seed=9, temperature=1.0)
     batch = micro_batches()[0]
     seen: list[tuple[int, ...]] = []
     with keeping_logits(host.actor, lambda z, *_: seen.append(tuple(z.shape))), torch.no_grad():

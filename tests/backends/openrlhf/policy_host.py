@@ -1,0 +1,66 @@
+"""A live OpenRLHF policy actor, in-process: ``PolicyHost`` holds a real
+``openrlhf.models.Actor`` and OpenRLHF's own ``PolicyModelActor.forward`` and
+``execute_batch`` (the functions of its Ray class), and counts the forwards of the Hugging
+Face model inside the ``Actor``. ``PolicyModelActor.forward`` asks
+``torch.cuda.current_device()``: a test using it points that at the CPU."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from adapters.tiny import tiny_causal_lm
+
+
+def policy_actor_class() -> Any:
+    """The Python class behind OpenRLHF's ``@ray.remote`` ``PolicyModelActor``."""
+    from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
+
+    return PolicyModelActor.__ray_metadata__.modified_class
+
+
+class PolicyHost:
+    """A policy actor instance as ``__ray_call__`` sees it, with OpenRLHF's own methods."""
+
+    forward = policy_actor_class().forward
+    execute_batch = policy_actor_class().execute_batch
+
+    def __init__(self, vocab: int, seed: int, temperature: float) -> None:
+        from openrlhf.models import Actor
+
+        self.actor = Actor(tiny_causal_lm("qwen2", vocab, seed=seed), temperature=temperature)
+        self.actor.packing_samples = False
+        self.strategy = SimpleNamespace(ring_attn_group=None, is_rank_0=lambda: False)
+        self.forwards = 0
+        self.actor.model.register_forward_pre_hook(self._count)
+
+    def _count(self, *_: Any) -> None:
+        self.forwards += 1
+
+    def run(self, method: str, batches: list[Any]) -> list[Any]:
+        """What ``RayActorGroup.async_run_method_batch`` makes one rank do."""
+        data = {
+            "sequences": [b.sequences for b in batches],
+            "action_mask": [b.action_mask for b in batches],
+            "attention_mask": [b.attention_mask for b in batches],
+        }
+        results: list[Any] = self.execute_batch(method, data, 0, len(batches))
+        return results
+
+
+class LocalGroup:
+    """OpenRLHF's ``RayActorGroup`` over one in-process host: every call runs at once and
+    returns what the actor would (a test makes ``ray.get`` the identity)."""
+
+    def __init__(self, host: Any) -> None:
+        self.host = host
+
+    def async_run_method(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        if method_name == "__ray_call__":
+            function, *rest = args
+            return [function(self.host, *rest, **kwargs)]
+        return [getattr(self.host, method_name)(*args, **kwargs)]
+
+    def async_run_method_batch(self, method_name: str, **batch: Any) -> list[list[Any]]:
+        size = len(next(iter(batch.values())))
+        return [self.host.execute_batch(method_name, batch, 0, size)]
