@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
-from adapters.direction import embedding_for_vocab
-from backends.openrlhf.compat import DIRECTION_SIGNALS, EMBEDDING_SIGNALS, LOGITS_SIGNALS
+from adapters.direction import embedding_for_vocab, score_rollout
+from backends.openrlhf.compat import EMBEDDING_SIGNALS, LOGITS_SIGNALS, SCORING_SIGNALS
 from backends.openrlhf.forward_capture import CaptureStore, keeping_logits
 from backends.openrlhf.layout import (
     action_token_ids,
@@ -297,58 +297,50 @@ def direction_signals_for_actions(
     signals: frozenset[str],
 ) -> ActorSignals:
     """The direction model's reward (B,) and the ``signals`` asked for (a subset of
-    ``DIRECTION_SIGNALS``) for an OpenRLHF batch, from ONE scoring call.
+    ``SCORING_SIGNALS``) for an OpenRLHF batch, from ONE scoring call.
 
     Each sample is cut into prompt and response (``layout.split_prompt_response``) and
-    scored with ``DirectionModel.score``: ``with_grad`` (one backward) for "reward_grad",
-    ``with_attention`` for "reward_attention", ``with_prefix_rewards`` (the model's extra
-    no-grad prefix passes) for "prefix_rewards"; an option is passed only when its signal is
-    asked for. The outputs move to action coordinates (0 off the action tokens; observation
-    tokens of a multi-turn sample are scored but get no value); the attention is renormalized
-    over the action tokens (``ActorSignals.reward_attention``). float32 outputs. Raises
-    ``CreditError`` naming the output the model did not return.
+    scored with ``adapters.direction.score_rollout``: ``with_grad`` (one backward) for
+    "reward_grad", ``with_attention`` for "reward_attention", ``with_prefix_rewards`` (the
+    model's extra no-grad prefix passes, if it needs them) for "prefix_rewards"; an option is
+    passed only when its signal is asked for. The outputs move to action coordinates (0 off
+    the action tokens; observation tokens of a multi-turn sample are scored but get no
+    value); the attention is renormalized over the action tokens
+    (``ActorSignals.reward_attention``). float32 outputs. Raises ``CreditError`` naming the
+    output the model cannot give or did not return.
     """
-    unknown = sorted(signals - DIRECTION_SIGNALS)
+    unknown = sorted(signals - SCORING_SIGNALS)
     if unknown:
         raise CreditError(
-            f"direction signals: expected a subset of {sorted(DIRECTION_SIGNALS)}, got {unknown}"
+            f"direction signals: expected a subset of {sorted(SCORING_SIGNALS)}, got {unknown}"
         )
     split = split_prompt_response(sequences, attention_mask, action_mask)
     with_grad = "reward_grad" in signals
-    options: dict[str, bool] = {}
-    if "reward_attention" in signals:
-        options["with_attention"] = True
-    if "prefix_rewards" in signals:
-        options["with_prefix_rewards"] = True
     with torch.set_grad_enabled(with_grad):
-        out = model.score(
+        out = score_rollout(
+            model,
             split.prompt_ids,
             split.prompt_mask,
             split.response_ids,
             split.response_mask,
             with_grad=with_grad,
-            **options,
+            with_attention="reward_attention" in signals,
+            with_prefix_rewards="prefix_rewards" in signals,
         )
-    asked = {"with_grad": with_grad, **options}
-    flags = ", ".join(f"{name}=True" for name, on in asked.items() if on)
 
-    def moved(value: torch.Tensor | None, field_name: str) -> torch.Tensor:
+    def moved(value: torch.Tensor | None) -> torch.Tensor | None:
         if value is None:
-            raise CreditError(f"{type(model).__name__}.score({flags}) returned no {field_name}")
+            return None
         return response_to_action_coords(value.detach().float(), split, action_mask)
 
-    grad = attention = prefix = None
-    if with_grad:
-        grad = moved(out.reward_grad, "reward_grad")
-    if "reward_attention" in signals:
-        attention = _renormalized(moved(out.attention, "attention"))
-    if "prefix_rewards" in signals:
-        prefix = moved(out.prefix_rewards, "prefix_rewards")
+    if with_grad and out.reward_grad is None:
+        raise CreditError(f"{type(model).__name__}.score(with_grad=True) returned no reward_grad")
+    attention = moved(out.attention)
     return ActorSignals(
-        reward_grad=grad,
+        reward_grad=moved(out.reward_grad) if with_grad else None,
         direction_reward=out.rewards.detach().float(),
-        reward_attention=attention,
-        prefix_rewards=prefix,
+        reward_attention=None if attention is None else _renormalized(attention),
+        prefix_rewards=moved(out.prefix_rewards),
     )
 
 
@@ -370,8 +362,8 @@ def reward_grad_for_actions(
     found = direction_signals_for_actions(
         model, sequences, attention_mask, action_mask, frozenset({"reward_grad"})
     )
-    assert found.reward_grad is not None  # asked for: moved() raised otherwise
-    assert found.direction_reward is not None
+    assert found.reward_grad is not None  # asked for: checked there
+    assert found.direction_reward is not None  # always set there
     return found.reward_grad, found.direction_reward
 
 
@@ -380,7 +372,7 @@ class ActorCreditState:
     """What ``bind_credit_methods`` leaves on an actor for one role.
 
     - ``computes``: signals this actor produces (``LOGITS_SIGNALS`` on policy actors,
-      ``DIRECTION_SIGNALS`` on the actors hosting the direction model); "unsigned_work"
+      ``SCORING_SIGNALS`` on the actors hosting the direction model); "unsigned_work"
       needs the direction model on the same actor (g is computed before the logits exist).
     - ``direction``: ``RewardModelConfig`` fields of the direction model, if hosted here.
     - ``tokenizer``: the policy tokenizer (the direction model is built in its vocabulary).
@@ -470,7 +462,7 @@ def _signals_around_forward(
     logits reduced to the logits signals in ``state.computes``; return its result and them.
 
     For "unsigned_work" the direction model's g is computed first (its memory is freed
-    before the policy forward runs), with the other ``DIRECTION_SIGNALS`` in
+    before the policy forward runs), with the other ``SCORING_SIGNALS`` in
     ``state.computes`` from the same scoring call, and W0 is reduced from the logits; for
     "policy_stats" the logits are reduced to ``PolicyStats``, for "token_entropy" to H.
     Outputs go to the CPU.
@@ -484,7 +476,7 @@ def _signals_around_forward(
             sequences.to(device),
             attention_mask.to(device),
             action_mask.to(device),
-            (state.computes & DIRECTION_SIGNALS) | {"reward_grad"},
+            (state.computes & SCORING_SIGNALS) | {"reward_grad"},
         )
     grad = scored.reward_grad
     if state.computes & EMBEDDING_SIGNALS:
@@ -589,7 +581,7 @@ def credit_signals(
     the outputs go back on the CPU. ``LOGITS_SIGNALS`` are the ones kept from this
     micro-batch's log-prob forward, or, if that forward was not seen, computed with one extra
     forward of ``actor_self.actor`` (counted in ``extra_policy_forwards``); the
-    ``DIRECTION_SIGNALS`` not computed yet (the W0 path takes g in the forward) come from one
+    ``SCORING_SIGNALS`` not computed yet (the W0 path takes g in the forward) come from one
     scoring call of the direction model, built on first use.
     """
     signals = ActorSignals()
@@ -601,7 +593,7 @@ def credit_signals(
             )
         signals = taken
     missing = frozenset(
-        name for name in state.computes & DIRECTION_SIGNALS if getattr(signals, name) is None
+        name for name in state.computes & SCORING_SIGNALS if getattr(signals, name) is None
     )
     if missing:
         device = _device()

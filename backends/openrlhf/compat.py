@@ -17,8 +17,10 @@ What the actors compute (``ResolvedCredit.requires``) is the strategy's
 ``signals_to_compute``: with the direction model on the policy actors its gradient is
 known before the policy's log-prob forward, so a strategy with ``work_requires`` gets W0
 ("unsigned_work") instead of ``PolicyStats`` + ``reward_grad``. Every signal of
-``credit_core.SIGNALS`` has a source here: ``LOGITS_SIGNALS`` from the policy's logits,
-``DIRECTION_SIGNALS`` from one scoring call of the direction model.
+``credit_core.SIGNALS`` has a source here: ``LOGITS_SIGNALS`` from the policy's logits
+(``EMBEDDING_SIGNALS`` with the direction model's embedding table), ``SCORING_SIGNALS`` from
+one scoring call of the direction model; a strategy reading one of
+``credit_core.DIRECTION_SIGNALS`` needs a direction model.
 
 What a settings check cannot see is the direction model itself, which is built on the
 actors hosting it: ``check_direction_capabilities`` refuses a strategy whose signal the
@@ -32,14 +34,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from backends.openrlhf.settings import OpenRLHFCreditConfig
-from credit_core import CreditError
+from credit_core import DIRECTION_SIGNALS, CreditError
 
 #: Signals reduced from the policy's logits inside its log-prob forward (policy actors).
 LOGITS_SIGNALS = frozenset({"policy_stats", "unsigned_work", "token_entropy"})
 #: Signals reduced with the direction model's embedding table E (which the policy actors need).
 EMBEDDING_SIGNALS = frozenset({"policy_stats", "unsigned_work"})
 #: Signals of one scoring call of the direction model (on the actors hosting it).
-DIRECTION_SIGNALS = frozenset({"reward_grad", "reward_attention", "prefix_rewards"})
+SCORING_SIGNALS = frozenset({"reward_grad", "reward_attention", "prefix_rewards"})
 
 #: OpenRLHF estimators whose token advantages are one value per response.
 RESPONSE_LEVEL_ESTIMATORS = (
@@ -146,7 +148,7 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
 
     placement: Literal["reward", "policy"] | None = None
     direction = cfg.direction
-    from_direction = sorted(requires & (DIRECTION_SIGNALS | EMBEDDING_SIGNALS))
+    from_direction = sorted(requires & DIRECTION_SIGNALS)
     if from_direction:  # policy statistics need the direction model's embedding table too
         remote = bool(_get(args, "reward.remote_url") or _get(args, "train.agent_func_path"))
         rm_path = _get(args, "reward.model_name_or_path")

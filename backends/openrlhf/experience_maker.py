@@ -57,9 +57,9 @@ from backends.openrlhf.actor_side import (
     signals_method,
 )
 from backends.openrlhf.compat import (
-    DIRECTION_SIGNALS,
     EMBEDDING_SIGNALS,
     LOGITS_SIGNALS,
+    SCORING_SIGNALS,
     ResolvedCredit,
     check_direction_capabilities,
 )
@@ -350,7 +350,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         on_policy = credit.placement == "policy"
         policy_state = ActorCreditState(
             computes=(credit.requires & LOGITS_SIGNALS)
-            | (credit.requires & DIRECTION_SIGNALS if on_policy else frozenset()),
+            | (credit.requires & SCORING_SIGNALS if on_policy else frozenset()),
             direction=credit.direction if on_policy else None,
             tokenizer=self.tokenizer if on_policy else None,
             stats_chunk_size=chunk,
@@ -363,7 +363,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         host: tuple[Any, Role] = (self.actor_model_group, "policy")
         if credit.placement == "reward":
             reward_state = ActorCreditState(
-                computes=credit.requires & DIRECTION_SIGNALS,
+                computes=credit.requires & SCORING_SIGNALS,
                 direction=credit.direction,
                 tokenizer=self.tokenizer,
                 stats_chunk_size=chunk,
@@ -388,7 +388,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         roles: list[tuple[Any, Role]] = []
         if credit.requires & LOGITS_SIGNALS or credit.placement == "policy":
             roles.append((self.actor_model_group, "policy"))
-        if credit.placement == "reward" and credit.requires & DIRECTION_SIGNALS:
+        if credit.placement == "reward" and credit.requires & SCORING_SIGNALS:
             roles.append((self.reward_model_group, "reward"))
         batch = {
             "sequences": [e.sequences for e in experiences],

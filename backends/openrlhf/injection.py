@@ -68,12 +68,25 @@ def install_in_trainer(trainer: Any, cfg: OpenRLHFCreditConfig) -> str:
     )
 
 
+def credit_error_of(exc: BaseException) -> CreditError | None:
+    """The ``CreditError`` a Ray task failed with, found through nested task errors (an
+    install refusal raised in a model actor reaches the driver through the trainer actor), or
+    None when the failure is another error."""
+    cause: BaseException | None = exc
+    while isinstance(cause, ray.exceptions.RayTaskError):
+        cause = cause.cause
+    return cause if isinstance(cause, CreditError) else None
+
+
 class TrainerWithCredit:
     """Stands in for OpenRLHF's trainer actor class; ``.remote`` installs token credit.
 
     ``remote(*args, **kwargs)`` creates the actor exactly as the wrapped class would, runs
     ``install_in_trainer`` in it and returns the handle; ``options(...)`` keeps the proxy.
-    ``on_install`` receives the installation description (default: print to stdout).
+    ``on_install`` receives the installation description (default: print to stdout). An
+    install refused with a ``CreditError`` (in the trainer actor or in a model actor) is
+    raised here as that ``CreditError`` alone, its message without Ray's remote traceback
+    (chained to the Ray error, which ``--debug`` shows).
     """
 
     def __init__(
@@ -91,7 +104,13 @@ class TrainerWithCredit:
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         handle = self._actor_class.remote(*args, **kwargs)
-        where = ray.get(handle.__ray_call__.remote(install_in_trainer, self._cfg))
+        try:
+            where = ray.get(handle.__ray_call__.remote(install_in_trainer, self._cfg))
+        except ray.exceptions.RayTaskError as exc:
+            refusal = credit_error_of(exc)
+            if refusal is None:
+                raise
+            raise CreditError(str(refusal)) from exc
         self._on_install(str(where))
         return handle
 

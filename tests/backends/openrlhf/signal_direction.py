@@ -3,37 +3,25 @@ gradient, an attention over the response and prefix rewards (for ``abc`` and ``r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from adapters.direction import RewardOutput
 from tests.helpers.openrlhf import TinyDirectionModel
 
 
-@dataclass(frozen=True)
-class SignalOutput(RewardOutput):
-    """``RewardOutput`` with the attention and prefix rewards of ``DirectionModel.score``."""
-
-    attention: torch.Tensor | None = None
-    prefix_rewards: torch.Tensor | None = None
-
-
 class SignalDirectionModel(TinyDirectionModel):
     """``TinyDirectionModel`` that also gives, on request, an attention over the response
     (softmax of E[y_t] . w over its valid tokens) and its prefix rewards s_{t+1} - s_t (s_t:
     the mean token score of the first t tokens, s_0 = 0, so they add up to the reward);
-    ``gives_attention`` as constructed; ``requests`` records every call's
-    (with_grad, with_attention, with_prefix_rewards)."""
+    ``requests`` records every call's (with_grad, with_attention, with_prefix_rewards)."""
 
-    def __init__(self, vocab: int, dim: int, seed: int, *, attention: bool = True) -> None:
+    def __init__(self, vocab: int, dim: int, seed: int) -> None:
         super().__init__(vocab, dim, seed)
-        self._gives_attention = attention
         self.requests: list[tuple[bool, bool, bool]] = []
 
     @property
     def gives_attention(self) -> bool:
-        return self._gives_attention
+        return True
 
     def score(
         self,
@@ -45,7 +33,7 @@ class SignalDirectionModel(TinyDirectionModel):
         with_grad: bool,
         with_attention: bool = False,
         with_prefix_rewards: bool = False,
-    ) -> SignalOutput:
+    ) -> RewardOutput:
         self.requests.append((with_grad, with_attention, with_prefix_rewards))
         out = super().score(
             prompt_ids, prompt_mask, response_ids, response_mask, with_grad=with_grad
@@ -62,7 +50,7 @@ class SignalDirectionModel(TinyDirectionModel):
             t = torch.arange(1, h.shape[1] + 1)
             s = torch.cumsum(torch.where(valid, h, 0.0), dim=1) / t
             prefix = torch.where(valid, s - torch.nn.functional.pad(s, (1, 0))[:, :-1], 0.0)
-        return SignalOutput(
+        return RewardOutput(
             rewards=out.rewards,
             reward_grad=out.reward_grad,
             attention=attention,
@@ -70,9 +58,7 @@ class SignalDirectionModel(TinyDirectionModel):
         )
 
 
-def signal_direction_model(
-    vocab: int, dim: int, seed: int, attention: bool = True
-) -> SignalDirectionModel:
+def signal_direction_model(vocab: int, dim: int, seed: int) -> SignalDirectionModel:
     """Factory for ``RewardModelConfig(kind="module", factory="tests.backends.openrlhf
     .signal_direction:signal_direction_model")``."""
-    return SignalDirectionModel(vocab, dim, seed, attention=attention)
+    return SignalDirectionModel(vocab, dim, seed)

@@ -13,6 +13,7 @@ expected value is recomputed independently from the same logits or the same dire
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,12 +68,16 @@ RM_SEED = 3
 
 
 def direction(attention: bool = True) -> dict[str, Any]:
-    """The settings of a ``SignalDirectionModel`` (seed ``RM_SEED``) as a direction model."""
-    return {
-        "kind": "module",
-        "factory": "tests.backends.openrlhf.signal_direction:signal_direction_model",
-        "factory_kwargs": {"vocab": VOCAB, "dim": DIM, "seed": RM_SEED, "attention": attention},
-    }
+    """The settings of a direction model (seed ``RM_SEED``): a ``SignalDirectionModel``, or
+    with ``attention`` False the plain ``TinyDirectionModel`` (``DirectionModel``'s default
+    ``gives_attention``, False)."""
+    factory = (
+        "tests.backends.openrlhf.signal_direction:signal_direction_model"
+        if attention
+        else "tests.helpers.openrlhf:tiny_direction_model"
+    )
+    kwargs = {"vocab": VOCAB, "dim": DIM, "seed": RM_SEED}
+    return {"kind": "module", "factory": factory, "factory_kwargs": kwargs}
 
 
 @pytest.fixture(autouse=True)
@@ -334,6 +339,90 @@ def test_direction_signals_of_a_multi_turn_sample_stay_on_its_actions() -> None:
     assert float(found.prefix_rewards[0, off].abs().sum()) == 0.0
     torch.testing.assert_close(found.direction_reward, whole.rewards)
     assert found.reward_grad is None
+
+
+def test_a_transformer_reward_model_gives_attention_and_prefix_rewards_in_one_call(
+    tmp_path: Path,
+) -> None:
+    """The direction model an OpenRLHF run builds by default (its RM folder as a one-label
+    sequence classifier): gradient, attention and prefix rewards of a concatenated OpenRLHF
+    micro-batch from one scoring call equal, at the action tokens, each sample scored alone
+    in the plain prompt | response layout."""
+    from openrlhf.trainer.ppo_utils.experience import Experience
+
+    from adapters.config import build_direction_model
+    from adapters.tiny import tiny_seq_classifier, train_bpe_tokenizer
+
+    tokenizer = train_bpe_tokenizer(vocab_size=300)
+    tiny_seq_classifier("llama", len(tokenizer), hidden=16, seed=10).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    rm = build_direction_model({"kind": "seq_classification", "path": str(tmp_path)}, tokenizer)
+    assert rm.gives_attention
+    prompts = [[p + 40 for p in prompt] for prompt in PROMPTS[::2]]  # text tokens, not special
+    responses = [[r + 40 for r in response] for response in RESPONSES[::2]]
+    batch = Experience.concat_experiences(rollout_samples(prompts, responses, [0.0] * 4), 0)
+    found = direction_signals_for_actions(
+        rm,
+        batch.sequences,
+        batch.attention_mask,
+        batch.action_mask,
+        frozenset({"reward_grad", "reward_attention", "prefix_rewards"}),
+    )
+    assert found.reward_grad is not None and found.reward_attention is not None
+    assert found.prefix_rewards is not None and found.direction_reward is not None
+    for b, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        ids = torch.tensor([prompt + response])
+        mask = torch.ones_like(ids)
+        P, span = len(prompt), slice(len(prompt) - 1, len(prompt) - 1 + len(response))
+        alone = rm.score(
+            ids[:, :P],
+            mask[:, :P],
+            ids[:, P:],
+            mask[:, P:],
+            with_grad=True,
+            with_attention=True,
+            with_prefix_rewards=True,
+        )
+        assert alone.attention is not None and alone.prefix_rewards is not None
+        torch.testing.assert_close(found.direction_reward[b], alone.rewards[0])
+        torch.testing.assert_close(found.reward_attention[b, span], alone.attention[0])
+        torch.testing.assert_close(found.prefix_rewards[b, span], alone.prefix_rewards[0])
+        torch.testing.assert_close(found.reward_grad[b, span], alone.reward_grad[0])
+    assert float(found.reward_attention[~batch.action_mask.bool()].abs().sum()) == 0.0
+
+
+def test_an_install_refusal_reaches_the_command_line_as_one_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The refusal is raised in the trainer actor (or, building the model, in a model actor
+    under it): Ray wraps it, once or twice; ``credit-openrlhf`` prints its message alone."""
+    from backends.openrlhf.injection import TrainerWithCredit
+
+    refusal = CreditError("credit strategy 'abc' reads 'reward_attention', ...")
+    in_model = ray.exceptions.RayTaskError("model", "Traceback ...", refusal).as_instanceof_cause()
+    nested = ray.exceptions.RayTaskError("trainer", "Traceback ...", in_model)
+    call = type("Call", (), {"remote": staticmethod(lambda *_: "ref")})()
+    handle = type("Handle", (), {"__ray_call__": call})()
+    actor_class = type("ActorClass", (), {"remote": staticmethod(lambda *_: handle)})()
+
+    def launch(cfg: OpenRLHFCreditConfig, _: Any) -> None:
+        TrainerWithCredit(actor_class, cfg, on_install=print).remote()
+
+    def raising(failure: Exception) -> Any:
+        def get(_: Any) -> Any:
+            raise failure
+
+        return get
+
+    for failure in (in_model, nested):
+        monkeypatch.setattr(ray, "get", raising(failure))
+        assert main(["--credit", "abc"], train=launch) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert err[0] == f"credit-openrlhf: error: {refusal}" and len(err) == 2
+    bug = ray.exceptions.RayTaskError("trainer", "Traceback ...", ValueError("a bug"))
+    monkeypatch.setattr(ray, "get", raising(bug))
+    with pytest.raises(ray.exceptions.RayTaskError):  # not a refusal: raised as it is
+        main(["--credit", "abc"], train=launch)
 
 
 def test_resolve_credit_serves_the_baselines_and_names_what_is_missing() -> None:
