@@ -42,6 +42,8 @@ LOGITS_SIGNALS = frozenset({"policy_stats", "unsigned_work", "token_entropy"})
 EMBEDDING_SIGNALS = frozenset({"policy_stats", "unsigned_work"})
 #: Signals of one scoring call of the direction model (on the actors hosting it).
 SCORING_SIGNALS = frozenset({"reward_grad", "reward_attention", "prefix_rewards"})
+#: The (B, A, d) signals: a strategy reading one is handed one micro-batch at a time.
+WIDE_SIGNALS = frozenset({"reward_grad", "policy_stats"})
 
 #: OpenRLHF estimators whose token advantages are one value per response.
 RESPONSE_LEVEL_ESTIMATORS = (
@@ -120,6 +122,14 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
             "--algo.kl.init_coef > 0 without --algo.kl.use_loss puts a per-token KL penalty "
             f"into the reward, so advantages differ within a response; strategy {name!r} needs "
             "--algo.kl.use_loss (GRPO style) or --algo.kl.init_coef 0"
+        )
+    wide = sorted(requires & WIDE_SIGNALS)
+    if strategy.gathers and wide:
+        problems.append(
+            f"strategy {name!r} selects tokens across the step's batch (CreditStrategy.gathers) "
+            f"and reads the (B, A, d) signals {wide}; this backend gives a strategy the whole "
+            "step as one batch only when its signals are per token, and one micro-batch at a "
+            "time otherwise (the step's (B, A, d) tensors are never copied into one)"
         )
     if strategy.reward_grad_points:
         problems.append(

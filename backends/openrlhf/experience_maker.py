@@ -18,14 +18,14 @@ micro-batch ``Experience`` of one ``make_experience_batch`` call), then:
    policy actors average into the step status it sends to wandb / TensorBoard
    (``weight_max`` / ``weight_min`` are the whole step's, so the average is the extreme).
 
-How the strategy sees the step (``apply_step_credit`` / ``apply_token_credit``): a strategy
-whose signals are per token (B, A) (``entropy_top``, ``random_top``, ``abc``, ``red``, any
-that reads neither ``reward_grad`` nor ``policy_stats``) gets the whole step as ONE
-``CreditBatch``, so a batch-wide selection (the quantile of ``entropy_top``) covers every
-response of the step: the driver-side maker holds all of them, no ``gather`` is needed. A
-strategy that reads the (B, A, d) signals ``reward_grad`` / ``policy_stats`` (the DATC
-family, ``saliency``) gets one micro-batch at a time, so that the step's (B, A, d) tensors
-are never copied into one; its ``gather`` refuses a batch-wide selection.
+How the strategy sees the step: a strategy that selects tokens across the step's batch
+(``CreditStrategy.gathers``: ``entropy_top``, ``random_top``) gets the whole step as ONE
+``CreditBatch`` (``apply_step_credit``), so its selection (the quantile of ``entropy_top``)
+covers every response of the step: the driver-side maker holds all of them, no ``gather``
+is needed. Every other strategy works response by response and gets one micro-batch at a
+time (``apply_token_credit``), so that the step's (B, A, d) signals of the DATC family are
+never copied into one; ``compat.resolve_credit`` refuses a gathering strategy that reads
+them.
 
 Everything happens inside this one call on whole micro-batches, before OpenRLHF splits or
 rebalances them, so nothing relies on extra ``Experience`` attributes (those are dropped on
@@ -72,16 +72,13 @@ from credit_core import (
     assign_credit,
 )
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
-from credit_core.batch import TOKEN_SIGNALS, Gather
+from credit_core.batch import TOKEN_SIGNALS
 
 #: Gathers the signals of a list of micro-batches (one ``ActorSignals`` per Experience).
 SignalGatherer = Callable[[Sequence[Experience]], list[ActorSignals]]
 
 #: Relative tolerance of the check that a response's action tokens share one advantage.
 CONSTANT_ADVANTAGE_RTOL = 1e-6
-
-#: The (B, A, d) signals: a strategy reading one of them gets one micro-batch at a time.
-WIDE_SIGNALS = frozenset({"reward_grad", "policy_stats"})
 
 
 def response_advantages(advantages: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
@@ -117,27 +114,6 @@ def log_diagnostics(experience: Experience, values: dict[str, float]) -> None:
         experience.info[key] = torch.full((B,), float(value), dtype=torch.float32)
 
 
-def reads_step_batch(strategy: CreditStrategy) -> bool:
-    """Whether ``strategy`` gets the step as one ``CreditBatch`` (``apply_step_credit``):
-    it reads none of the (B, A, d) ``WIDE_SIGNALS``."""
-    return not strategy.requires & WIDE_SIGNALS
-
-
-def _micro_batch_gather(strategy: CreditStrategy) -> Gather:
-    """The ``gather`` of a strategy that gets one micro-batch at a time: it refuses."""
-
-    def refuse(values: torch.Tensor) -> torch.Tensor:
-        raise CreditError(
-            f"strategy {strategy.name!r} selects tokens across the step's batch "
-            "(CreditBatch.gather) and reads the (B, A, d) signals "
-            f"{sorted(strategy.requires & WIDE_SIGNALS)}, which the OpenRLHF backend hands "
-            "to a strategy one micro-batch at a time; a batch-wide selection needs per-token "
-            "signals only"
-        )
-
-    return refuse
-
-
 def apply_token_credit(
     experience: Experience, strategy: CreditStrategy, signals: ActorSignals
 ) -> CreditDiagnostics:
@@ -146,9 +122,9 @@ def apply_token_credit(
 
     The strategy sees the responses that have at least one action token, with
     ``mask = action_mask``, ``token_ids`` the action tokens and the gathered ``signals``
-    (whichever were computed), and a ``gather`` that refuses a batch-wide selection; its
-    (B, A) float32 output (0 where the mask is False) is cast to the advantages' dtype.
-    Responses without action tokens keep all-zero advantages. ``returns`` is not touched.
+    (whichever were computed); its (B, A) float32 output (0 where the mask is False) is cast
+    to the advantages' dtype. Responses without action tokens keep all-zero advantages.
+    ``returns`` is not touched.
     """
     advantages = experience.advantages
     acts = experience.action_mask.bool()
@@ -164,7 +140,6 @@ def apply_token_credit(
         acts[rows],
         action_token_ids(experience.sequences, experience.action_mask)[rows],
         signals.credit().select(rows),
-        gather=_micro_batch_gather(strategy),
     )
     token_advantages[rows] = result.token_advantages.to(advantages.dtype)
     experience.advantages = token_advantages
@@ -209,16 +184,11 @@ def apply_step_credit(
     The batch stacks, in the order of ``experiences``, the responses with at least one action
     token, each micro-batch's action columns [0, A_k) left-aligned and zero-padded (mask
     False) to the widest A_k, with ``token_ids`` the action tokens and the per-token
-    ``signals`` (``credit_core.batch.TOKEN_SIGNALS``) padded alike; ``gather`` is None, this
-    batch being the whole step. A strategy reading a (B, A, d) signal is refused
-    (``reads_step_batch``). Outputs are cast to each micro-batch's advantages' dtype;
-    responses without action tokens get all-zero advantages; ``returns`` is not touched.
+    ``signals`` (``credit_core.batch.TOKEN_SIGNALS``; a (B, A, d) signal is not carried, a
+    strategy needing one is an error naming it) padded alike; ``gather`` is None, this batch
+    being the whole step. Outputs are cast to each micro-batch's advantages' dtype; responses
+    without action tokens get all-zero advantages; ``returns`` is not touched.
     """
-    if not reads_step_batch(strategy):
-        raise CreditError(
-            f"apply_step_credit: strategy {strategy.name!r} reads (B, A, d) signals "
-            f"{sorted(strategy.requires & WIDE_SIGNALS)}; use apply_token_credit per micro-batch"
-        )
     rows_of, advantages, masks, token_ids, credits = [], [], [], [], []
     for experience, signal in zip(experiences, signals, strict=True):
         acts = experience.action_mask.bool()
@@ -313,7 +283,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                 f"got {len(signals)}"
             )
         elapsed = time.perf_counter() - start
-        if reads_step_batch(self.credit_strategy):
+        if self.credit_strategy.gathers:
             step = apply_step_credit(experiences, self.credit_strategy, signals)
             diagnostics = [step] * len(experiences)
         else:

@@ -20,7 +20,7 @@ import pytest
 import ray
 import torch
 
-from backends.openrlhf.actor_side import ActorSignals, direction_signals_for_actions
+from backends.openrlhf.actor_side import direction_signals_for_actions
 from backends.openrlhf.compat import ResolvedCredit, check_direction_capabilities, resolve_credit
 from backends.openrlhf.launcher import main
 from backends.openrlhf.settings import OpenRLHFCreditConfig
@@ -32,6 +32,9 @@ from credit_core import (
     CreditStrategy,
     assign_credit,
     get_strategy,
+    hookimpl,
+    register_plugin,
+    unregister_plugin,
 )
 from tests.backends.openrlhf.policy_host import LocalGroup, PolicyHost
 from tests.backends.openrlhf.signal_direction import SignalDirectionModel
@@ -460,26 +463,33 @@ def test_resolve_credit_serves_the_baselines_and_names_what_is_missing() -> None
 
 
 class StepWideOnGradients(CreditStrategy):
-    """A plugin-like strategy that reads a (B, A, d) signal and selects batch-wide."""
+    """A plugin strategy that selects across the step while reading a (B, A, d) signal."""
 
     name = "step_wide_on_gradients"
     requires = frozenset({"reward_grad"})
+    gathers = True
 
     def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
-        batch.gathered(batch.advantages)
-        raise AssertionError("the gather refuses")
+        raise AssertionError("refused before any step")
 
 
-def test_a_batch_wide_selection_over_gradients_is_refused_not_narrowed() -> None:
-    from backends.openrlhf.experience_maker import apply_step_credit, apply_token_credit
+class StepWidePlugin:
+    @hookimpl
+    def credit_core_strategies(self) -> list[type[CreditStrategy]]:
+        return [StepWideOnGradients]
 
-    exp = micro_batches()[0]
-    exp.advantages = torch.ones(exp.action_mask.shape)
-    signals = ActorSignals(reward_grad=torch.zeros(*exp.action_mask.shape, DIM))
-    with pytest.raises(CreditError, match="selects tokens across the step's batch"):
-        apply_token_credit(exp, StepWideOnGradients(), signals)
-    with pytest.raises(CreditError, match=r"reads \(B, A, d\) signals \['reward_grad'\]"):
-        apply_step_credit([exp], StepWideOnGradients(), [signals])
+
+def test_a_step_wide_selection_over_gradients_is_refused_at_start_up() -> None:
+    plugin = register_plugin(StepWidePlugin(), name="tests-openrlhf-step-wide")
+    try:
+        with pytest.raises(
+            CreditError,
+            match=r"'step_wide_on_gradients' selects tokens across the step's batch "
+            r"\(CreditStrategy.gathers\) and reads the \(B, A, d\) signals \['reward_grad'\]",
+        ):
+            resolved("step_wide_on_gradients", RM_FLAGS)
+    finally:
+        unregister_plugin(plugin)
 
 
 def test_baseline_parameters_come_from_credit_flags(capsys: pytest.CaptureFixture[str]) -> None:
