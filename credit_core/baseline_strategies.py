@@ -17,15 +17,15 @@ which does not. A response for which a method has no signal gets w = 1 and is co
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from credit_core.allocation import weight_diagnostics
 from credit_core.batch import CreditBatch
-from credit_core.errors import CreditError
-from credit_core.strategy import CreditResult, CreditStrategy
+from credit_core.strategy import CreditResult, CreditStrategy, SeededStream
+from credit_core.tensor_checks import check_finite_at
 from credit_core.token_selection import top_fraction
 
 SelectionMode = Literal["mask", "weight"]
@@ -100,7 +100,7 @@ class EntropyTopStrategy(_TopFractionStrategy):
         return entropy
 
 
-class RandomTopStrategy(_TopFractionStrategy):
+class RandomTopStrategy(SeededStream, _TopFractionStrategy):
     """Control of ``entropy_top``: the same rule on uniform random keys, i.e. a uniformly
     random ``rho`` share of the step's tokens. Keys are drawn on the CPU from a generator
     seeded once (``seed``) that advances with every call."""
@@ -109,23 +109,9 @@ class RandomTopStrategy(_TopFractionStrategy):
     Params: ClassVar[type[BaseModel]] = RandomTopParams
     params: RandomTopParams
 
-    def __init__(self, params: BaseModel | None = None) -> None:
-        super().__init__(params)
-        self.generator = torch.Generator().manual_seed(self.params.seed)
-
     def keys(self, batch: CreditBatch) -> torch.Tensor:
         keys = torch.rand(batch.mask.shape, generator=self.generator, dtype=torch.float64)
         return keys.to(batch.mask.device)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if set(state) != {"generator"}:
-            raise CreditError(
-                f"strategy {self.name!r}: expected state keys ['generator'], got {sorted(state)}"
-            )
-        self.generator.set_state(state["generator"])
 
 
 class ABCParams(BaseModel):
@@ -151,12 +137,8 @@ class ABCStrategy(CreditStrategy):
         alpha = batch.reward_attention
         assert alpha is not None  # guaranteed by batch.require
         mask = batch.mask
+        check_finite_at("CreditBatch.reward_attention", alpha, mask, nonnegative=True)
         a = torch.where(mask, alpha.to(torch.float64), 0.0)
-        if bool((a < 0).any()) or not bool(torch.isfinite(a).all()):
-            rows = torch.nonzero(((a < 0) | ~torch.isfinite(a)).any(dim=1)).flatten().tolist()
-            raise CreditError(
-                f"CreditBatch.reward_attention: expected finite values >= 0, rows {rows} are not"
-            )
         n = mask.sum(dim=1).to(torch.float64)
         uniform = (a.sum(dim=1) <= 0) | (n == 1)
         beta = self.params.beta
@@ -190,13 +172,7 @@ class REDStrategy(CreditStrategy):
         r = batch.prefix_rewards
         assert r is not None  # guaranteed by batch.require
         mask = batch.mask
-        bad = mask & ~torch.isfinite(r)
-        if bool(bad.any()):
-            rows = torch.nonzero(bad.any(dim=1)).flatten().tolist()
-            raise CreditError(
-                f"CreditBatch.prefix_rewards: expected finite values at valid tokens, rows "
-                f"{rows} are not"
-            )
+        check_finite_at("CreditBatch.prefix_rewards", r, mask)
         sign = torch.sign(batch.advantages.to(torch.float64)).unsqueeze(1)
         aligned = (sign * r.to(torch.float64)).clamp_min(0.0)
         unaligned = ~torch.where(mask, aligned > 0, False).any(dim=1)

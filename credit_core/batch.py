@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 
@@ -19,16 +19,7 @@ Signal = Literal[
     "reward_attention",
     "prefix_rewards",
 ]
-SIGNALS: frozenset[str] = frozenset(
-    {
-        "reward_grad",
-        "policy_stats",
-        "unsigned_work",
-        "token_entropy",
-        "reward_attention",
-        "prefix_rewards",
-    }
-)
+SIGNALS: frozenset[str] = frozenset(get_args(Signal))
 #: The signals that come from a direction model (``policy_stats`` through its embedding
 #: table): a strategy reading one of them needs a direction model configured.
 DIRECTION_SIGNALS: frozenset[str] = frozenset(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from pydantic import BaseModel, Field
@@ -11,9 +11,14 @@ from pydantic import BaseModel, Field
 from credit_core.allocation import CreditDiagnostics
 from credit_core.baseline_strategies import BASELINE_STRATEGIES
 from credit_core.batch import CreditBatch, PolicyStats
-from credit_core.errors import CreditError
 from credit_core.hookspecs import hookimpl
-from credit_core.strategy import CreditStrategy, ScoreParams, ScoreStrategy, UniformStrategy
+from credit_core.strategy import (
+    CreditStrategy,
+    ScoreParams,
+    ScoreStrategy,
+    SeededStream,
+    UniformStrategy,
+)
 from credit_core.work import token_work
 
 DATC_SIGNALS = frozenset({"reward_grad", "policy_stats"})
@@ -149,7 +154,7 @@ def permute_within_rows(
     return torch.empty_like(values).scatter_(1, target, values.gather(1, source))
 
 
-class DATCShuffledStrategy(DATCStrategy):
+class DATCShuffledStrategy(SeededStream, DATCStrategy):
     """Control: DATC's weights permuted among each response's valid tokens (seeded).
 
     Same weight distribution per response, no alignment with the tokens. The generator is
@@ -160,23 +165,9 @@ class DATCShuffledStrategy(DATCStrategy):
     Params: ClassVar[type[BaseModel]] = ShuffledParams
     params: ShuffledParams
 
-    def __init__(self, params: BaseModel | None = None) -> None:
-        super().__init__(params)
-        self.generator = torch.Generator().manual_seed(self.params.seed)
-
     def weights(self, batch: CreditBatch) -> tuple[torch.Tensor, CreditDiagnostics]:
         w, diag = super().weights(batch)
         return permute_within_rows(w, batch.mask, self.generator), diag
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if set(state) != {"generator"}:
-            raise CreditError(
-                f"strategy {self.name!r}: expected state keys ['generator'], got {sorted(state)}"
-            )
-        self.generator.set_state(state["generator"])
 
 
 BUILTIN_STRATEGIES: tuple[type[CreditStrategy], ...] = (

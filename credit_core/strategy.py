@@ -194,3 +194,32 @@ class ScoreStrategy(CreditStrategy):
         w, diag = self.weights(batch)
         adv = batch.advantages.to(w.dtype).unsqueeze(1) * w
         return CreditResult(adv.to(torch.float32), diag)
+
+
+class SeededStream(CreditStrategy):
+    """Mixin of a strategy that draws from a random stream: ``self.generator``, a CPU
+    ``torch.Generator`` seeded once from ``params.seed`` at construction, advancing with
+    every call; its state is the strategy's checkpointed state (``{"generator": ...}``), so
+    a resumed run continues the stream exactly."""
+
+    generator: torch.Generator
+
+    def __init__(self, params: BaseModel | None = None) -> None:
+        super().__init__(params)
+        seed = getattr(self.params, "seed", None)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise CreditError(
+                f"strategy {self.name!r}: a seeded stream needs an integer parameter 'seed', "
+                f"got {seed!r}"
+            )
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if set(state) != {"generator"}:
+            raise CreditError(
+                f"strategy {self.name!r}: expected state keys ['generator'], got {sorted(state)}"
+            )
+        self.generator.set_state(state["generator"])

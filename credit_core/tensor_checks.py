@@ -79,3 +79,18 @@ def check_tile_elements(tile_elements: int) -> None:
     """The cap on a logits tile's rows x chunk: an integer >= 1."""
     if not isinstance(tile_elements, int) or tile_elements < 1:
         raise CreditError(f"tile_elements: expected an integer >= 1, got {tile_elements!r}")
+
+
+def check_finite_at(
+    name: str, values: torch.Tensor, mask: torch.Tensor, *, nonnegative: bool = False
+) -> None:
+    """Raise CreditError naming ``name`` and the rows where ``values`` (B, T) is not finite
+    (or, with ``nonnegative``, is negative) at a True position of ``mask`` (B, T)."""
+    bad = ~torch.isfinite(values)
+    if nonnegative:
+        bad |= values < 0
+    bad &= mask
+    if bool(bad.any()):
+        rows = torch.nonzero(bad.any(dim=1)).flatten().tolist()
+        wanted = "finite values >= 0" if nonnegative else "finite values"
+        raise CreditError(f"{name}: expected {wanted} at valid tokens, rows {rows} are not")

@@ -13,6 +13,7 @@ import torch
 
 from credit_core.batch import CreditBatch
 from credit_core.errors import CreditError
+from credit_core.tensor_checks import check_finite_at
 
 
 def batch_quantile(values: torch.Tensor, q: float) -> torch.Tensor:
@@ -39,10 +40,7 @@ def top_fraction(values: torch.Tensor, batch: CreditBatch, rho: float, name: str
     ``rho`` share can be selected. A non-finite value at a valid token is a ``CreditError``
     naming ``name`` and the rows."""
     mask = batch.mask
-    bad = mask & ~torch.isfinite(values)
-    if bool(bad.any()):
-        rows = torch.nonzero(bad.any(dim=1)).flatten().tolist()
-        raise CreditError(f"{name}: expected finite values at valid tokens, rows {rows} are not")
+    check_finite_at(name, values, mask)
     local = values[mask].to(torch.promote_types(values.dtype, torch.float32))
     tau = batch_quantile(batch.gathered(local), 1.0 - rho)
     return mask & (values >= tau.to(values.dtype))

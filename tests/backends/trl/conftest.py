@@ -5,7 +5,6 @@ direction model with attention and prefix rewards."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -97,15 +96,6 @@ def make_trainer(
     )
 
 
-@dataclass(frozen=True)
-class SignalOutput(RewardOutput):
-    """``RewardOutput`` with the attention (B, R) and prefix rewards (B, R) that
-    ``DirectionModel.score`` gives when asked (``with_attention``, ``with_prefix_rewards``)."""
-
-    attention: torch.Tensor | None = None
-    prefix_rewards: torch.Tensor | None = None
-
-
 class SignalDirection(DirectionModel):
     """The task's direction model (``inner``: rewards and gradient) plus stand-in attention
     and prefix rewards, enough to exercise how the trainer asks for and uses them:
@@ -133,7 +123,7 @@ class SignalDirection(DirectionModel):
         with_grad: bool,
         with_attention: bool = False,
         with_prefix_rewards: bool = False,
-    ) -> SignalOutput:
+    ) -> RewardOutput:
         asked = {"grad": with_grad, "attention": with_attention, "prefix": with_prefix_rewards}
         self.calls.append(asked)
         out = self.inner.score(
@@ -143,7 +133,7 @@ class SignalDirection(DirectionModel):
         ramp = torch.cumsum(mask.float(), dim=1) * mask
         positions = torch.arange(mask.shape[1], device=mask.device)
         prefix = torch.sin(response_ids.float() + positions) * mask
-        return SignalOutput(
+        return RewardOutput(
             rewards=out.rewards,
             reward_grad=out.reward_grad,
             diagnostics=out.diagnostics,
