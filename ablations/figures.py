@@ -204,7 +204,6 @@ def plot_head_to_head(path: Path, comparisons: Sequence[SettingHeadToHead]) -> P
     pooled = [c for s in comparisons for c in s.rows if c.family == ALL_FAMILIES]
     contenders = list(dict.fromkeys(c.contender for c in pooled))
     rows = list(dict.fromkeys((c.setting, c.baseline) for c in pooled))
-    titles = {s.setting: s.title.split(":")[0] for s in comparisons}
     fig, axes = plt.subplots(
         1,
         max(1, len(contenders)),
@@ -239,11 +238,11 @@ def plot_head_to_head(path: Path, comparisons: Sequence[SettingHeadToHead]) -> P
                 capsize=2,
             )
         ax.axvline(0.0, color="grey", linewidth=0.8)
-        ax.set_yticks(range(len(rows)), [f"{titles[s]} vs {b}" for s, b in rows], fontsize=7)
-        ax.invert_yaxis()
+        ax.set_yticks(range(len(rows)), [f"{s} vs {b}" for s, b in rows], fontsize=7)
         ax.set_title(f"{contender} minus baseline", fontsize=9)
         ax.set_xlabel("paired difference, held-out metric")
         ax.grid(alpha=0.3, axis="x")
+    axes[0][0].invert_yaxis()  # the axes share y: invert once, settings in config order
     fig.suptitle(
         "Against the published baselines: mean over (family, seed) pairs, 95% interval",
         fontsize=10,
