@@ -35,7 +35,7 @@ browser:
 
 # The quick ablation: GRPO, DATC, datc_mid and the 80/20-rule entropy mask on the sparse
 # setting, GRPO and DATC on one dense setting, 2 families x 4 seeds (configs/ablate/quick.yaml;
-# about 3.5 minutes on 2 cores, measured with an empty cache); ends with the paths of report.md
+# about 3 minutes on 2 cores, measured with an empty cache); ends with the paths of report.md
 # and the figures.
 demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m ablations configs/ablate/quick.yaml

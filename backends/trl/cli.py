@@ -285,7 +285,33 @@ def _write_failure(exc: OSError, output_dir: str, step: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``credit-trl`` with ``argv`` (default ``sys.argv[1:]``); the exit status. TRL's
-    own logging is kept; DeepSpeed's accelerator line is dropped (``credit_core.cli``)."""
+    own logging is kept; DeepSpeed's accelerator line is dropped (``credit_core.cli``).
+
+    A process of a multi-process run (``WORLD_SIZE`` > 1) ends with ``end_process``: after
+    a clean run the ranks meet and the process group is destroyed, then the process exits
+    with ``os._exit`` once its output is flushed, so that no C++ destructor left for
+    interpreter shutdown (a trainer's worker thread) can abort or hold it."""
+    status = _run(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        end_process(status)
+    return status
+
+
+def end_process(status: int) -> None:
+    """Leave a process of a multi-process run with ``status`` (see ``main``); a failed run
+    skips the meeting, since the other ranks may not reach it."""
+    import torch.distributed as dist
+
+    if status == 0 and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _run(argv: list[str] | None) -> int:
+    """``main`` without the multi-process ending."""
     silence_third_party_noise()
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
+from backends.trl.cli import end_process
 from backends.trl.tasks import PolicyPreset, task_data, tiny_policy
 from tests.backends.trl.conftest import make_trainer
 
@@ -95,3 +96,4 @@ def random_top_state_saved(task: Any, tokenizer: Any, out: Path) -> bool:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    end_process(0)  # as credit-trl leaves a multi-process run
