@@ -30,6 +30,15 @@ def test_tiny_datc_config_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert (tmp_path / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize("credit", ["entropy_top", '{"name": "red", "eps": 0.001}'])
+def test_a_published_baseline_runs_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], credit: str
+) -> None:
+    argv = ["--config", CONFIG, "--max_steps", "1", "--output_dir", str(tmp_path)]
+    assert main([*argv, "--logging_steps", "1", "--credit", credit]) == 0
+    assert "'credit/uniform_fallbacks'" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -39,6 +48,7 @@ def test_tiny_datc_config_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str
         (["--task", "nope"], "task: unknown task 'nope'"),
         (["--reward_funcs", "nope"], "reward_funcs: unknown reward function 'nope'"),
         (["--reward_funcs", "no_such_pkg_x.f"], "No module named 'no_such_pkg_x'"),
+        (["--credit", "abc"], "strategy 'abc' reads the direction model's attention"),
     ],
 )
 def test_expected_failures_exit_2_with_one_line(
