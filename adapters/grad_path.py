@@ -14,9 +14,11 @@ of R along that (joint) path as n grows. Each point costs one RM forward and bac
 policy's token ids) so that ``score(..., with_grad=True)`` returns that gradient as
 ``reward_grad``: every strategy that reads ``reward_grad`` (``datc`` included) then uses
 it, with no change to the strategy contract. m1 comes from an ``ExpectedEmbeddings``
-callable; ``PolicyExpectedEmbeddings`` computes it with the policy itself (one no-grad
-policy forward with ``PolicyStats``). A backend builds it (``with_grad_path``) for a
-strategy whose ``reward_grad_points`` is n >= 1 (``datc_mid``, ``datc_ig``).
+callable: ``HandedExpectedEmbeddings`` serves the m1 a backend's old-policy pass already
+computed (no extra policy forward: the native trainer), ``PolicyExpectedEmbeddings``
+computes it with the policy itself (one no-grad policy forward with ``PolicyStats``). A
+backend builds the wrapper (``with_grad_path``) for a strategy whose ``reward_grad_points``
+is n >= 1 (``datc_mid``, ``datc_ig``).
 """
 
 from __future__ import annotations
@@ -139,6 +141,41 @@ class PolicyExpectedEmbeddings:
         return stats.m1
 
 
+class HandedExpectedEmbeddings:
+    """m1 handed over by a caller that already has it (the old-policy pass computes
+    ``PolicyStats`` at the rollout temperature before the rewards are scored), one part per
+    micro-batch, served in the order the rewards are then scored. Each part is
+    (response_ids (b, r), m1 (b, r, d)); a call for other response ids, or with none left,
+    is a ``CreditError`` (never a silent mismatch)."""
+
+    def __init__(self) -> None:
+        self._parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def hand(self, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Replace what is held by ``parts`` (one per micro-batch, in scoring order)."""
+        self._parts = list(parts)
+
+    def __call__(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        if not self._parts:
+            raise CreditError(
+                "expected embeddings: none handed for this batch (the old-policy pass hands "
+                "m1 to the path gradient before the rewards are scored)"
+            )
+        ids, m1 = self._parts.pop(0)
+        if ids.shape != response_ids.shape or not torch.equal(ids, response_ids.to(ids.device)):
+            raise CreditError(
+                f"expected embeddings: handed for responses of shape {tuple(ids.shape)}, asked "
+                f"for other responses of shape {tuple(response_ids.shape)}"
+            )
+        return m1
+
+
 class PathGradientDirection(DirectionModel):
     """``inner`` with its reward gradient taken along the path (``path_reward_grad``).
 
@@ -204,28 +241,38 @@ class PathGradientDirection(DirectionModel):
 
 
 def path_direction(
-    direction: DirectionModel | None, policy: torch.nn.Module, points: int, temperature: float
+    direction: DirectionModel | None,
+    policy: torch.nn.Module,
+    points: int,
+    temperature: float,
+    expected: ExpectedEmbeddings | None = None,
 ) -> PathGradientDirection:
     """``direction`` wrapped in ``PathGradientDirection`` over ``points`` points, m1 from
-    ``policy`` at ``temperature``; ``CreditError`` unless it reads input embeddings."""
+    ``expected``, or else from ``policy`` at ``temperature`` (``PolicyExpectedEmbeddings``);
+    ``CreditError`` unless it reads input embeddings."""
     if not isinstance(direction, EmbeddingDirectionModel):
         raise CreditError(
             "the path gradient (reward_grad_points >= 1: datc_mid, datc_ig) needs a direction "
             "model that reads input embeddings (an EmbeddingDirectionModel), got "
             f"{type(direction).__name__}"
         )
-    expected = PolicyExpectedEmbeddings(policy, direction.reward_embedding, temperature)
+    if expected is None:
+        expected = PolicyExpectedEmbeddings(policy, direction.reward_embedding, temperature)
     return PathGradientDirection(direction, expected, points)
 
 
 def with_grad_path(
-    signals: RewardSignals, policy: torch.nn.Module, points: int, temperature: float
+    signals: RewardSignals,
+    policy: torch.nn.Module,
+    points: int,
+    temperature: float,
+    expected: ExpectedEmbeddings | None = None,
 ) -> RewardSignals:
-    """``signals`` with its direction model wrapped by ``path_direction``; a scorer that was
-    the direction model's own reward becomes the wrapper's, so rewards and gradient still
-    share one call."""
+    """``signals`` with its direction model wrapped by ``path_direction`` (m1 from
+    ``expected`` if given); a scorer that was the direction model's own reward becomes the
+    wrapper's, so rewards and gradient still share one call."""
     dm = signals.direction_model
-    wrapped = path_direction(dm, policy, points, temperature)
+    wrapped = path_direction(dm, policy, points, temperature, expected)
     scorer = signals.scorer
     if isinstance(scorer, ModelScorer) and scorer.model is dm:
         scorer = ModelScorer(wrapped)

@@ -15,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from adapters.config import build_reward_signals
 from adapters.direction import DirectionModel, RewardOutput
-from adapters.grad_path import with_grad_path
+from adapters.grad_path import HandedExpectedEmbeddings, with_grad_path
 from adapters.policy import lm_head_of
 from adapters.scorers import ModelScorer, RewardSignals
 from backends.torch.config import TrainConfig
@@ -108,8 +108,8 @@ def build_prompts_and_reward(
     ``reward`` (``adapters.config.RewardSignalsConfig``) takes precedence; a built-in
     ``data.task`` supplies its own reward otherwise. With ``grad_points`` >= 1 (the credit
     strategy's ``reward_grad_points``) the direction model's gradient is averaged over that
-    many points of the path to ``model``'s expected embeddings (``adapters.grad_path``;
-    ``model`` is called directly, so not under FSDP sharding).
+    many points of the path to ``model``'s expected embeddings (``adapters.grad_path``), m1
+    handed over by the trainer's old-policy pass (``HandedExpectedEmbeddings``).
     """
     data = cfg.data
     vocab = int(lm_head_of(model)[0].shape[0])
@@ -139,7 +139,9 @@ def build_prompts_and_reward(
                 "the policy's expected embeddings, which needs the whole policy in each "
                 "process: not supported with distributed.strategy fsdp (use ddp)"
             )
-        signals = with_grad_path(signals, model, grad_points, cfg.rollout.temperature)
+        signals = with_grad_path(
+            signals, model, grad_points, cfg.rollout.temperature, HandedExpectedEmbeddings()
+        )
     if data.num_eval_prompts is not None:
         held_out = held_out[: data.num_eval_prompts]
     return train, held_out, RolloutRewards(signals)

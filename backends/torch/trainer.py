@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from adapters.grad_path import HandedExpectedEmbeddings, PathGradientDirection
 from adapters.policy import (
     response_logprobs_and_entropy,
     response_logprobs_and_stats,
@@ -148,14 +149,19 @@ class PolicyPass:
     stats: PolicyStats | None = None
     work: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
+    #: (response ids (b, r), m1 (b, r, d)) per micro-batch, when stats were computed
+    expected: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 def _reads(strategy: CreditStrategy) -> frozenset[str]:
     """The signals the trainer computes for ``strategy``: rewards are scored before the old
     policy's pass, so a strategy with ``work_requires`` gets W0 streamed from the reward
-    gradient instead of ``PolicyStats``. The old-policy pass gives one policy-side signal:
-    the entropy, or the statistics / W0, not both (no built-in strategy reads both)."""
-    reads = type(strategy).signals_to_compute(reward_grad_first=True)
+    gradient instead of ``PolicyStats``; except for a path-gradient strategy
+    (``reward_grad_points`` >= 1: ``datc_mid``, ``datc_ig``), whose gradient needs the old
+    policy's m1 first: it gets ``PolicyStats`` and the gradient. The old-policy pass gives
+    one policy-side signal: the entropy, or the statistics / W0, not both (no built-in
+    strategy reads both)."""
+    reads = type(strategy).signals_to_compute(reward_grad_first=not strategy.reward_grad_points)
     if "token_entropy" in reads and reads & {"policy_stats", "unsigned_work"}:
         raise ConfigError(
             f"credit: strategy {strategy.name!r} reads token_entropy together with "
@@ -163,6 +169,16 @@ def _reads(strategy: CreditStrategy) -> frozenset[str]:
             "old-policy pass gives one of them"
         )
     return reads
+
+
+def _handed_expected(side: RolloutRewards) -> HandedExpectedEmbeddings | None:
+    """The m1 slot of ``side``'s path-gradient direction model, when it is handed m1."""
+    direction = side.direction
+    if isinstance(direction, PathGradientDirection) and isinstance(
+        direction.expected, HandedExpectedEmbeddings
+    ):
+        return direction.expected
+    return None
 
 
 def _labels(batch: RolloutBatch, pool: Sequence[Prompt]) -> list[Any]:
@@ -445,6 +461,7 @@ class GRPORecipe:
         emb = embedding
         R = batch.response_len
         logps, parts, works, entropies = [], [], [], []
+        expected: list[tuple[torch.Tensor, torch.Tensor]] = []
         with torch.no_grad():
             for rows, mb in batch.micro_batches(cfg.algorithm.micro_batch_size):
                 with root_gathered(model, reshard=False):
@@ -479,12 +496,14 @@ class GRPORecipe:
                         )
                         if st is not None:
                             parts.append(st.pad_to(R))
+                            expected.append((mb.response_ids, st.m1))
                 logps.append(pad_responses(logp, R))
         return PolicyPass(
             torch.cat(logps),
             PolicyStats.cat(parts) if parts else None,
             torch.cat(works) if works else None,
             torch.cat(entropies) if entropies else None,
+            expected,
         )
 
     def signals(
@@ -508,6 +527,12 @@ class GRPORecipe:
         reads = _reads(strategy)
         if reads & DIRECTION_SIGNALS and side.direction is None:
             raise ConfigError(f"credit: strategy {strategy.name!r} needs a direction model")
+        path = bool(strategy.reward_grad_points)
+        if path:  # the path gradient starts from the old policy's m1: that pass comes first
+            old = self._old_policy_pass(self.model, batch, embedding=side.embedding, stats=True)
+            handed = _handed_expected(side)
+            if handed is not None:
+                handed.hand(old.expected)
         reward = side.compute(
             batch,
             with_grad=bool(reads & {"reward_grad", "unsigned_work"}),
@@ -519,14 +544,15 @@ class GRPORecipe:
         advantages = group_advantages(
             reward.rewards, cfg.rollout.group_size, cfg.algorithm.estimator, cfg.algorithm.adv_eps
         )
-        old = self._old_policy_pass(
-            self.model,
-            batch,
-            embedding=side.embedding,
-            stats="policy_stats" in reads,
-            reward_grad=reward.reward_grad if "unsigned_work" in reads else None,
-            entropy="token_entropy" in reads,
-        )
+        if not path:
+            old = self._old_policy_pass(
+                self.model,
+                batch,
+                embedding=side.embedding,
+                stats="policy_stats" in reads,
+                reward_grad=reward.reward_grad if "unsigned_work" in reads else None,
+                entropy="token_entropy" in reads,
+            )
         ref_logp = kl_ref = None
         if self.ref_model is not None:
             ref_logp = self._old_policy_pass(self.ref_model, batch).logp

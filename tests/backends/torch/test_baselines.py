@@ -134,6 +134,18 @@ def test_a_baseline_takes_as_many_policy_forwards_as_grpo_and_only_its_signals(
         assert with_prefix == (credit == "red")
 
 
+@pytest.mark.parametrize("credit", ["datc_mid", {"name": "datc_ig", "points": 2}])
+def test_a_path_gradient_strategy_takes_as_many_policy_forwards_as_grpo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, credit: Any
+) -> None:
+    """m1 comes from the old-policy pass (docs/design.md, "Curvature-robust direction"): no
+    policy forward of its own."""
+    grpo, _ = _count_policy_forwards(tmp_path / "grpo", monkeypatch, "uniform")
+    forwards, asked = _count_policy_forwards(tmp_path / "path", monkeypatch, credit)
+    assert forwards == grpo > 0
+    assert asked["score"]  # rewards at the samples; the path gradient is taken beside them
+
+
 def test_abc_is_refused_at_start_up_when_the_direction_model_has_no_attention(
     tmp_path: Path,
 ) -> None:

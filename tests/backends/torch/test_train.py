@@ -20,7 +20,12 @@ import yaml
 from safetensors.torch import load_file
 
 from adapters.direction import EmbeddingDirectionModel
-from adapters.grad_path import PathGradientDirection, path_alphas, path_reward_grad
+from adapters.grad_path import (
+    HandedExpectedEmbeddings,
+    PathGradientDirection,
+    path_alphas,
+    path_reward_grad,
+)
 from adapters.policy import response_logprobs_and_stats, response_logprobs_and_work
 from backends.torch.checkpoint import checkpoint_folders
 from backends.torch.config import config_from_dict, load_config
@@ -87,10 +92,16 @@ def test_a_path_gradient_strategy_takes_g_on_the_path_to_the_expected_embeddings
             recipe.sampler.next_batch(), recipe.train_prompts
         )
         batch = recipe.rollout(prompts, positions, groups, group_size=4, greedy=False, tag="t")
-        out = recipe.reward.compute(batch, with_grad=True, micro_batch_size=8)
         direction = recipe.reward.direction
         assert isinstance(direction, PathGradientDirection)
         inner = direction.inner
+        # the old-policy pass hands its m1 over (no forward of its own), then the rewards
+        old = recipe._old_policy_pass(
+            recipe.model, batch, embedding=inner.reward_embedding, stats=True
+        )
+        assert isinstance(direction.expected, HandedExpectedEmbeddings)
+        direction.expected.hand(old.expected)
+        out = recipe.reward.compute(batch, with_grad=True, micro_batch_size=8)
         ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)
         mask = torch.cat([batch.prompt_mask.long(), batch.response_mask.long()], dim=1)
         _, stats = response_logprobs_and_stats(
