@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from credit_core.logits_tiles import fold_tiles, lm_head_logits, materialized_logits
+from credit_core.logits_tiles import TiledLogits, fold_tiles, lm_head_logits, materialized_logits
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE, DEFAULT_TILE_ELEMENTS
 from credit_core.tensor_checks import (
     check_lm_head,
@@ -18,6 +18,23 @@ from credit_core.tensor_checks import (
     check_token_ids,
 )
 from credit_core.tile_reductions import Entropy, SampledToken
+
+
+def _entropy_pass(
+    logits: TiledLogits,
+    acc: torch.dtype,
+    chunk_size: int,
+    tile_elements: int,
+    ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Fold ``logits`` (checked by the caller) into (log p_y (N,) or None, H (N,)) in
+    ``acc``, no grad; ``ids`` (N,) int64 adds the sampled token's log-prob to the pass."""
+    entropy = Entropy(logits.n_rows, acc, logits.device)
+    sampled = None if ids is None else SampledToken(ids, acc, logprob=True)
+    reductions = (entropy,) if sampled is None else (sampled, entropy)
+    with torch.no_grad():
+        fold_tiles(logits, reductions, chunk_size, tile_elements, acc)
+    return (None if sampled is None else sampled.logprob), entropy.entropy
 
 
 def token_entropy(
@@ -43,11 +60,9 @@ def token_entropy(
     check_streaming(temperature, chunk_size)
     check_tile_elements(tile_elements)
     acc = torch.promote_types(h.dtype, torch.float32)
-    entropy = Entropy(B * T, acc, h.device)
     logits = lm_head_logits(h, W, lm_head_bias, temperature, acc)
-    with torch.no_grad():
-        fold_tiles(logits, (entropy,), chunk_size, tile_elements, acc)
-    return entropy.entropy.reshape(B, T)
+    _, entropy = _entropy_pass(logits, acc, chunk_size, tile_elements)
+    return entropy.reshape(B, T)
 
 
 def token_entropy_from_logits(
@@ -67,12 +82,9 @@ def token_entropy_from_logits(
     check_streaming(temperature, chunk_size)
     check_tile_elements(tile_elements)
     acc = torch.promote_types(z_all.dtype, torch.float32)
-    entropy = Entropy(B * T, acc, z_all.device)
-    with torch.no_grad():
-        fold_tiles(
-            materialized_logits(z_all, temperature), (entropy,), chunk_size, tile_elements, acc
-        )
-    return entropy.entropy.reshape(B, T)
+    tiled = materialized_logits(z_all, temperature)
+    _, entropy = _entropy_pass(tiled, acc, chunk_size, tile_elements)
+    return entropy.reshape(B, T)
 
 
 def streamed_logprobs_and_entropy(
@@ -99,10 +111,7 @@ def streamed_logprobs_and_entropy(
     check_streaming(temperature, chunk_size)
     check_tile_elements(tile_elements)
     acc = torch.promote_types(h.dtype, torch.float32)
-    sampled = SampledToken(ids, acc, logprob=True)
-    entropy = Entropy(B * T, acc, h.device)
     logits = lm_head_logits(h, W, lm_head_bias, temperature, acc)
-    with torch.no_grad():
-        fold_tiles(logits, (sampled, entropy), chunk_size, tile_elements, acc)
-    assert sampled.logprob is not None
-    return sampled.logprob.reshape(B, T), entropy.entropy.reshape(B, T)
+    logprob, entropy = _entropy_pass(logits, acc, chunk_size, tile_elements, ids)
+    assert logprob is not None  # ids were given
+    return logprob.reshape(B, T), entropy.reshape(B, T)

@@ -217,5 +217,6 @@ def test_abc_and_red_train_with_a_transformer_reward_model(
     result = train(cfg)
     for record in result.history:
         assert all(v == v for v in record.values()), record  # no NaN
-        assert record["credit/uniform_fallbacks"] >= 0
         assert record["signals/reward_grad_rows"] == 0  # neither takes the RM's gradient
+    # the RM's attention / prefix rewards reached the credit: the weights are not uniform
+    assert any(record["credit/weight_entropy"] < 1.0 for record in result.history)
