@@ -36,7 +36,10 @@ def _time(st: StrategyStats) -> str:
     c = st.cost
     if math.isnan(c.time_step):
         return "n/a"
-    return f"{c.time_step:.3f} ({c.time_rollout:.3f} / {c.time_signals:.3f} / {c.time_update:.3f})"
+    signals = f"{c.time_signals:.3f}"
+    if not math.isnan(c.time_signals_reward):
+        signals += f" [RM {c.time_signals_reward:.3f}]"
+    return f"{c.time_step:.3f} ({c.time_rollout:.3f} / {signals} / {c.time_update:.3f})"
 
 
 def _tally(verdicts: Sequence[Verdict], spec: SummarySpec) -> str:
@@ -67,7 +70,7 @@ def table_markdown(
         f"Δ held-out {primary_label} vs {base}",
         f"Δ final train vs {base}",
         "steps to threshold",
-        "s/step (rollout / signals / update)",
+        "s/step (rollout / signals [RM part] / update)",
         "peak RSS MB",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -181,7 +184,9 @@ def render_report(
         "*Steps to threshold*: first step whose trailing moving average "
         f"({spec.smooth} steps) of the training reward reaches the threshold, averaged over "
         "the seeds that reach it (reached/total). *s/step*: wall time per training step "
-        "without the first, split into rollout / reward and credit signals / update. "
+        "without the first, split into rollout / reward and credit signals / update; "
+        "[RM ...]: the reward model's part of the signals (rewards and every reward-side "
+        "signal: gradient, attention, prefix rewards). "
         "*Peak RSS*: the process's resident memory, sampled during the run (CPU).",
         "",
         "Sample efficiency and probes (second table of each setting). *AUC*: the held-out "

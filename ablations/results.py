@@ -50,6 +50,7 @@ TRAINER_METRICS: dict[str, str] = {
     "time_step": "time/step",
     "time_rollout": "time/rollout",
     "time_signals": "time/signals",
+    "time_signals_reward": "time/signals_reward",
     "time_update": "time/update",
 }
 RUN_COLUMNS: tuple[str, ...] = ("wall_s", "peak_rss_mb")

@@ -70,11 +70,13 @@ class SummarySpec:
 @dataclass(frozen=True)
 class Cost:
     """What a run costs: seconds per training step and its rollout / signals / update
-    split, peak RSS (MB) and wall time (s); NaN where not measured."""
+    split (``time_signals_reward``: the reward model's part of the signals), peak RSS (MB)
+    and wall time (s); NaN where not measured."""
 
     time_step: float
     time_rollout: float
     time_signals: float
+    time_signals_reward: float
     time_update: float
     peak_rss_mb: float
     wall_s: float
@@ -86,6 +88,7 @@ class Cost:
             time_step=_mean(c.time_step for c in costs),
             time_rollout=_mean(c.time_rollout for c in costs),
             time_signals=_mean(c.time_signals for c in costs),
+            time_signals_reward=_mean(c.time_signals_reward for c in costs),
             time_update=_mean(c.time_update for c in costs),
             peak_rss_mb=max((c.peak_rss_mb for c in costs), default=_nan()),
             wall_s=_mean(c.wall_s for c in costs),
@@ -248,6 +251,7 @@ def run_figures(rows: Sequence[dict[str, Any]], primary: str, final_window: int)
             time_step=tmean("time_step"),
             time_rollout=tmean("time_rollout"),
             time_signals=tmean("time_signals"),
+            time_signals_reward=tmean("time_signals_reward"),
             time_update=tmean("time_update"),
             peak_rss_mb=_last(rows, "peak_rss_mb"),
             wall_s=_last(rows, "wall_s"),

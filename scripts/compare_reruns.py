@@ -21,7 +21,15 @@ from ablations.results import collect, read_csv, result_rows, write_csv
 from ablations.runner import fingerprints, plan_runs
 from ablations.summary import group_runs
 
-TIMING = {"time_step", "time_rollout", "time_signals", "time_update", "wall_s", "peak_rss_mb"}
+TIMING = {
+    "time_step",
+    "time_rollout",
+    "time_signals",
+    "time_signals_reward",
+    "time_update",
+    "wall_s",
+    "peak_rss_mb",
+}
 
 
 def _untimed(rows: list[dict[str, object]]) -> list[dict[str, object]]:

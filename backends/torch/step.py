@@ -35,6 +35,9 @@ class StepSignals:
     - ``reward_grad_rows`` / ``policy_stats_rows``: responses whose reward gradient / old
       policy statistics (as ``PolicyStats``, or streamed into DATC's W0) were computed; 0
       when the strategy reads neither.
+    - ``reward_seconds``: this rank's wall time of the reward-model side of the phase (the
+      rewards and every reward-side signal: gradient, attention, prefix rewards), a part of
+      the phase's time.
     """
 
     batch: RolloutBatch
@@ -47,6 +50,7 @@ class StepSignals:
     reward_diagnostics: dict[str, float]
     reward_grad_rows: int
     policy_stats_rows: int
+    reward_seconds: float
 
     @property
     def token_advantages(self) -> torch.Tensor:
@@ -211,10 +215,12 @@ class PhaseClock:
 
 @dataclass(frozen=True)
 class StepTiming:
-    """Seconds of each phase on this rank, and its response tokens."""
+    """Seconds of each phase on this rank, and its response tokens. ``signals_reward`` is
+    the reward-model side's part of ``signals`` (``StepSignals.reward_seconds``)."""
 
     rollout: float
     signals: float
+    signals_reward: float
     update: float
     tokens: float
 
@@ -223,15 +229,18 @@ class StepTiming:
         total = self.rollout + self.signals + self.update
         dev = ctx.collective_device
         local = torch.tensor(
-            [self.rollout, self.signals, self.update, total], dtype=torch.float64, device=dev
+            [self.rollout, self.signals, self.signals_reward, self.update, total],
+            dtype=torch.float64,
+            device=dev,
         )
-        rollout, signals, update, slowest = ctx.all_reduce_max(local).tolist()
+        rollout, signals, reward, update, slowest = ctx.all_reduce_max(local).tolist()
         tokens = float(
             ctx.all_reduce_sum(torch.tensor([self.tokens], dtype=torch.float64, device=dev))[0]
         )
         return {
             "time/rollout": rollout,
             "time/signals": signals,
+            "time/signals_reward": reward,
             "time/update": update,
             "time/step": slowest,
             "throughput/tokens_per_s": tokens / slowest,

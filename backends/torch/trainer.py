@@ -533,6 +533,7 @@ class GRPORecipe:
             handed = _handed_expected(side)
             if handed is not None:
                 handed.hand(old.expected)
+        clock = PhaseClock(self.ctx.device)
         reward = side.compute(
             batch,
             with_grad=bool(reads & {"reward_grad", "unsigned_work"}),
@@ -541,6 +542,7 @@ class GRPORecipe:
             with_attention="reward_attention" in reads,
             with_prefix_rewards="prefix_rewards" in reads,
         )
+        reward_seconds = clock.lap()
         advantages = group_advantages(
             reward.rewards, cfg.rollout.group_size, cfg.algorithm.estimator, cfg.algorithm.adv_eps
         )
@@ -583,6 +585,7 @@ class GRPORecipe:
             reward_diagnostics=reward.diagnostics,
             reward_grad_rows=batch.size if reward.reward_grad is not None else 0,
             policy_stats_rows=batch.size if old.stats is not None or old.work is not None else 0,
+            reward_seconds=reward_seconds,
         )
 
     # ----------------------------------------------------------------------------- update
@@ -700,7 +703,13 @@ class GRPORecipe:
         clock.lap()
         update = self.update(signals)
         self.scheduler.step()
-        timing = StepTiming(t_rollout, t_signals, clock.lap(), float(batch.response_mask.sum()))
+        timing = StepTiming(
+            t_rollout,
+            t_signals,
+            signals.reward_seconds,
+            clock.lap(),
+            float(batch.response_mask.sum()),
+        )
         return merged(
             signals.metrics(self.ctx, self.policy.eos_ids),
             update.metrics(self.ctx, cfg.algorithm.kl_coef),

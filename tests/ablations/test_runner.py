@@ -61,7 +61,15 @@ TINY = [
     "pretrain: {steps: 2, batch_size: 4}}",
     "probes={prompts: 2, metric_samples: 4}",
 ]
-TIMING = {"time_step", "time_rollout", "time_signals", "time_update", "wall_s", "peak_rss_mb"}
+TIMING = {
+    "time_step",
+    "time_rollout",
+    "time_signals",
+    "time_signals_reward",
+    "time_update",
+    "wall_s",
+    "peak_rss_mb",
+}
 
 
 @pytest.fixture(scope="module")

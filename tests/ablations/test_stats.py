@@ -152,6 +152,7 @@ def test_summary_of_a_fixed_csv(tmp_path: Path) -> None:
     assert uni.cost.time_step == pytest.approx(2.0)
     assert uni.cost.time_rollout == pytest.approx(1.0)
     assert datc.cost.time_signals == pytest.approx(0.5)
+    assert math.isnan(datc.cost.time_signals_reward)  # a csv written before that column
     assert uni.cost.peak_rss_mb == 110 and datc.cost.wall_s == pytest.approx(7.5)
     # one verdict, worded from the interval (0.25 +- 0.635 contains 0)
     (verdict,) = verdicts

@@ -253,6 +253,7 @@ def test_a_run_writes_config_metrics_events_and_checkpoints(tmp_path: Path, stra
         "credit/weight_entropy",
         "time/rollout",
         "time/signals",
+        "time/signals_reward",
         "time/update",
         "throughput/tokens_per_s",
         "eval/reward_sampled",
@@ -261,6 +262,7 @@ def test_a_run_writes_config_metrics_events_and_checkpoints(tmp_path: Path, stra
     ):
         assert key in records[1], key
     assert {"eval/reward_sampled", "eval/reward_greedy"} <= set(records[0])
+    assert 0 < records[1]["time/signals_reward"] < records[1]["time/signals"]
     events = list((run / "tensorboard").glob("events.out.tfevents.*"))
     assert len(events) == 1 and events[0].stat().st_size > 0
     latest = checkpoint_folders(run / "checkpoints")[-1]
