@@ -25,6 +25,12 @@ per vocabulary tile instead of ``PolicyStats``):
     token advantages are formed before TRL's loss reads them
     (``_get_per_token_logps_and_entropies`` runs before that read).
 
+A path-gradient strategy (``reward_grad_points`` >= 1: ``datc_mid``, ``datc_ig``) takes its
+reward gradient on the path to the policy's expected embeddings m1, which the same policy
+forward gives: there the order is reversed, ``PolicyStats`` first (m1 among them), handed to
+the path gradient (``HandedExpectedEmbeddings``), then the direction model's scoring pass,
+at generation time or in each loss step, with no policy forward of its own.
+
 Strategies that read no policy-side signal get their token advantages at generation time.
 A strategy that selects tokens batch-wide (``entropy_top``, ``random_top``) takes its
 quantile over the batch the advantages are formed for, joined over every process
@@ -37,7 +43,7 @@ import os
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import torch
 from transformers import PreTrainedModel
@@ -46,7 +52,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 
 from adapters.config import build_direction_model
 from adapters.direction import DirectionModel
-from adapters.grad_path import path_direction
+from adapters.grad_path import HandedExpectedEmbeddings, path_direction
 from adapters.reward_models import SeqClassificationRM
 from backends.trl.capture import HiddenCapture, lm_head
 from backends.trl.config import CreditGRPOConfig
@@ -62,6 +68,7 @@ from credit_core import (
     CreditError,
     CreditSignals,
     CreditStrategy,
+    PolicyStats,
     assign_credit,
     get_strategy,
     policy_stats,
@@ -167,8 +174,10 @@ class CreditGRPOTrainer(GRPOTrainer):
         self.credit_args: CreditGRPOConfig = args
         self.policy: torch.nn.Module = self.model  # type: ignore[assignment]
         self.strategy: CreditStrategy = get_strategy(args.credit_config)
-        # the reward gradient is taken at generation time, before any statistics are reduced
-        self.reads = type(self.strategy).signals_to_compute(reward_grad_first=True)
+        #: the reward gradient is taken on the path to the policy's m1 (datc_mid, datc_ig)
+        self.path = bool(self.strategy.reward_grad_points)
+        # the reward gradient is known before the statistics are reduced, except on the path
+        self.reads = type(self.strategy).signals_to_compute(reward_grad_first=not self.path)
         self.needs_reward_grad = bool(self.reads & {"reward_grad", "unsigned_work"})
         self.needs_policy_stats = bool(self.reads & {"policy_stats", "unsigned_work"})
         self.needs_entropy = "token_entropy" in self.reads
@@ -179,9 +188,12 @@ class CreditGRPOTrainer(GRPOTrainer):
         if self.scored or self.needs_policy_stats:
             self.direction = direction_model or self._build_direction(args)
             self._check_direction_gives(self.direction)
-        if self.strategy.reward_grad_points:  # datc_mid, datc_ig: m1 at TRL's temperature
+        self._expected = HandedExpectedEmbeddings()  # m1 of the forward the credit reads
+        if self.path:
             points = self.strategy.reward_grad_points
-            self.direction = path_direction(self.direction, self.policy, points, self.temperature)
+            self.direction = path_direction(
+                self.direction, self.policy, points, self.temperature, self._expected
+            )
         self.needs_policy_forward = self.needs_policy_stats or self.needs_entropy
         self.credit_phase: CreditPhase = (
             "loss"
@@ -354,12 +366,15 @@ class CreditGRPOTrainer(GRPOTrainer):
         return (logps, entropies if compute_entropy else None, *rest)
 
     def credit_signals(
-        self, scored: Mapping[str, torch.Tensor], forward: PolicyForward | None = None
+        self,
+        scored: Mapping[str, torch.Tensor],
+        forward: PolicyForward | None = None,
+        stats: PolicyStats | None = None,
     ) -> CreditSignals:
         """The signals the strategy reads (``self.reads``): the reward-side ones from
         ``scored`` (``score_rewards``), and from a policy ``forward``: its entropy, and,
         from its hidden states, DATC's W0 (streamed with ``scored["reward_grad"]``) or
-        ``PolicyStats`` (no grad, TRL's temperature)."""
+        ``PolicyStats`` (``stats`` when already reduced from this forward)."""
         found: dict[str, Any] = {name: scored[name] for name in REWARD_SIDE if name in self.reads}
         if forward is None:
             return CreditSignals(**found)
@@ -367,6 +382,23 @@ class CreditGRPOTrainer(GRPOTrainer):
             found["token_entropy"] = forward.entropy
         if not self.needs_policy_stats:
             return CreditSignals(**found)
+        if "unsigned_work" in self.reads:
+            found["unsigned_work"] = self._reduced(forward, scored["reward_grad"])
+        else:
+            found["policy_stats"] = stats if stats is not None else self._reduced(forward)
+        return CreditSignals(**found)
+
+    @overload
+    def _reduced(self, forward: PolicyForward) -> PolicyStats: ...
+    @overload
+    def _reduced(self, forward: PolicyForward, reward_grad: torch.Tensor) -> torch.Tensor: ...
+
+    @torch.no_grad()
+    def _reduced(
+        self, forward: PolicyForward, reward_grad: torch.Tensor | None = None
+    ) -> PolicyStats | torch.Tensor:
+        """From ``forward``'s hidden states, at TRL's temperature, streamed over the LM head:
+        DATC's W0 (B, T) with ``reward_grad`` (B, T, d), else ``PolicyStats``."""
         assert self.direction is not None and forward.hidden is not None
         h = forward.hidden.float() if self.credit_args.cast_lm_head_to_fp32 else forward.hidden
         kw: dict[str, Any] = {
@@ -375,15 +407,32 @@ class CreditGRPOTrainer(GRPOTrainer):
         }
         E = self.direction.reward_embedding
         ids = forward.token_ids
-        with torch.no_grad(), lm_head(self.policy) as (weight, bias):
-            if "unsigned_work" in self.reads:
-                g = scored["reward_grad"]
-                found["unsigned_work"] = unsigned_work(
-                    h, weight, ids, E, g, lm_head_bias=bias, **kw
-                )
-            else:
-                found["policy_stats"] = policy_stats(h, weight, ids, E, lm_head_bias=bias, **kw)
-        return CreditSignals(**found)
+        with lm_head(self.policy) as (weight, bias):
+            if reward_grad is not None:
+                return unsigned_work(h, weight, ids, E, reward_grad, lm_head_bias=bias, **kw)
+            return policy_stats(h, weight, ids, E, lm_head_bias=bias, **kw)
+
+    def score_on_path(
+        self, batch: dict[str, Any], forward: PolicyForward
+    ) -> tuple[dict[str, torch.Tensor], PolicyStats]:
+        """A path-gradient strategy's signals of ``batch``: ``PolicyStats`` of ``forward``
+        (the policy forward TRL took at the sampling parameters), whose m1 is handed, one
+        part per scoring chunk, to the path gradient; then ``score_rewards``."""
+        stats = self._reduced(forward)
+        ids = forward.token_ids
+        self._expected.hand(
+            [(ids[rows], stats.m1[rows]) for rows in self._score_chunks(ids.shape[0])]
+        )
+        return self.score_rewards(batch), stats
+
+    def _score_chunks(self, n: int) -> list[slice]:
+        """The rows of each scoring call over ``n`` rows: TRL's per-device batch size."""
+        size = (
+            self.args.per_device_train_batch_size
+            if self.policy.training
+            else self.args.per_device_eval_batch_size
+        )
+        return [slice(start, start + size) for start in range(0, n, size)]
 
     def score_rewards(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The reward-side signals ``self.scored`` of ``batch`` (TRL's generation output):
@@ -396,17 +445,11 @@ class CreditGRPOTrainer(GRPOTrainer):
         if not self.scored:
             return {}
         assert self.direction is not None
-        size = (
-            self.args.per_device_train_batch_size
-            if self.policy.training
-            else self.args.per_device_eval_batch_size
-        )
         with_grad = "reward_grad" in self.scored
         options = {REWARD_SIDE[name][1]: True for name in self.scored if name != "reward_grad"}
         parts: dict[str, list[torch.Tensor]] = {name: [] for name in self.scored}
         with torch.enable_grad() if with_grad else torch.no_grad():
-            for start in range(0, batch["completion_ids"].shape[0], size):
-                rows = slice(start, start + size)
+            for rows in self._score_chunks(batch["completion_ids"].shape[0]):
                 out = self.direction.score(
                     batch["prompt_ids"][rows],
                     batch["prompt_mask"][rows],
@@ -457,13 +500,21 @@ class CreditGRPOTrainer(GRPOTrainer):
                 "CreditGRPOTrainer: TRL took no old-log-prob forward where TRL 1.16 takes one; "
                 "the policy-side signals are missing (is the installed TRL the supported one?)"
             )
-        scored = self.score_rewards(output)
         if self.credit_phase == "loss":
-            for name, value in scored.items():
-                output[CARRY_PREFIX + name] = value
+            if not self.path:  # a path strategy scores in each loss step, after its forward
+                for name, value in self.score_rewards(output).items():
+                    output[CARRY_PREFIX + name] = value
             return output
         old, self._old_forward = self._old_forward, None
-        output["advantages"] = self.token_advantages(output, self.credit_signals(scored, old))
+        stats = None
+        if self.path:
+            assert old is not None  # a path strategy reads PolicyStats: TRL's forward was kept
+            scored, stats = self.score_on_path(output, old)
+        else:
+            scored = self.score_rewards(output)
+        output["advantages"] = self.token_advantages(
+            output, self.credit_signals(scored, old, stats)
+        )
         return output
 
     def _keep_old_forward(self, forward: PolicyForward) -> None:
@@ -471,14 +522,22 @@ class CreditGRPOTrainer(GRPOTrainer):
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor:
         """TRL's loss; in the loss phase the token advantages are formed from this step's
-        loss forward (between the forward and TRL's read of ``advantages``)."""
+        loss forward (between the forward and TRL's read of ``advantages``); a path-gradient
+        strategy's reward-side signals are scored there too, after that forward."""
         if self.credit_phase != "loss":
             return super()._compute_loss(model, inputs)  # type: ignore[no-any-return,no-untyped-call]
         batch = dict(inputs)  # the buffered generation batch keeps its (B,) advantages
-        scored = {name: batch.pop(CARRY_PREFIX + name) for name in self.scored}
+        carried = {} if self.path else self.scored
+        scored = {name: batch.pop(CARRY_PREFIX + name) for name in carried}
 
         def form_credit(forward: PolicyForward) -> None:
-            batch["advantages"] = self.token_advantages(batch, self.credit_signals(scored, forward))
+            stats = None
+            if self.path:
+                now, stats = self.score_on_path(batch, forward)
+                scored.update(now)
+            batch["advantages"] = self.token_advantages(
+                batch, self.credit_signals(scored, forward, stats)
+            )
 
         self._on_forward = form_credit
         try:

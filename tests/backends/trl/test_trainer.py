@@ -143,21 +143,28 @@ def test_datc_advantages_reaching_trl_loss_are_credit_cores(
 
 
 class ForwardCounter:
-    """Counts calls of the policy: TRL's fused-head forwards (log-probs) and the others
-    (generation steps)."""
+    """Counts forwards of the policy's backbone (every policy forward runs it, whether
+    through the causal LM or on the backbone alone): TRL's fused-head forwards (log-probs)
+    and the others (generation steps, and any forward that reads hidden states itself)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        self.fused = self.other = 0
-        causal_lm_of(model).register_forward_pre_hook(self._count, with_kwargs=True)
+        self.fused = self.backbone = 0
+        lm = causal_lm_of(model)
+        lm.register_forward_pre_hook(self._count_fused, with_kwargs=True)
+        lm.base_model.register_forward_pre_hook(self._count_backbone)
 
-    def _count(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-        if kwargs.get("fused_lm_head"):
-            self.fused += 1
-        else:
-            self.other += 1
+    @property
+    def other(self) -> int:
+        return self.backbone - self.fused
+
+    def _count_fused(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        self.fused += int(bool(kwargs.get("fused_lm_head")))
+
+    def _count_backbone(self, module: Any, args: Any) -> None:
+        self.backbone += 1
 
 
-@pytest.mark.parametrize("credit", ["datc", "entropy_top"])
+@pytest.mark.parametrize("credit", ["datc", "datc_mid", "entropy_top"])
 @pytest.mark.parametrize(
     ("settings", "phase"),
     [({}, "loss"), ({"num_iterations": 2}, "generation")],
@@ -171,7 +178,8 @@ def test_policy_signals_take_no_extra_policy_forward(
     phase: str,
     credit: str,
 ) -> None:
-    """datc's hidden states and entropy_top's entropies come from forwards TRL runs anyway."""
+    """datc's hidden states, datc_mid's m1 (and its statistics) and entropy_top's entropies
+    come from forwards TRL runs anyway."""
     fixed = {"generation_kwargs": {"min_new_tokens": 16}, **settings}  # same generate steps
     counts = []
     for stock in (True, False):
@@ -188,13 +196,15 @@ def test_policy_signals_take_no_extra_policy_forward(
     assert counts[0][0] == 2 * per_step or phase == "generation"
 
 
+@pytest.mark.parametrize("name", ["datc", "datc_mid"])
 def test_datc_with_old_logp_forward_uses_its_statistics(
-    task: TaskData, tokenizer: Any, tmp_path: Any, loss_inputs: list[dict[str, Any]]
+    task: TaskData, tokenizer: Any, tmp_path: Any, loss_inputs: list[dict[str, Any]], name: str
 ) -> None:
-    """num_iterations=2: credit is formed at generation time from TRL's old-log-prob forward;
-    both iterations read the same token advantages, equal to credit_core's at the sampling
-    parameters (the first iteration's loss batch)."""
-    trainer = make_trainer(task, tokenizer, tmp_path, credit="datc", num_iterations=2)
+    """num_iterations=2: credit is formed at generation time from TRL's old-log-prob forward
+    (for datc_mid: its m1 is the path's end); both iterations read the same token
+    advantages, equal to credit_core's at the sampling parameters (the first iteration's
+    loss batch)."""
+    trainer = make_trainer(task, tokenizer, tmp_path, credit=name, num_iterations=2)
     assert trainer.credit_phase == "generation" and trainer.takes_old_logp_forward
     trainer.train()
     first, second = loss_inputs
