@@ -136,8 +136,8 @@ def build_prompts_and_reward(
         if cfg.distributed.strategy == "fsdp":
             raise ConfigError(
                 f"credit.name: {cfg.credit.name!r} takes the reward gradient on the path to "
-                "the policy's expected embeddings, which needs the whole policy in each "
-                "process: not supported with distributed.strategy fsdp (use ddp)"
+                "the policy's expected embeddings: not supported with distributed.strategy "
+                "fsdp (tested with ddp and one process only; use ddp)"
             )
         signals = with_grad_path(
             signals, model, grad_points, cfg.rollout.temperature, HandedExpectedEmbeddings()

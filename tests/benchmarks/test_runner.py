@@ -114,7 +114,12 @@ def test_quick_mode_runs_every_benchmark_and_writes_the_report(tmp_path: Path) -
         assert math.isfinite(row["two_matmul_floor_ratio"]) and row["two_matmul_floor_ratio"] > 0
         assert 0.0 <= row["time_share"]["exp"] < 1.0
         if memory.rss_peak_supported():
-            assert row["peak_extra_bytes"]["naive"] > 0
+            case = row["case"]
+            logits_bytes = 4 * case["batch"] * case["seq"] * case["vocab"]
+            # below the measurement's 1 MiB mmap threshold the heap may reuse what the call
+            # before freed: the naive logits are then not new resident memory
+            if logits_bytes > 2**20:
+                assert row["peak_extra_bytes"]["naive"] >= logits_bytes
             assert row["peak_extra_bytes"]["two_matmul"] is not None
 
     reward = {r["model"]: r for r in results["reward"]["rows"]}
