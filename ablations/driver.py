@@ -27,11 +27,7 @@ def compare_credits(
     """The credits of ``strategies`` for ``recipe``'s batches: each strategy with the
     recipe's reward side (without the run strategy's path gradient), its direction gradient
     taken where it reads it (``reward_grad_points``)."""
-    temperature = recipe.cfg.rollout.temperature
-    return [
-        compare_credit(st.label, st.credit, recipe.reward, recipe.policy.model, temperature)
-        for st in strategies
-    ]
+    return [compare_credit(st.label, st.credit, recipe.reward) for st in strategies]
 
 
 def ablation_evals(

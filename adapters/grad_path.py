@@ -14,23 +14,20 @@ of R along that (joint) path as n grows. Each point costs one RM forward and bac
 policy's token ids) so that ``score(..., with_grad=True)`` returns that gradient as
 ``reward_grad``: every strategy that reads ``reward_grad`` (``datc`` included) then uses
 it, with no change to the strategy contract. m1 comes from an ``ExpectedEmbeddings``
-callable: ``HandedExpectedEmbeddings`` serves the m1 a backend's old-policy pass already
-computed (no extra policy forward: the native trainer), ``PolicyExpectedEmbeddings``
-computes it with the policy itself (one no-grad policy forward with ``PolicyStats``). A
-backend builds the wrapper (``with_grad_path``) for a strategy whose ``reward_grad_points``
-is n >= 1 (``datc_mid``, ``datc_ig``).
+callable: ``HandedExpectedEmbeddings`` serves the m1 (``PolicyStats.m1``) that a backend's
+policy pass already computed at the sampling parameters, so the path costs no policy forward.
+A backend builds the wrapper (``with_grad_path``, ``path_direction``) for a strategy whose
+``reward_grad_points`` is n >= 1 (``datc_mid``, ``datc_ig``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Protocol
 
 import torch
 
 from adapters.direction import DirectionModel, EmbeddingDirectionModel, RewardOutput
-from adapters.partitioned import policy_weights_whole
-from adapters.policy import response_logprobs_and_stats
 from adapters.scorers import ModelScorer, RewardSignals
 from credit_core import CreditError
 
@@ -105,40 +102,6 @@ def path_reward_grad(
     out = torch.zeros(B, R, base.shape[2], dtype=acc, device=base.device)
     out[rows, cols] = total[rows, where] / len(alphas)
     return out.to(response_ids.device)
-
-
-@dataclass(frozen=True)
-class PolicyExpectedEmbeddings:
-    """m1 from the policy ``model`` (a causal LM) at ``temperature`` with table ``embedding``
-    (V_policy, d): one no-grad forward of [prompt | response] with ``PolicyStats``, with the
-    weights it reads outside the forward made whole (``policy_weights_whole``: ZeRO-3,
-    FSDP2; collective there)."""
-
-    model: torch.nn.Module
-    embedding: torch.Tensor
-    temperature: float
-
-    @torch.no_grad()
-    def __call__(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        response_ids: torch.Tensor,
-        response_mask: torch.Tensor,
-    ) -> torch.Tensor:
-        ids = torch.cat([prompt_ids, response_ids], dim=1)
-        mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
-        with policy_weights_whole(self.model):  # ZeRO-3 / FSDP2: read outside the forward
-            _, stats = response_logprobs_and_stats(
-                self.model,
-                ids,
-                mask,
-                response_ids.shape[1],
-                temperature=self.temperature,
-                reward_embedding=self.embedding,
-            )
-        assert stats is not None  # reward_embedding was given
-        return stats.m1
 
 
 class HandedExpectedEmbeddings:
@@ -241,38 +204,27 @@ class PathGradientDirection(DirectionModel):
 
 
 def path_direction(
-    direction: DirectionModel | None,
-    policy: torch.nn.Module,
-    points: int,
-    temperature: float,
-    expected: ExpectedEmbeddings | None = None,
+    direction: DirectionModel | None, points: int, expected: ExpectedEmbeddings
 ) -> PathGradientDirection:
     """``direction`` wrapped in ``PathGradientDirection`` over ``points`` points, m1 from
-    ``expected``, or else from ``policy`` at ``temperature`` (``PolicyExpectedEmbeddings``);
-    ``CreditError`` unless it reads input embeddings."""
+    ``expected``; ``CreditError`` unless it reads input embeddings."""
     if not isinstance(direction, EmbeddingDirectionModel):
         raise CreditError(
             "the path gradient (reward_grad_points >= 1: datc_mid, datc_ig) needs a direction "
             "model that reads input embeddings (an EmbeddingDirectionModel), got "
             f"{type(direction).__name__}"
         )
-    if expected is None:
-        expected = PolicyExpectedEmbeddings(policy, direction.reward_embedding, temperature)
     return PathGradientDirection(direction, expected, points)
 
 
 def with_grad_path(
-    signals: RewardSignals,
-    policy: torch.nn.Module,
-    points: int,
-    temperature: float,
-    expected: ExpectedEmbeddings | None = None,
+    signals: RewardSignals, points: int, expected: ExpectedEmbeddings
 ) -> RewardSignals:
     """``signals`` with its direction model wrapped by ``path_direction`` (m1 from
-    ``expected`` if given); a scorer that was the direction model's own reward becomes the
+    ``expected``); a scorer that was the direction model's own reward becomes the
     wrapper's, so rewards and gradient still share one call."""
     dm = signals.direction_model
-    wrapped = path_direction(dm, policy, points, temperature, expected)
+    wrapped = path_direction(dm, points, expected)
     scorer = signals.scorer
     if isinstance(scorer, ModelScorer) and scorer.model is dm:
         scorer = ModelScorer(wrapped)

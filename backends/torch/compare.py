@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from adapters.grad_path import HandedExpectedEmbeddings, with_grad_path, without_grad_path
 from backends.torch.rollout_rewards import RolloutRewards
 from credit_core import CreditConfig, CreditStrategy, get_strategy
@@ -32,21 +30,12 @@ def compare_credit(
     label: str,
     credit: CreditConfig,
     reward: RolloutRewards,
-    policy: torch.nn.Module,
-    temperature: float,
 ) -> CompareCredit:
     """``credit`` with ``reward`` (the run's reward side), its direction gradient taken where
-    the strategy reads it; ``policy`` (the whole, unwrapped policy model) and the rollout
-    ``temperature`` define the path of a strategy with ``reward_grad_points``, m1 handed
-    over by the old-policy pass of ``GRPORecipe.signals``."""
+    the strategy reads it: for a strategy with ``reward_grad_points``, on the path to the
+    m1 handed over by the old-policy pass of ``GRPORecipe.signals``."""
     strategy = get_strategy(credit)
     signals = without_grad_path(reward.signals)
     if strategy.reward_grad_points:
-        signals = with_grad_path(
-            signals,
-            policy,
-            strategy.reward_grad_points,
-            temperature,
-            HandedExpectedEmbeddings(),
-        )
+        signals = with_grad_path(signals, strategy.reward_grad_points, HandedExpectedEmbeddings())
     return CompareCredit(label, strategy, RolloutRewards(signals))

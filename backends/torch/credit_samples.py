@@ -157,7 +157,7 @@ def build_recorder(
                 "expected embeddings: not supported with distributed.strategy fsdp"
             )
         label = c.label
-        compare.append(compare_credit(label, c, reward, policy.model, cfg.rollout.temperature))
+        compare.append(compare_credit(label, c, reward))
     interval = cfg.eval.interval if section.interval is None else section.interval
     return CreditSampleRecorder(
         interval=interval,

@@ -139,9 +139,7 @@ def build_prompts_and_reward(
                 "the policy's expected embeddings: not supported with distributed.strategy "
                 "fsdp (tested with ddp and one process only; use ddp)"
             )
-        signals = with_grad_path(
-            signals, model, grad_points, cfg.rollout.temperature, HandedExpectedEmbeddings()
-        )
+        signals = with_grad_path(signals, grad_points, HandedExpectedEmbeddings())
     if data.num_eval_prompts is not None:
         held_out = held_out[: data.num_eval_prompts]
     return train, held_out, RolloutRewards(signals)

@@ -191,9 +191,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         self._expected = HandedExpectedEmbeddings()  # m1 of the forward the credit reads
         if self.path:
             points = self.strategy.reward_grad_points
-            self.direction = path_direction(
-                self.direction, self.policy, points, self.temperature, self._expected
-            )
+            self.direction = path_direction(self.direction, points, self._expected)
         self.needs_policy_forward = self.needs_policy_stats or self.needs_entropy
         self.credit_phase: CreditPhase = (
             "loss"

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from adapters.grad_path import (
+    HandedExpectedEmbeddings,
     PathGradientDirection,
     path_alphas,
     path_direction,
@@ -146,7 +147,7 @@ def test_wrapper_keeps_the_reward_and_datc_invariants_hold() -> None:
     def expected(*_: torch.Tensor) -> torch.Tensor:
         return m1
 
-    signals = with_grad_path(RewardSignals(ModelScorer(rm), rm), torch.nn.Linear(1, 1), 2, 1.0)
+    signals = with_grad_path(RewardSignals(ModelScorer(rm), rm), 2, expected)
     assert isinstance(signals.direction_model, PathGradientDirection)
     assert (
         isinstance(signals.scorer, ModelScorer) and signals.scorer.model is signals.direction_model
@@ -176,4 +177,4 @@ def test_bad_inputs_are_refused() -> None:
         path_reward_grad(rm, p_ids, p_mask, r_ids, r_mask, _m1(rm, logits), [])
     for direction in (None, object()):  # no direction model; one without input embeddings
         with pytest.raises(CreditError, match="needs a direction model that reads input emb"):
-            path_direction(direction, torch.nn.Linear(1, 1), 1, 1.0)  # type: ignore[arg-type]
+            path_direction(direction, 1, HandedExpectedEmbeddings())  # type: ignore[arg-type]
