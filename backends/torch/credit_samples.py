@@ -138,7 +138,7 @@ def build_recorder(
 ) -> CreditSampleRecorder:
     """The recorder of ``cfg.credit_samples`` for a run with ``reward`` and ``policy``,
     resuming after ``start_step``; ``ConfigError`` naming a compared strategy that this run
-    cannot compute (no direction model, or a path gradient under FSDP)."""
+    cannot compute (no direction model)."""
     section = cfg.credit_samples
     compare = []
     for i, c in enumerate(section.compare):
@@ -150,11 +150,6 @@ def build_recorder(
             raise ConfigError(
                 f"{key}: strategy {c.name!r} needs a differentiable reward model "
                 "(reward.direction_model), but the config has none"
-            )
-        if strategy.reward_grad_points and cfg.distributed.strategy == "fsdp":
-            raise ConfigError(
-                f"{key}: {c.name!r} takes the reward gradient on the path to the policy's "
-                "expected embeddings: not supported with distributed.strategy fsdp"
             )
         label = c.label
         compare.append(compare_credit(label, c, reward))

@@ -133,12 +133,6 @@ def build_prompts_and_reward(
             "reward: set reward.direction_model and/or reward.reward (or use a data.task)"
         )
     if grad_points:
-        if cfg.distributed.strategy == "fsdp":
-            raise ConfigError(
-                f"credit.name: {cfg.credit.name!r} takes the reward gradient on the path to "
-                "the policy's expected embeddings: not supported with distributed.strategy "
-                "fsdp (tested with ddp and one process only; use ddp)"
-            )
         signals = with_grad_path(signals, grad_points, HandedExpectedEmbeddings())
     if data.num_eval_prompts is not None:
         held_out = held_out[: data.num_eval_prompts]

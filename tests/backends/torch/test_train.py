@@ -32,11 +32,10 @@ from backends.torch.config import config_from_dict, load_config
 from backends.torch.errors import ConfigError
 from backends.torch.loss import aggregate, ppo_clip_loss
 from backends.torch.metrics import read_jsonl
-from backends.torch.models import build_policy
-from backends.torch.rollout_rewards import build_prompts_and_reward
 from backends.torch.trainer import GRPORecipe, RunResult, train
 from credit_core import ScoreStrategy, group_advantages, token_work
 from credit_core.builtin_strategies import BUILTIN_STRATEGIES
+from tests.helpers.one_rank import join_one_rank_group
 from tests.helpers.paths import REPO
 from tests.helpers.torch_tiny import build_policy_with_frequent_eos, comparable, tiny_config
 
@@ -125,15 +124,23 @@ def test_a_path_gradient_strategy_takes_g_on_the_path_to_the_expected_embeddings
         recipe.close()
 
 
-def test_a_path_gradient_strategy_is_refused_under_fsdp(tmp_path: Path) -> None:
-    cfg = config_from_dict(
-        tiny_config(tmp_path / "run", credit="datc_mid", distributed={"strategy": "fsdp"})
+def test_a_path_gradient_strategy_trains_under_fsdp_as_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """datc_mid reads no policy weight of its own (m1 comes from the old-policy pass): under
+    FSDP2 (one rank, gloo: the wrap and the collectives take their multi-rank paths) a step
+    gives the unwrapped run's loss, credit and weights."""
+    updates = {**TWO_RANK_UPDATES, "credit": "datc_mid"}
+    plain = train(tiny_config(tmp_path / "plain", **updates))
+    join_one_rank_group(monkeypatch)
+    sharded = train(tiny_config(tmp_path / "fsdp", distributed={"strategy": "fsdp"}, **updates))
+    one, two = plain.history[-1], sharded.history[-1]
+    for key in ("loss/policy", "reward/mean", "credit/weight_max", "credit/weight_entropy"):
+        assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
+    assert one["credit/weight_max"] > 1.0  # the credit is not uniform
+    assert_close_weights(
+        final_weights_at(tmp_path / "plain", 1), final_weights_at(tmp_path / "fsdp", 1)
     )
-    policy = build_policy(cfg.policy, seed=0, device=torch.device("cpu"))
-    with pytest.raises(ConfigError, match=r"credit.name: 'datc_mid' .* not supported with"):
-        build_prompts_and_reward(
-            cfg, policy.model, policy.tokenizer, device=torch.device("cpu"), grad_points=1
-        )
 
 
 # --------------------------------------------------- uniform: plain GRPO, nothing extra
