@@ -48,12 +48,22 @@ class PolicyHost:
         return results
 
 
+class LocalHandle:
+    """A Ray actor handle of an in-process host: ``handle.__ray_call__.remote(f, *args)``
+    runs ``f(host, *args)`` at once."""
+
+    def __init__(self, host: Any) -> None:
+        self.__ray_call__ = SimpleNamespace(remote=lambda f, *args: f(host, *args))
+
+
 class LocalGroup:
     """OpenRLHF's ``RayActorGroup`` over one in-process host: every call runs at once and
-    returns what the actor would (a test makes ``ray.get`` the identity)."""
+    returns what the actor would (a test makes ``ray.get`` the identity);
+    ``_actor_handlers`` holds its one handle."""
 
     def __init__(self, host: Any) -> None:
         self.host = host
+        self._actor_handlers = [LocalHandle(host)]
 
     def async_run_method(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         if method_name == "__ray_call__":
