@@ -103,10 +103,10 @@ def one_pass_problem(
     gradient at the sampled tokens (``reward_grad_points`` 0: the ``datc`` family,
     ``saliency``) and no other signal of the direction model, and the RM's weights are whole
     on each actor with unpacked micro-batches (not ZeRO-3, packing or ring attention)."""
-    if "reward_grad" not in plan:
-        return "the strategy reads no reward gradient"
     if placement != "reward":
         return "the direction model runs on the policy actors, OpenRLHF's reward model on its own"
+    if "reward_grad" not in plan:
+        return "the strategy reads no reward gradient"
     if cfg.direction is not None:
         return "--credit.direction.* gives another direction model than OpenRLHF's reward model"
     if reward_grad_points:

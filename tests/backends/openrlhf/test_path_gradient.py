@@ -182,7 +182,7 @@ def test_a_direction_model_that_cannot_take_the_path_is_refused_at_install() -> 
             assert fragment in text
 
 
-class RayReached(Exception):
+class RayReachedError(Exception):
     """Raised by ``ray.init``: train_ppo_ray got past its parser and the credit check."""
 
 
@@ -198,7 +198,7 @@ def test_credit_openrlhf_accepts_datc_mid_and_datc_ig(monkeypatch: pytest.Monkey
     assert seen[1].strategy().reward_grad_points == 8
 
     def reached(*args: object, **kwargs: object) -> None:
-        raise RayReached
+        raise RayReachedError
 
     monkeypatch.setattr(ray, "init", reached)
     for flags in (
@@ -208,5 +208,5 @@ def test_credit_openrlhf_accepts_datc_mid_and_datc_ig(monkeypatch: pytest.Monkey
         cfg, argv = launcher.parse_credit(
             [*flags, "--actor.model_name_or_path", "/models/policy", *FLAGS, *RM_FLAGS]
         )
-        with pytest.raises(RayReached):
+        with pytest.raises(RayReachedError):
             launcher.train_with_credit(cfg, argv)
