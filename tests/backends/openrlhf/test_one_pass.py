@@ -103,9 +103,8 @@ def test_one_pass_datc_equals_a_recomputation_from_the_reward_models_own_layers(
 ) -> None:
     """Independently, per response: the RM's embedding rows of the plain prompt | response
     through its transformer and value head (reward at the last token, then (r - mean) / std
-with the model's normalization buffers),
-    dR/dx by autograd, the policy's statistics from a plain forward with the RM's table, and
-    credit_core's datc."""
+    with the model's normalization buffers), dR/dx by autograd, the policy's statistics from
+    a plain forward with the RM's table, and credit_core's datc."""
     batches = micro_batches()
     model = openrlhf_reward_model(tmp_path, torch.float32)
     reward = RewardHost(model)
