@@ -17,7 +17,17 @@ direction model is:
   experience maker from those and the reward actors' g.
 
 The direction model's signals (g, its attention over the response, its prefix rewards) come
-from one scoring call on the actors hosting it (``direction_signals_for_actions``).
+from one scoring call on the actors hosting it (``direction_signals_for_actions``), with two
+exceptions:
+
+- a path strategy (``datc_mid``, ``datc_ig``) takes g on the path to the policy's expected
+  embeddings m1 (``path_grad_for_actions``), m1 being ``PolicyStats.m1`` of OpenRLHF's own
+  log-prob forward: kept on the policy actors (placement ``policy``) or handed to the
+  reward-model actors by the experience maker (placement ``reward``);
+- on the one-pass path (the direction model is OpenRLHF's reward model, on its actors, g at
+  the samples) the reward actor's ``forward`` gives OpenRLHF's reward and g from one forward
+  and one backward of OpenRLHF's own ``RewardModel`` (``reward_forward_with_grad``,
+  ``reward_and_input_grad``), kept until the signals are gathered.
 
 Functions:
 
@@ -28,15 +38,20 @@ Functions:
   extra forward, when a micro-batch's log-prob forward was not seen).
 - ``direction_signals_for_actions``: the direction model's reward and, from the same
   scoring call, the signals asked for (gradient, attention, prefix rewards), moved to action
-  coordinates; ``reward_grad_for_actions`` asks for the gradient alone.
+  coordinates; ``reward_grad_for_actions`` asks for the gradient alone;
+  ``path_grad_for_actions`` the path gradient from m1 (``path_problem``: why a model cannot).
+- ``reward_and_input_grad``: OpenRLHF's reward and dR/dx from one pass of its
+  ``RewardModel``; ``reward_forward_with_grad`` is the reward actor's one-pass ``forward``.
 - ``bind_credit_methods``: installs ``credit_policy_signals`` / ``credit_reward_signals`` on
-  a live actor, and on a policy actor wraps ``forward``; run through
+  a live actor, and on a policy actor wraps ``forward`` (on a one-pass reward actor,
+  replaces it by ``reward_forward_with_grad``); run through
   ``handle.__ray_call__`` so that OpenRLHF's own
   ``RayActorGroup.async_run_method_batch("credit_policy_signals", ...)`` dispatches it
   across the data-parallel ranks exactly like ``forward``. ``export_reward_embedding`` /
   ``import_reward_embedding`` move the direction model's embedding table to the policy
-  actors when it lives on the reward-model actors; ``direction_gives_attention`` reports
-  what the hosted direction model can give, for the start-up check.
+  actors when it lives on the reward-model actors; ``direction_gives_attention`` and
+  ``direction_path_problem`` report what the hosted direction model can give, for the
+  start-up check.
 """
 
 from __future__ import annotations
@@ -870,11 +885,15 @@ def export_reward_embedding(actor_self: Any) -> torch.Tensor:
     """Run through ``__ray_call__`` on a reward-role actor: its direction model's
     embedding table, on the CPU; on the one-pass path, OpenRLHF's reward model's own input
     embedding table (float32; its weights are whole on the actor: ZeRO-3 takes two passes,
-    ``compat.resolve_credit``)."""
+    ``compat.one_pass_problem``), cut to the policy tokenizer's length (a padded RM
+    vocabulary may be wider than the policy's LM head; the policy statistics pad it to the
+    head where it is narrower)."""
     state = _state(actor_self, "reward")
     if state.one_pass:
-        weight = _unwrapped(actor_self.model).get_input_embeddings().weight
-        return weight.detach().float().cpu()  # type: ignore[no-any-return]
+        weight = _unwrapped(actor_self.model).get_input_embeddings().weight.detach()
+        if hasattr(state.tokenizer, "__len__"):  # rows past the tokenizer are never text
+            weight = weight[: len(state.tokenizer)]
+        return weight.float().cpu()  # type: ignore[no-any-return]
     return _reward_embedding(state, _device()).cpu()
 
 

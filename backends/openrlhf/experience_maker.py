@@ -11,7 +11,9 @@ micro-batch ``Experience`` of one ``make_experience_batch`` call), then:
    OpenRLHF's own log-prob forward in ``make_experience``; the reward gradient, attention or
    prefix rewards from the actors hosting the direction model), dispatched with OpenRLHF's
    ``RayActorGroup.async_run_method_batch`` over the same micro-batches as the log-prob
-   forward;
+   forward (a path strategy with the direction model on the reward-model actors: the
+   policy actors' first, each micro-batch's m1 then handed to the reward-model actors; on
+   the one-pass path the reward actors hand over the gradient their reward forward took);
 3. calls the strategy (``credit_core.assign_credit``) and writes the token advantages into
    ``experience.advantages`` (0 off the action tokens); ``returns`` are left alone;
 4. logs the diagnostics through ``experience.info`` as (B,) tensors, which OpenRLHF's

@@ -190,3 +190,24 @@ def test_two_passes_stay_where_the_direction_model_is_not_openrlhfs_reward_model
         openrlhf_args([*base, "--ds.zero_stage", "3"]), datc.config, datc.requires, "reward", 0
     )
     assert problem == "--ds.zero_stage 3 partitions the reward model's weights"
+
+
+def test_one_pass_shares_the_reward_models_own_table_cut_to_the_policy_tokenizer(
+    tmp_path: Path,
+) -> None:
+    """The policy statistics read OpenRLHF's RM input-embedding table; rows past the policy
+    tokenizer (a padded RM vocabulary) are never text and are left out."""
+    from backends.openrlhf.actor_side import (
+        ActorCreditState,
+        bind_credit_methods,
+        export_reward_embedding,
+    )
+
+    model = openrlhf_reward_model(tmp_path, torch.bfloat16)
+    reward = RewardHost(model)
+    tokenizer = type("Tokenizer", (), {"__len__": lambda self: VOCAB - 5})()
+    state = ActorCreditState(frozenset({"reward_grad"}), None, tokenizer, 16, one_pass=True)
+    bind_credit_methods(reward, "reward", state)
+    table = export_reward_embedding(reward)
+    want = model.get_input_embeddings().weight.detach()[: VOCAB - 5].float()
+    assert table.dtype == torch.float32 and torch.equal(table, want)
