@@ -93,6 +93,7 @@ def test_one_pass_gives_openrlhfs_reward_and_the_gradient_from_one_forward_and_b
     out = maker.compute_advantages_and_returns(copy.deepcopy(batches))
     assert (reward.forwards, reward.backwards) == (len(batches), len(batches))  # nothing more
     assert reward._credit_states["reward"].direction_model is None  # none was built
+    assert all(p.requires_grad for p in reward.model.parameters())  # as OpenRLHF left them
     assert policy.forwards == len(batches)
     for got, want in zip(out, rewards, strict=True):  # the logged reward is OpenRLHF's
         assert torch.equal(got.info["credit/direction_reward"], want.float())
@@ -211,3 +212,32 @@ def test_one_pass_shares_the_reward_models_own_table_cut_to_the_policy_tokenizer
     table = export_reward_embedding(reward)
     want = model.get_input_embeddings().weight.detach()[: VOCAB - 5].float()
     assert table.dtype == torch.float32 and torch.equal(table, want)
+
+
+def test_a_micro_batch_whose_reward_forward_was_not_seen_takes_one_pass_then(
+    tmp_path: Path,
+) -> None:
+    """The gradient of a micro-batch the one-pass forward did not see (OpenRLHF's rewards
+    given another way) comes from one forward + backward when the signals are gathered,
+    equal to what the forward would have kept."""
+    from backends.openrlhf.actor_side import ActorCreditState, bind_credit_methods
+
+    [batch, *_] = micro_batches()
+    reward = RewardHost(openrlhf_reward_model(tmp_path, torch.float32))
+    state = ActorCreditState(frozenset({"reward_grad"}), None, None, 16, one_pass=True)
+    bind_credit_methods(reward, "reward", state)
+    tensors = {
+        "sequences": batch.sequences,
+        "action_mask": batch.action_mask,
+        "attention_mask": batch.attention_mask,
+    }
+    late = reward.credit_reward_signals(**tensors)  # type: ignore[attr-defined]
+    assert (reward.forwards, reward.backwards) == (1, 1)
+    reward.run([batch])
+    kept = reward.credit_reward_signals(**tensors)  # type: ignore[attr-defined]
+    assert (reward.forwards, reward.backwards) == (2, 2)
+    assert late.reward_grad is not None and kept.reward_grad is not None
+    assert torch.equal(late.reward_grad, kept.reward_grad)
+    assert torch.equal(late.direction_reward, kept.direction_reward)
+    assert float(kept.reward_grad[~batch.action_mask.bool()].abs().sum()) == 0.0
+    assert float(kept.reward_grad[batch.action_mask.bool()].abs().min()) > 0.0

@@ -38,6 +38,7 @@ from tests.backends.openrlhf.test_baselines import (
     stock_advantages,
     with_logprobs,
 )
+from tests.helpers.openrlhf import multi_turn_sample
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -180,6 +181,38 @@ def test_a_direction_model_that_cannot_take_the_path_is_refused_at_install() -> 
             "must read input embeddings (an EmbeddingDirectionModel), got TinyDirectionModel",
         ):
             assert fragment in text
+
+
+def test_on_a_multi_turn_sample_only_the_action_tokens_move_along_the_path() -> None:
+    """m1 exists at the action tokens only: observation tokens stay at their embeddings (as
+    the prompt does) and get no gradient; the action columns hold the path gradient of
+    [prompt | response] with the action tokens moved to their m1."""
+    from backends.openrlhf.actor_side import path_grad_for_actions
+    from backends.openrlhf.layout import action_to_response_coords, split_prompt_response
+
+    rm = path_direction_model(VOCAB, DIM, RM_SEED)
+    sample = multi_turn_sample([3, 4], [([30, 31], True), ([40, 41, 42], False), ([32], True)], 1)
+    seqs, attn, acts = sample.sequences, sample.attention_mask, sample.action_mask
+    m1 = torch.randn(1, acts.shape[1], DIM, generator=torch.Generator().manual_seed(3))
+    m1 = m1 * acts.unsqueeze(2)  # PolicyStats: 0 off the action tokens
+    got = path_grad_for_actions(rm, seqs, attn, acts, m1, points=2)
+
+    split = split_prompt_response(seqs, attn, acts)
+    moved, is_action = action_to_response_coords(m1, split, acts)
+    assert is_action.tolist() == [[True, True, False, False, False, True]]
+    assert torch.equal(moved[0, [0, 1, 5]], m1[0, [1, 2, 6]])
+    response = split.response_ids
+    target = torch.where(is_action.unsqueeze(2), moved, rm.table[response])
+    want = path_reward_grad(
+        rm, split.prompt_ids, split.prompt_mask, response, split.response_mask, target, [0.25, 0.75]
+    )
+    torch.testing.assert_close(got[0, [1, 2, 6]], want[0, [0, 1, 5]].float())
+    assert float(got[0, [0, 3, 4, 5]].abs().sum()) == 0.0
+    # moving the observation tokens to m1 = 0 (as a plain m1 would) changes the gradient
+    zeroed = path_reward_grad(
+        rm, split.prompt_ids, split.prompt_mask, response, split.response_mask, moved, [0.25, 0.75]
+    )
+    assert float((zeroed[0, [0, 1, 5]] - want[0, [0, 1, 5]]).abs().max()) > 1e-4
 
 
 class RayReachedError(Exception):
