@@ -235,7 +235,7 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
 
 
 def check_direction_capabilities(
-    credit: ResolvedCredit, *, gives_attention: bool, path_problem: str | None = None
+    credit: ResolvedCredit, *, gives_attention: bool = True, path_problem: str | None = None
 ) -> None:
     """Refuse ``credit`` if the direction model built for it cannot give a signal it needs.
 

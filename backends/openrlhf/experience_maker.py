@@ -372,9 +372,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
             check_direction_capabilities(credit, gives_attention=all(answers))
         if points:
             problems = ray.get(group.async_run_method("__ray_call__", direction_path_problem, role))
-            check_direction_capabilities(
-                credit, gives_attention=True, path_problem=next(filter(None, problems), None)
-            )
+            check_direction_capabilities(credit, path_problem=next(filter(None, problems), None))
 
     def _gather_from_actors(self, experiences: Sequence[Experience]) -> list[ActorSignals]:
         """Every micro-batch's signals from the actors holding them, merged. A path strategy
