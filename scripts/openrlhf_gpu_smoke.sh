@@ -2,11 +2,14 @@
 # GPU smoke run of the OpenRLHF integration: first the signals benchmark in GPU mode
 # (`python -m benchmarks signals --device cuda`: policy_stats and the two-matmul W0, both in
 # bf16, each against the LM head in the same run), then a few GRPO steps of OpenRLHF 0.11 (Ray,
-# DeepSpeed, vLLM rollouts) with `--credit uniform`, then with `--credit datc`, on a tiny
+# DeepSpeed, vLLM rollouts) with `--credit uniform`, then with `--credit datc` (the one-pass
+# path: OpenRLHF's reward model gives the reward and its gradient), then `--credit datc_mid`
+# (m1 from OpenRLHF's log-prob forward, the path gradient on the reward actors), on a tiny
 # Qwen2 policy and a tiny Llama reward model created from configs (no download). Checks
-# that both runs finish, that the token-credit experience maker was installed in the
+# that each run finishes, that the token-credit experience maker was installed in the
 # trainer actor, and that the credit diagnostics reached OpenRLHF's TensorBoard logs
-# (uniform: weights all 1; datc: uneven weights, direction-model rewards logged).
+# (uniform: weights all 1; datc, datc_mid: uneven weights; datc: the reward logged;
+# datc_mid: no extra policy forward).
 #
 # Needs: 1+ NVIDIA GPU; python with torch (CUDA), openrlhf 0.11.x, vllm, flash-attn,
 # deepspeed, ray, tensorboard, and this repository (run from its root, or installed).
@@ -125,13 +128,14 @@ run() {  # run NAME CREDIT_FLAGS...
   set -e
   echo "   exit $status after $((SECONDS - start)) s (log: $WORK/$name.log)"
   if [[ $status -ne 0 ]]; then tail -n 60 "$WORK/$name.log"; exit 1; fi
-  grep -q "token credit: installed ${name%%_*} in PPOTrainer@" "$WORK/$name.log" \
+  grep -q "token credit: installed ${name} in PPOTrainer@" "$WORK/$name.log" \
     || { echo "no installation line in $name.log"; exit 1; }
 }
 
 if [[ -z "${TRL_ONLY:-}" ]]; then
 run uniform --credit uniform
 run datc --credit datc --credit.beta 1.0 --credit.lam 0.5
+run datc_mid --credit datc_mid --credit.beta 1.0 --credit.lam 0.5
 
 echo "== checking the logged credit diagnostics"
 "$PYTHON" - "$WORK" <<'EOF'
@@ -146,10 +150,10 @@ def scalars(name):
     acc.Reload()
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
-uniform, datc = scalars("uniform"), scalars("datc")
+uniform, datc, mid = scalars("uniform"), scalars("datc"), scalars("datc_mid")
 need = ["train/credit/weight_max", "train/credit/weight_min", "train/credit/weight_entropy",
         "train/credit/frac_upweighted", "train/policy_loss"]
-for name, logs in (("uniform", uniform), ("datc", datc)):
+for name, logs in (("uniform", uniform), ("datc", datc), ("datc_mid", mid)):
     missing = [t for t in need if t not in logs]
     assert not missing, f"{name}: missing scalars {missing}; have {sorted(logs)}"
     print(f"{name:8s} steps={len(logs['train/policy_loss'])} "
@@ -159,6 +163,8 @@ assert all(abs(v - 1.0) < 1e-6 for v in uniform["train/credit/weight_entropy"])
 assert max(datc["train/credit/weight_max"]) > 1.0, "datc weights should be uneven"
 assert min(datc["train/credit/weight_entropy"]) < 1.0
 assert "train/credit/direction_reward" in datc and "train/credit/signal_time_s" in datc
+assert max(mid["train/credit/weight_max"]) > 1.0, "datc_mid weights should be uneven"
+assert max(mid["train/credit/extra_policy_forwards"]) == 0.0, "datc_mid: m1 from the forward"
 print("credit signal time per step (s):", [round(v, 3) for v in datc["train/credit/signal_time_s"]])
 print("SMOKE OK")
 EOF

@@ -17,7 +17,17 @@ direction model is:
   experience maker from those and the reward actors' g.
 
 The direction model's signals (g, its attention over the response, its prefix rewards) come
-from one scoring call on the actors hosting it (``direction_signals_for_actions``).
+from one scoring call on the actors hosting it (``direction_signals_for_actions``), with two
+exceptions:
+
+- a path strategy (``datc_mid``, ``datc_ig``) takes g on the path to the policy's expected
+  embeddings m1 (``path_grad_for_actions``), m1 being ``PolicyStats.m1`` of OpenRLHF's own
+  log-prob forward: kept on the policy actors (placement ``policy``) or handed to the
+  reward-model actors by the experience maker (placement ``reward``);
+- on the one-pass path (the direction model is OpenRLHF's reward model, on its actors, g at
+  the samples) the reward actor's ``forward`` gives OpenRLHF's reward and g from one forward
+  and one backward of OpenRLHF's own ``RewardModel`` (``reward_forward_with_grad``,
+  ``reward_and_input_grad``), kept until the signals are gathered.
 
 Functions:
 
@@ -28,15 +38,20 @@ Functions:
   extra forward, when a micro-batch's log-prob forward was not seen).
 - ``direction_signals_for_actions``: the direction model's reward and, from the same
   scoring call, the signals asked for (gradient, attention, prefix rewards), moved to action
-  coordinates; ``reward_grad_for_actions`` asks for the gradient alone.
+  coordinates; ``reward_grad_for_actions`` asks for the gradient alone;
+  ``path_grad_for_actions`` the path gradient from m1 (``path_problem``: why a model cannot).
+- ``reward_and_input_grad``: OpenRLHF's reward and dR/dx from one pass of its
+  ``RewardModel``; ``reward_forward_with_grad`` is the reward actor's one-pass ``forward``.
 - ``bind_credit_methods``: installs ``credit_policy_signals`` / ``credit_reward_signals`` on
-  a live actor, and on a policy actor wraps ``forward``; run through
+  a live actor, and on a policy actor wraps ``forward`` (on a one-pass reward actor,
+  replaces it by ``reward_forward_with_grad``); run through
   ``handle.__ray_call__`` so that OpenRLHF's own
   ``RayActorGroup.async_run_method_batch("credit_policy_signals", ...)`` dispatches it
   across the data-parallel ranks exactly like ``forward``. ``export_reward_embedding`` /
   ``import_reward_embedding`` move the direction model's embedding table to the policy
-  actors when it lives on the reward-model actors; ``direction_gives_attention`` reports
-  what the hosted direction model can give, for the start-up check.
+  actors when it lives on the reward-model actors; ``direction_gives_attention`` and
+  ``direction_path_problem`` report what the hosted direction model can give, for the
+  start-up check.
 """
 
 from __future__ import annotations
@@ -44,15 +59,18 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
-from adapters.direction import embedding_for_vocab, score_rollout
+from adapters.direction import EmbeddingDirectionModel, embedding_for_vocab, score_rollout
+from adapters.grad_path import path_alphas, path_reward_grad
 from backends.openrlhf.compat import EMBEDDING_SIGNALS, LOGITS_SIGNALS, SCORING_SIGNALS
 from backends.openrlhf.forward_capture import CaptureStore, keeping_logits
 from backends.openrlhf.layout import (
+    action_to_response_coords,
     action_token_ids,
     check_layout,
     response_to_action_coords,
@@ -367,6 +385,199 @@ def reward_grad_for_actions(
     return found.reward_grad, found.direction_reward
 
 
+def path_problem(model: DirectionModel) -> str | None:
+    """Why ``model`` cannot give the path gradient (``reward_grad_points`` >= 1), or None.
+
+    The path x(a) = E[y] + a (m1 - E[y]) moves the RM's input embeddings at the policy's
+    response positions: the model must read input embeddings (an
+    ``EmbeddingDirectionModel``) of the policy's own token ids (no vocabulary bridge)."""
+    if not isinstance(model, EmbeddingDirectionModel):
+        return (
+            "the direction model must read input embeddings (an EmbeddingDirectionModel), "
+            f"got {type(model).__name__}"
+        )
+    if not model.identical_vocab:
+        return (
+            "the direction model reads another tokenizer (vocabulary bridge); the path to the "
+            "expected embedding needs it to read the policy's token ids"
+        )
+    return None
+
+
+def path_grad_for_actions(
+    model: DirectionModel,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    action_mask: torch.Tensor,
+    m1: torch.Tensor,
+    points: int,
+) -> torch.Tensor:
+    """The reward gradient (B, A, d) float32 of an OpenRLHF batch taken on the path to the
+    policy's expected embeddings (docs/design.md, "Curvature-robust direction"): the mean of
+    dR/dx at x(a) = E[y] + a (m1 - E[y]) over a in ``path_alphas(points)``, with
+    ``adapters.grad_path.path_reward_grad`` (``points`` RM forward + backward passes, no
+    reward forward at the sampled tokens: OpenRLHF's reward model gives the reward).
+
+    ``m1`` (B, A, d): the policy's expected embeddings in action coordinates (``PolicyStats
+    .m1`` of OpenRLHF's own log-prob forward). Only action tokens move along the path:
+    observation tokens of a multi-turn sample stay at their embeddings, as the prompt does.
+    0 off the action tokens. ``CreditError`` when ``model`` cannot take it (``path_problem``).
+    """
+    problem = path_problem(model)
+    if problem is not None:
+        raise CreditError(f"the path gradient (datc_mid, datc_ig): {problem}")
+    assert isinstance(model, EmbeddingDirectionModel)  # path_problem checked it
+    B, A = action_mask.shape
+    if m1.dim() != 3 or tuple(m1.shape[:2]) != (B, A):
+        raise CreditError(
+            f"m1: expected shape (B={B}, A={A}, d) (action coordinates), got {tuple(m1.shape)}"
+        )
+    split = split_prompt_response(sequences, attention_mask, action_mask)
+    moved, is_action = action_to_response_coords(m1, split, action_mask)
+    acc = torch.promote_types(model.table.dtype, torch.float32)
+    table = model.table.to(moved.device)
+    sampled = table[split.response_ids.to(moved.device)].to(acc)
+    target = torch.where(is_action.unsqueeze(2), moved.to(acc), sampled)
+    grad = path_reward_grad(
+        model,
+        split.prompt_ids,
+        split.prompt_mask,
+        split.response_ids,
+        split.response_mask,
+        target,
+        path_alphas(points),
+    )
+    return response_to_action_coords(grad.detach().float(), split, action_mask)
+
+
+def _unwrapped(model: Any) -> Any:
+    """The module inside a DeepSpeed engine (its ``module``), or ``model`` itself."""
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, torch.nn.Module) else model
+
+
+@contextmanager
+def _frozen(module: torch.nn.Module) -> Iterator[None]:
+    """Parameters of ``module`` with ``requires_grad`` False within the block (the input
+    gradient then saves no activations for weight gradients); restored after it."""
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    for p in trainable:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in trainable:
+            p.requires_grad_(True)
+
+
+def reward_and_input_grad(
+    model: Any,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    ring_attn_group: Any = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OpenRLHF's reward (B,) and its gradient w.r.t. the reward model's input embeddings
+    (B, T, d), from ONE forward and ONE backward pass of OpenRLHF's own reward model.
+
+    ``model`` is what a ``RewardModelActor`` holds (OpenRLHF's ``RewardModel``, possibly in a
+    DeepSpeed engine); it is called exactly as ``RewardModelActor.forward`` calls it
+    (``pad_sequence=True``), so the reward is OpenRLHF's (its pooling at the last attended
+    token, value head, ``--reward.normalize_enable`` mean/std), with gradients enabled: a
+    forward hook on its input-embedding module makes that module's output E[sequences] a
+    leaf, and ``torch.autograd.grad`` of the summed reward gives dR/dx there (the weights
+    are frozen for the call, no weight gradient is formed). The gradient is in the model's
+    dtype, 0 where nothing reaches the reward (padding).
+    """
+    module = _unwrapped(model)
+    embed = module.get_input_embeddings()
+    leaves: list[torch.Tensor] = []
+
+    def as_leaf(_module: Any, _args: Any, output: torch.Tensor) -> torch.Tensor:
+        leaf = output.detach().requires_grad_(True)
+        leaves.append(leaf)
+        return leaf
+
+    handle = embed.register_forward_hook(as_leaf)
+    try:
+        with _frozen(module), torch.enable_grad():
+            reward = model(
+                sequences,
+                attention_mask,
+                ring_attn_group=ring_attn_group,
+                pad_sequence=True,
+                packed_seq_lens=None,
+            )
+            if len(leaves) != 1:
+                raise CreditError(
+                    "reward model: expected one call of its input embeddings per forward, got "
+                    f"{len(leaves)}"
+                )
+            (grad,) = torch.autograd.grad(reward.sum(), leaves[0], allow_unused=True)
+    finally:
+        handle.remove()
+    if grad is None:
+        grad = torch.zeros_like(leaves[0])
+    return reward.detach(), grad
+
+
+def reward_forward_with_grad(
+    actor_self: Any,
+    state: ActorCreditState,
+    stock_forward: Callable[..., Any],
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    packed_seq_lens: Any = None,
+    pad_sequence: bool = False,
+) -> torch.Tensor:
+    """OpenRLHF's ``RewardModelActor.forward`` (bound as the reward actor's ``forward`` by
+    ``bind_credit_methods`` for the one-pass path): the same reward, on the CPU, from
+    ``reward_and_input_grad``, whose input gradient is kept in ``state.scored`` until
+    ``credit_signals`` collects it for the same micro-batch. The stock forward calls the
+    model under ``torch.no_grad()``, which is why the call is made here rather than through
+    it. A call this path does not cover (packed samples) goes to ``stock_forward``.
+    """
+    if attention_mask is None or packed_seq_lens is not None:
+        return stock_forward(sequences, attention_mask, packed_seq_lens, pad_sequence)  # type: ignore[no-any-return]
+    device = _device()
+    reward, grad = reward_and_input_grad(
+        actor_self.model,
+        sequences.to(device),
+        attention_mask.to(device),
+        ring_attn_group=getattr(actor_self.strategy, "ring_attn_group", None),
+    )
+    state.scored.put(sequences, attention_mask, (reward.cpu(), grad.cpu()))
+    return reward.to("cpu")
+
+
+def _one_pass_signals(
+    actor_self: Any,
+    state: ActorCreditState,
+    sequences: torch.Tensor,
+    action_mask: torch.Tensor,
+    attention_mask: torch.Tensor,
+) -> ActorSignals:
+    """The reward gradient (B, A, d) float32 in action coordinates and OpenRLHF's reward, as
+    the one-pass forward kept them for this micro-batch (or, if that forward was not seen,
+    from one more ``reward_and_input_grad`` now)."""
+    check_layout(sequences, attention_mask, action_mask)
+    kept = state.scored.take(sequences, attention_mask)
+    if kept is None:
+        device = _device()
+        reward, grad = reward_and_input_grad(
+            actor_self.model,
+            sequences.to(device),
+            attention_mask.to(device),
+            ring_attn_group=getattr(actor_self.strategy, "ring_attn_group", None),
+        )
+        kept = (reward.cpu(), grad.cpu())
+    reward, grad = kept
+    T, A = sequences.shape[1], action_mask.shape[1]
+    on = action_mask.bool().cpu().unsqueeze(2)
+    reward_grad = torch.where(on, grad[:, T - A :].float(), 0.0)
+    return ActorSignals(reward_grad=reward_grad, direction_reward=reward.float())
+
+
 @dataclass
 class ActorCreditState:
     """What ``bind_credit_methods`` leaves on an actor for one role.
@@ -379,6 +590,13 @@ class ActorCreditState:
     - ``stats_chunk_size``: vocabulary tile of the streamed statistics.
     - ``captured``: the signals taken from the policy's log-prob forwards, per micro-batch,
       until ``credit_signals`` collects them.
+    - ``path_points``: the strategy's ``reward_grad_points``; n >= 1: "reward_grad" is the
+      path gradient (``path_grad_for_actions``) from the policy's m1 of the micro-batch.
+    - ``one_pass``: on a reward-model actor, "reward_grad" comes from OpenRLHF's own reward
+      forward (``reward_forward_with_grad``: reward and input gradient from one forward and
+      one backward); no direction model is built, the embedding table is the RM's.
+    - ``scored``: the (reward, gradient (B, T, d)) of each one-pass forward, on the CPU,
+      keyed by the micro-batch's ``sequences`` and ``attention_mask``.
     The direction model and the reward embedding are created on first use.
     """
 
@@ -389,6 +607,9 @@ class ActorCreditState:
     direction_model: DirectionModel | None = None
     reward_embedding: torch.Tensor | None = None
     captured: CaptureStore[ActorSignals] = field(default_factory=CaptureStore)
+    path_points: int = 0
+    one_pass: bool = False
+    scored: CaptureStore[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=CaptureStore)
 
     def __post_init__(self) -> None:
         if "unsigned_work" in self.computes and self.direction is None:
@@ -573,6 +794,7 @@ def credit_signals(
     sequences: torch.Tensor,
     action_mask: torch.Tensor,
     attention_mask: torch.Tensor,
+    expected_embeddings: torch.Tensor | None = None,
 ) -> ActorSignals:
     """The signals ``state`` says this actor computes, for one micro-batch.
 
@@ -580,9 +802,13 @@ def credit_signals(
     OpenRLHF's ``execute_batch`` with the micro-batch's tensors, on the CPU like ``forward``'s;
     the outputs go back on the CPU. ``LOGITS_SIGNALS`` are the ones kept from this
     micro-batch's log-prob forward, or, if that forward was not seen, computed with one extra
-    forward of ``actor_self.actor`` (counted in ``extra_policy_forwards``); the
-    ``SCORING_SIGNALS`` not computed yet (the W0 path takes g in the forward) come from one
-    scoring call of the direction model, built on first use.
+    forward of ``actor_self.actor`` (counted in ``extra_policy_forwards``). "reward_grad" is,
+    on the one-pass path (``state.one_pass``), the one kept from OpenRLHF's reward forward;
+    for a path strategy (``state.path_points``), the path gradient from the policy's m1:
+    ``expected_embeddings`` (B, A, d) when the experience maker hands it over (the direction
+    model on the reward-model actors), else the m1 of the statistics kept here (on the policy
+    actors). The other ``SCORING_SIGNALS`` not computed yet (the W0 path takes g in the
+    forward) come from one scoring call of the direction model, built on first use.
     """
     signals = ActorSignals()
     if state.computes & LOGITS_SIGNALS:
@@ -592,11 +818,33 @@ def credit_signals(
                 actor_self, state, sequences, action_mask, attention_mask
             )
         signals = taken
+    if state.one_pass and "reward_grad" in state.computes:
+        scored = _one_pass_signals(actor_self, state, sequences, action_mask, attention_mask)
+        signals = signals.merged(scored)
     missing = frozenset(
         name for name in state.computes & SCORING_SIGNALS if getattr(signals, name) is None
     )
+    device = _device()
+    if "reward_grad" in missing and state.path_points:
+        m1 = expected_embeddings
+        if m1 is None and signals.policy_stats is not None:
+            m1 = signals.policy_stats.m1
+        if m1 is None:
+            raise CreditError(
+                "expected embeddings: the path gradient (datc_mid, datc_ig) needs the policy's "
+                "m1 of this micro-batch, which was neither handed over nor kept here"
+            )
+        grad = path_grad_for_actions(
+            _direction_model(state, device),
+            sequences.to(device),
+            attention_mask.to(device),
+            action_mask.to(device),
+            m1.to(device),
+            state.path_points,
+        )
+        signals = signals.merged(ActorSignals(reward_grad=grad.cpu()))
+        missing = missing - {"reward_grad"}
     if missing:
-        device = _device()
         scored = direction_signals_for_actions(
             _direction_model(state, device),
             sequences.to(device),
@@ -635,8 +883,18 @@ def _state(actor_self: Any, role: Role) -> ActorCreditState:
 
 def export_reward_embedding(actor_self: Any) -> torch.Tensor:
     """Run through ``__ray_call__`` on a reward-role actor: its direction model's
-    embedding table, on the CPU."""
-    return _reward_embedding(_state(actor_self, "reward"), _device()).cpu()
+    embedding table, on the CPU; on the one-pass path, OpenRLHF's reward model's own input
+    embedding table (float32; its weights are whole on the actor: ZeRO-3 takes two passes,
+    ``compat.one_pass_problem``), cut to the policy tokenizer's length (a padded RM
+    vocabulary may be wider than the policy's LM head; the policy statistics pad it to the
+    head where it is narrower)."""
+    state = _state(actor_self, "reward")
+    if state.one_pass:
+        weight = _unwrapped(actor_self.model).get_input_embeddings().weight.detach()
+        if hasattr(state.tokenizer, "__len__"):  # rows past the tokenizer are never text
+            weight = weight[: len(state.tokenizer)]
+        return weight.float().cpu()  # type: ignore[no-any-return]
+    return _reward_embedding(state, _device()).cpu()
 
 
 def import_reward_embedding(actor_self: Any, reward_embedding: torch.Tensor) -> None:
@@ -652,24 +910,38 @@ def direction_gives_attention(actor_self: Any, role: Role) -> bool:
     return bool(_direction_model(_state(actor_self, role), _device()).gives_attention)
 
 
+def direction_path_problem(actor_self: Any, role: Role) -> str | None:
+    """Run through ``__ray_call__`` on an actor hosting the direction model: build it if
+    not built yet and return why it cannot give the path gradient (``path_problem``), or
+    None (for the start-up check of ``datc_mid`` / ``datc_ig``)."""
+    return path_problem(_direction_model(_state(actor_self, role), _device()))
+
+
 def bind_credit_methods(actor_self: Any, role: Role, state: ActorCreditState) -> str:
     """Run through ``__ray_call__``: give a live actor ``role``'s state and signals method.
 
     Sets ``actor_self._credit_states[role] = state`` and the attribute
     ``signals_method(role)``, a callable taking ``sequences``, ``action_mask``,
-    ``attention_mask`` (what ``RayActorGroup.async_run_method_batch`` passes). When the
-    state computes logits signals and the actor has a ``forward`` (OpenRLHF's policy actor),
-    that ``forward`` is wrapped by ``policy_forward_with_credit`` (binding again re-wraps
-    the stock one). One actor may hold both roles. Returns "ClassName@pid", where the binding
-    happened.
+    ``attention_mask`` (and ``expected_embeddings``: what
+    ``RayActorGroup.async_run_method_batch`` passes). When the state computes logits signals
+    and the actor has a ``forward`` (OpenRLHF's policy actor), that ``forward`` is wrapped by
+    ``policy_forward_with_credit``; when it takes the reward gradient on the one-pass path
+    (OpenRLHF's reward-model actor), ``forward`` becomes ``reward_forward_with_grad``
+    (binding again re-wraps the stock one). One actor may hold both roles. Returns
+    "ClassName@pid", where the binding happened.
     """
     states = actor_self.__dict__.setdefault("_credit_states", {})
     states[role] = state
     setattr(actor_self, signals_method(role), functools.partial(credit_signals, actor_self, state))
     stock = actor_self.__dict__.get(_STOCK_FORWARD) or getattr(actor_self, "forward", None)
-    if state.computes & LOGITS_SIGNALS and callable(stock):
+    if not callable(stock):
+        return f"{type(actor_self).__name__}@{os.getpid()}"
+    if state.computes & LOGITS_SIGNALS:
         actor_self.__dict__[_STOCK_FORWARD] = stock
         actor_self.forward = functools.partial(policy_forward_with_credit, actor_self, state, stock)
+    elif state.one_pass and "reward_grad" in state.computes:
+        actor_self.__dict__[_STOCK_FORWARD] = stock
+        actor_self.forward = functools.partial(reward_forward_with_grad, actor_self, state, stock)
     return f"{type(actor_self).__name__}@{os.getpid()}"
 
 

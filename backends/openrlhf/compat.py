@@ -16,7 +16,13 @@ rejected for every strategy but ``uniform``.
 What the actors compute (``ResolvedCredit.requires``) is the strategy's
 ``signals_to_compute``: with the direction model on the policy actors its gradient is
 known before the policy's log-prob forward, so a strategy with ``work_requires`` gets W0
-("unsigned_work") instead of ``PolicyStats`` + ``reward_grad``. Every signal of
+("unsigned_work") instead of ``PolicyStats`` + ``reward_grad``; a path strategy
+(``reward_grad_points`` >= 1: ``datc_mid``, ``datc_ig``) takes its gradient on the path to the
+policy's expected embeddings m1, which that forward gives, so it reads ``PolicyStats`` +
+``reward_grad`` at either placement (m1 from OpenRLHF's own log-prob forward, no extra policy
+forward). With the direction model being OpenRLHF's reward model on its actors and the
+gradient taken at the sampled tokens, ``ResolvedCredit.one_pass`` says the reward and its
+input gradient come from one pass (``one_pass_problem``). Every signal of
 ``credit_core.SIGNALS`` has a source here: ``LOGITS_SIGNALS`` from the policy's logits
 (``EMBEDDING_SIGNALS`` with the direction model's embedding table), ``SCORING_SIGNALS`` from
 one scoring call of the direction model; a strategy reading one of
@@ -68,6 +74,9 @@ class ResolvedCredit:
     - ``direction``: the direction model's ``RewardModelConfig`` fields, None when unused.
     - ``duplicate_factor``: ring-attention size x tensor-parallel size (actors per micro-batch).
     - ``colocate``: OpenRLHF empties the CUDA cache after each forward (``--train.colocate_all``).
+    - ``one_pass``: the reward gradient comes from OpenRLHF's own reward forward on the
+      reward-model actors (one forward + one backward give the reward and dR/dx; no direction
+      model is built), see ``one_pass_problem``.
     """
 
     config: OpenRLHFCreditConfig
@@ -76,6 +85,40 @@ class ResolvedCredit:
     direction: dict[str, Any] | None
     duplicate_factor: int
     colocate: bool
+    one_pass: bool = False
+
+
+def one_pass_problem(
+    args: Any,
+    cfg: OpenRLHFCreditConfig,
+    plan: frozenset[str],
+    placement: Literal["reward", "policy"] | None,
+    reward_grad_points: int,
+) -> str | None:
+    """Why the reward and its input gradient cannot come from one pass of OpenRLHF's reward
+    model for this run (then the direction model takes its own forward and backward beside
+    OpenRLHF's reward forward), or None when they can: the direction model IS OpenRLHF's
+    reward model (no ``--credit.direction.*``: it defaults to ``--reward.model_name_or_path``),
+    it runs on the reward-model actors (placement ``reward``), the strategy reads the
+    gradient at the sampled tokens (``reward_grad_points`` 0: the ``datc`` family,
+    ``saliency``) and no other signal of the direction model, and the RM's weights are whole
+    on each actor with unpacked micro-batches (not ZeRO-3, packing or ring attention)."""
+    if placement != "reward":
+        return "the direction model runs on the policy actors, OpenRLHF's reward model on its own"
+    if "reward_grad" not in plan:
+        return "the strategy reads no reward gradient"
+    if cfg.direction is not None:
+        return "--credit.direction.* gives another direction model than OpenRLHF's reward model"
+    if reward_grad_points:
+        return "the path gradient is taken away from the sampled tokens (its own passes)"
+    others = sorted(plan & SCORING_SIGNALS - {"reward_grad"})
+    if others:
+        return f"the strategy also reads {others} from the direction model"
+    if int(_get(args, "ds.zero_stage", 0) or 0) == 3:
+        return "--ds.zero_stage 3 partitions the reward model's weights"
+    if _get(args, "ds.packing_samples", False) or int(_get(args, "ds.ring_attn_size", 1)) > 1:
+        return "packed samples / ring attention reshape the reward model's input"
+    return None
 
 
 def _get(args: Any, dotted: str, default: Any = None) -> Any:
@@ -131,13 +174,6 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
             "step as one batch only when its signals are per token, and one micro-batch at a "
             "time otherwise (the step's (B, A, d) tensors are never copied into one)"
         )
-    if strategy.reward_grad_points:
-        problems.append(
-            f"strategy {name!r} takes the reward gradient on the path to the policy's "
-            "expected embeddings, which needs the policy's probabilities before the reward "
-            "model's backward pass; this backend takes them in separate passes (use datc here, "
-            "or the torch or TRL backend)"
-        )
     if int(_get(args, "data.max_images_per_prompt", 0) or 0) > 0:
         problems.append(
             "--data.max_images_per_prompt > 0: vision-language inputs are not supported"
@@ -190,18 +226,34 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
         )
     if direction is not None and cfg.direction is None:
         direction = OpenRLHFCreditConfig.model_validate({"direction": direction}).direction
-    plan = strategy.signals_to_compute(reward_grad_first=placement == "policy")
-    return ResolvedCredit(cfg, plan, placement, direction, duplicate_factor, colocate)
+    # W0 streams from g known before the policy's forward; a path strategy's g needs the
+    # policy's m1 from that forward first, so it reads the statistics and g (requires)
+    points = strategy.reward_grad_points
+    plan = strategy.signals_to_compute(reward_grad_first=placement == "policy" and not points)
+    one_pass = one_pass_problem(args, cfg, plan, placement, points) is None
+    return ResolvedCredit(cfg, plan, placement, direction, duplicate_factor, colocate, one_pass)
 
 
-def check_direction_capabilities(credit: ResolvedCredit, *, gives_attention: bool) -> None:
+def check_direction_capabilities(
+    credit: ResolvedCredit, *, gives_attention: bool = True, path_problem: str | None = None
+) -> None:
     """Refuse ``credit`` if the direction model built for it cannot give a signal it needs.
 
     ``gives_attention``: ``DirectionModel.gives_attention`` of the model built on every actor
-    hosting it (all of them True). Raises ``CreditError`` naming the strategy, the missing
-    signal, the direction model's settings and what would serve it; run when the experience
-    maker is installed, before the first step (the model does not exist earlier).
+    hosting it (all of them True). ``path_problem``: why that model cannot give the path
+    gradient of a strategy with ``reward_grad_points`` >= 1 (``actor_side.path_problem``),
+    None if it can. Raises ``CreditError`` naming the strategy, the missing signal, the
+    direction model's settings and what would serve it; run when the experience maker is
+    installed, before the first step (the model does not exist earlier).
     """
+    if path_problem is not None:
+        name = credit.config.credit.name
+        raise CreditError(
+            f"credit strategy {name!r} takes the reward gradient on the path to the policy's "
+            f"expected embeddings, but the direction model {credit.direction} cannot: "
+            f"{path_problem}; use a direction model that reads the policy's token ids "
+            "(--credit.direction.*), or 'datc'"
+        )
     if "reward_attention" in credit.requires and not gives_attention:
         name = credit.config.credit.name
         raise CreditError(

@@ -11,7 +11,9 @@ micro-batch ``Experience`` of one ``make_experience_batch`` call), then:
    OpenRLHF's own log-prob forward in ``make_experience``; the reward gradient, attention or
    prefix rewards from the actors hosting the direction model), dispatched with OpenRLHF's
    ``RayActorGroup.async_run_method_batch`` over the same micro-batches as the log-prob
-   forward;
+   forward (a path strategy with the direction model on the reward-model actors: the
+   policy actors' first, each micro-batch's m1 then handed to the reward-model actors; on
+   the one-pass path the reward actors hand over the gradient their reward forward took);
 3. calls the strategy (``credit_core.assign_credit``) and writes the token advantages into
    ``experience.advantages`` (0 off the action tokens); ``returns`` are left alone;
 4. logs the diagnostics through ``experience.info`` as (B,) tensors, which OpenRLHF's
@@ -52,6 +54,7 @@ from backends.openrlhf.actor_side import (
     Role,
     bind_credit_methods,
     direction_gives_attention,
+    direction_path_problem,
     export_reward_embedding,
     import_reward_embedding,
     signals_method,
@@ -220,6 +223,16 @@ def apply_step_credit(
     return diagnostics
 
 
+def _m1_of(signals: ActorSignals) -> torch.Tensor:
+    """The policy's expected embeddings m1 (B, A, d) of one micro-batch's policy signals."""
+    if signals.policy_stats is None:
+        raise CreditError(
+            "expected embeddings: the policy actors returned no PolicyStats for a micro-batch "
+            "(the path gradient starts from their m1)"
+        )
+    return signals.policy_stats.m1
+
+
 class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
     """``RemoteExperienceMaker`` whose advantages are split over tokens by a credit strategy.
 
@@ -311,12 +324,14 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
 
     def _bind_actor_methods(self) -> None:
         """Bind the signal methods (and, on the policy actors, the forward wrapper that keeps
-        the logits signals); share the embedding table before the first forward needs it;
-        for a strategy reading the direction model's attention, build that model on the
-        actors hosting it now and refuse it if it gives none
-        (``compat.check_direction_capabilities``)."""
+        the logits signals; on the reward-model actors of the one-pass path, the forward that
+        gives OpenRLHF's reward and its input gradient at once); share the embedding table
+        before the first forward needs it; for a strategy reading the direction model's
+        attention or taking the path gradient, build that model on the actors hosting it now
+        and refuse it if it cannot serve (``compat.check_direction_capabilities``)."""
         credit = self.credit
         chunk = credit.config.stats_chunk_size
+        points = self.credit_strategy.reward_grad_points
         on_policy = credit.placement == "policy"
         policy_state = ActorCreditState(
             computes=(credit.requires & LOGITS_SIGNALS)
@@ -324,6 +339,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
             direction=credit.direction if on_policy else None,
             tokenizer=self.tokenizer if on_policy else None,
             stats_chunk_size=chunk,
+            path_points=points if on_policy else 0,
         )
         ray.get(
             self.actor_model_group.async_run_method(
@@ -334,9 +350,11 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         if credit.placement == "reward":
             reward_state = ActorCreditState(
                 computes=credit.requires & SCORING_SIGNALS,
-                direction=credit.direction,
+                direction=None if credit.one_pass else credit.direction,
                 tokenizer=self.tokenizer,
                 stats_chunk_size=chunk,
+                path_points=points,
+                one_pass=credit.one_pass,
             )
             ray.get(
                 self.reward_model_group.async_run_method(
@@ -346,35 +364,48 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
             host = (self.reward_model_group, "reward")
             if credit.requires & EMBEDDING_SIGNALS:
                 self._share_reward_embedding()
+        group, role = host
         if "reward_attention" in credit.requires:
-            group, role = host
             answers = ray.get(
                 group.async_run_method("__ray_call__", direction_gives_attention, role)
             )
             check_direction_capabilities(credit, gives_attention=all(answers))
+        if points:
+            problems = ray.get(group.async_run_method("__ray_call__", direction_path_problem, role))
+            check_direction_capabilities(credit, path_problem=next(filter(None, problems), None))
 
     def _gather_from_actors(self, experiences: Sequence[Experience]) -> list[ActorSignals]:
+        """Every micro-batch's signals from the actors holding them, merged. A path strategy
+        with the direction model on the reward-model actors gathers the policy actors' first
+        and hands each micro-batch's m1 (``PolicyStats.m1``, from OpenRLHF's own log-prob
+        forward) to the reward-model actors' path gradient."""
         credit = self.credit
         roles: list[tuple[Any, Role]] = []
         if credit.requires & LOGITS_SIGNALS or credit.placement == "policy":
             roles.append((self.actor_model_group, "policy"))
         if credit.placement == "reward" and credit.requires & SCORING_SIGNALS:
             roles.append((self.reward_model_group, "reward"))
-        batch = {
+        batch: dict[str, list[Any]] = {
             "sequences": [e.sequences for e in experiences],
             "action_mask": [e.action_mask for e in experiences],
             "attention_mask": [e.attention_mask for e in experiences],
         }
-        pending = []
+        hands_m1 = bool(self.credit_strategy.reward_grad_points) and len(roles) == 2
+        per_group: list[list[ActorSignals]] = []
+        pending: list[Any] = []
         for group, role in roles:
+            if hands_m1 and role == "reward":
+                per_group = [
+                    self._flatten_results(refs, credit.duplicate_factor) for refs in pending
+                ]
+                pending = []
+                batch["expected_embeddings"] = [_m1_of(signal) for signal in per_group[0]]
             refs = group.async_run_method_batch(method_name=signals_method(role), **batch)
             if credit.colocate:  # models share GPUs: one at a time, like OpenRLHF's forwards
                 ray.get(refs)
                 ray.get(group.async_run_method(method_name="empty_cache"))
             pending.append(refs)
-        per_group: list[list[ActorSignals]] = [
-            self._flatten_results(refs, credit.duplicate_factor) for refs in pending
-        ]
+        per_group += [self._flatten_results(refs, credit.duplicate_factor) for refs in pending]
         signals = per_group[0]
         for other in per_group[1:]:
             signals = [a.merged(b) for a, b in zip(signals, other, strict=True)]

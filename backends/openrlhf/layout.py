@@ -147,3 +147,33 @@ def response_to_action_coords(
     trailing = values.shape[2:]
     gathered = values.gather(1, index.view(B, A, *([1] * len(trailing))).expand(B, A, *trailing))
     return torch.where(valid.view(B, A, *([1] * len(trailing))), gathered, 0.0)
+
+
+def action_to_response_coords(
+    values: torch.Tensor, split: ResponseSplit, action_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move action-coordinate ``values`` (B, A, ...) to the response layout (B, R, ...),
+    the inverse of ``response_to_action_coords`` on the action tokens.
+
+    Returns (moved, is_action): ``moved`` holds at response position k of row b the value of
+    action column ``start_b + k - (T - A)``, and 0 where ``is_action`` (B, R) bool is False
+    (observation tokens of a multi-turn sample, padding).
+    """
+    A = action_mask.shape[1]
+    B, R = split.response_ids.shape
+    if values.dim() < 2 or tuple(values.shape[:2]) != (B, A):
+        raise CreditError(
+            f"values: expected leading shape (B={B}, A={A}) (action coordinates), got "
+            f"{tuple(values.shape)}"
+        )
+    device = values.device
+    offset = split.sequence_length - A
+    k = torch.arange(R, device=device).expand(B, R)
+    j = split.start.to(device).unsqueeze(1) + k - offset
+    inside = (j >= 0) & (j < A) & (k < split.length.to(device).unsqueeze(1))
+    index = j.clamp(0, A - 1)
+    is_action = inside & action_mask.bool().to(device).gather(1, index)
+    trailing = values.shape[2:]
+    shape = (B, R, *([1] * len(trailing)))
+    gathered = values.gather(1, index.view(shape).expand(B, R, *trailing))
+    return torch.where(is_action.view(shape), gathered, 0.0), is_action

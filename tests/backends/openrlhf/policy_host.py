@@ -1,8 +1,10 @@
-"""A live OpenRLHF policy actor, in-process: ``PolicyHost`` holds a real
+"""Live OpenRLHF model actors, in-process: ``PolicyHost`` holds a real
 ``openrlhf.models.Actor`` and OpenRLHF's own ``PolicyModelActor.forward`` and
 ``execute_batch`` (the functions of its Ray class), and counts the forwards of the Hugging
-Face model inside the ``Actor``. ``PolicyModelActor.forward`` asks
-``torch.cuda.current_device()``: a test using it points that at the CPU."""
+Face model inside the ``Actor``; ``RewardHost`` holds OpenRLHF's own ``RewardModel`` (loaded
+by ``get_llm_for_sequence_regression``) with ``RewardModelActor.forward`` and
+``execute_batch``, and counts its forwards and backward passes. Both ``forward`` methods ask
+``torch.cuda.current_device()``: a test using them points that at the CPU."""
 
 from __future__ import annotations
 
@@ -48,12 +50,63 @@ class PolicyHost:
         return results
 
 
+def reward_actor_class() -> Any:
+    """The Python class behind OpenRLHF's ``@ray.remote`` ``RewardModelActor``."""
+    from openrlhf.trainer.ray.launcher import RewardModelActor
+
+    return RewardModelActor.__ray_metadata__.modified_class
+
+
+class RewardHost:
+    """A reward-model actor instance as ``__ray_call__`` sees it, with OpenRLHF's own
+    methods, around ``model`` (an OpenRLHF ``RewardModel``, eval mode). ``forwards`` counts
+    the forwards of its transformer, ``backwards`` the backward passes through its value
+    head."""
+
+    forward = reward_actor_class().forward
+    execute_batch = reward_actor_class().execute_batch
+
+    def __init__(self, model: Any) -> None:
+        self.model = model.eval()
+        self.strategy = SimpleNamespace(ring_attn_group=None, is_rank_0=lambda: False)
+        self.forwards = self.backwards = 0
+        getattr(model, model.base_model_prefix).register_forward_pre_hook(self._count_forward)
+        head = getattr(model, model.value_head_prefix)
+        head.register_full_backward_pre_hook(self._count_backward)
+
+    def _count_forward(self, *_: Any) -> None:
+        self.forwards += 1
+
+    def _count_backward(self, *_: Any) -> None:
+        self.backwards += 1
+
+    def run(self, batches: list[Any]) -> list[Any]:
+        """The rewards of ``batches``, as ``make_experience`` dispatches the reward model."""
+        data = {
+            "sequences": [b.sequences for b in batches],
+            "attention_mask": [b.attention_mask for b in batches],
+            "pad_sequence": [True] * len(batches),
+        }
+        results: list[Any] = self.execute_batch("forward", data, 0, len(batches))
+        return results
+
+
+class LocalHandle:
+    """A Ray actor handle of an in-process host: ``handle.__ray_call__.remote(f, *args)``
+    runs ``f(host, *args)`` at once."""
+
+    def __init__(self, host: Any) -> None:
+        self.__ray_call__ = SimpleNamespace(remote=lambda f, *args: f(host, *args))
+
+
 class LocalGroup:
     """OpenRLHF's ``RayActorGroup`` over one in-process host: every call runs at once and
-    returns what the actor would (a test makes ``ray.get`` the identity)."""
+    returns what the actor would (a test makes ``ray.get`` the identity);
+    ``_actor_handlers`` holds its one handle."""
 
     def __init__(self, host: Any) -> None:
         self.host = host
+        self._actor_handlers = [LocalHandle(host)]
 
     def async_run_method(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         if method_name == "__ray_call__":

@@ -1,11 +1,14 @@
-"""A direction model that gives every signal of ``DirectionModel.score``: the reward, its
-gradient, an attention over the response and prefix rewards (for ``abc`` and ``red``)."""
+"""Direction models for the OpenRLHF tests: one that gives every signal of
+``DirectionModel.score`` (the reward, its gradient, an attention over the response and prefix
+rewards, for ``abc`` and ``red``), and a curved ``ModuleRM`` for the path gradient
+(``datc_mid``, ``datc_ig``)."""
 
 from __future__ import annotations
 
 import torch
 
 from adapters.direction import RewardOutput
+from adapters.reward_models import ModuleRM
 from tests.helpers.openrlhf import TinyDirectionModel
 
 
@@ -62,3 +65,34 @@ def signal_direction_model(vocab: int, dim: int, seed: int) -> SignalDirectionMo
     """Factory for ``RewardModelConfig(kind="module", factory="tests.backends.openrlhf
     .signal_direction:signal_direction_model")``."""
     return SignalDirectionModel(vocab, dim, seed)
+
+
+class CurvedReward(torch.nn.Module):
+    """R = mean over attended positions of tanh(x_t W + c) . w, plus (that mean of x_t . u)^2:
+    curved enough that the gradient on the path to m1 differs from the one at the samples;
+    ``calls`` counts its forwards (one per point of the path, one per reward)."""
+
+    def __init__(self, dim: int, gen: torch.Generator) -> None:
+        super().__init__()
+        self.W = torch.nn.Parameter(torch.randn(dim, dim, generator=gen) / dim**0.5)
+        self.c = torch.nn.Parameter(torch.randn(dim, generator=gen))
+        self.w = torch.nn.Parameter(torch.randn(dim, generator=gen))
+        self.u = torch.nn.Parameter(torch.randn(dim, generator=gen) / dim**0.5)
+        self.calls = 0
+
+    def forward(self, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        m = attention_mask.to(inputs_embeds.dtype)
+        n = m.sum(1).clamp_min(1.0)
+        h = torch.tanh(inputs_embeds @ self.W + self.c) @ self.w
+        pooled = (inputs_embeds @ self.u * m).sum(1) / n
+        return (h * m).sum(1) / n + pooled**2
+
+
+def path_direction_model(vocab: int, dim: int, seed: int) -> ModuleRM:
+    """A ``ModuleRM`` (an ``EmbeddingDirectionModel`` reading the policy's ids, as the path
+    gradient needs) around ``CurvedReward``; factory for ``RewardModelConfig(kind="module",
+    factory="tests.backends.openrlhf.signal_direction:path_direction_model")``."""
+    gen = torch.Generator().manual_seed(seed)
+    embedding = torch.randn(vocab, dim, generator=gen)
+    return ModuleRM(CurvedReward(dim, gen), embedding, policy_vocab_size=vocab)

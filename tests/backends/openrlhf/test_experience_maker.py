@@ -313,12 +313,14 @@ def test_compat_accepts_grpo_and_names_every_misfit() -> None:
         "needs a differentiable reward model",
     ):
         assert fragment in text
-    for name in ("datc_mid", "datc_ig"):  # the path gradient needs the policy beside the RM
-        with pytest.raises(CreditError, match=rf"strategy '{name}' takes the reward gradient on"):
-            resolve_credit(
+    for name in ("datc_mid", "datc_ig"):  # m1 from the policy's own forward, either placement
+        for placement in ("reward", "policy"):
+            path = resolve_credit(
                 openrlhf_args([*GRPO_FLAGS, *rm_flags]),
-                OpenRLHFCreditConfig(credit=CreditConfig.parse(name)),
+                OpenRLHFCreditConfig(credit=CreditConfig.parse(name), placement=placement),
             )
+            assert path.requires == {"policy_stats", "reward_grad"}  # never W0: g needs m1
+            assert path.placement == placement and not path.one_pass
     uniform = resolve_credit(
         openrlhf_args(["--algo.advantage.estimator", "gae"]), OpenRLHFCreditConfig()
     )
