@@ -32,6 +32,35 @@ from adapters.scorers import ModelScorer, RewardSignals
 from credit_core import CreditError
 
 
+def path_problem(model: DirectionModel | None) -> str | None:
+    """Why ``model`` cannot give the path gradient (``reward_grad_points`` >= 1), or None.
+
+    The path x(a) = E[y] + a (m1 - E[y]) moves the RM's input embeddings at the policy's
+    response positions: the model must read input embeddings (an
+    ``EmbeddingDirectionModel``) of the policy's own token ids (no vocabulary bridge)."""
+    if not isinstance(model, EmbeddingDirectionModel):
+        return (
+            "the direction model must read input embeddings (an EmbeddingDirectionModel), "
+            f"got {type(model).__name__}"
+        )
+    if not model.identical_vocab:
+        return (
+            "the direction model reads another tokenizer (vocabulary bridge); the path to the "
+            "expected embedding needs it to read the policy's token ids"
+        )
+    return None
+
+
+def path_model(model: DirectionModel | None) -> EmbeddingDirectionModel:
+    """``model``, checked to give the path gradient; ``CreditError`` saying why it cannot
+    (``path_problem``)."""
+    problem = path_problem(model)
+    if problem is not None:
+        raise CreditError(f"the path gradient (datc_mid, datc_ig): {problem}")
+    assert isinstance(model, EmbeddingDirectionModel)  # path_problem checked it
+    return model
+
+
 def path_alphas(points: int) -> list[float]:
     """The path positions a_k = (k + 1/2) / n, k = 0 .. n - 1 (equal weights) of ``points``
     = n >= 1 points: 1 is the midpoint gradient, n > 1 the integrated gradient."""
@@ -150,18 +179,12 @@ class PathGradientDirection(DirectionModel):
     """
 
     def __init__(
-        self, inner: EmbeddingDirectionModel, expected: ExpectedEmbeddings, points: int
+        self, inner: DirectionModel | None, expected: ExpectedEmbeddings, points: int
     ) -> None:
-        if not inner.identical_vocab:
-            raise CreditError(
-                "the path gradient (datc_mid, datc_ig): the reward model reads another "
-                "tokenizer (vocabulary bridge); the path to the expected embedding needs the "
-                "RM to read the policy's token ids"
-            )
-        self.inner = inner
+        self.inner = path_model(inner)
         self.expected = expected
         self.alphas = path_alphas(points)
-        self.reward_embedding = inner.reward_embedding
+        self.reward_embedding = self.inner.reward_embedding
 
     @property
     def gives_attention(self) -> bool:
@@ -207,13 +230,7 @@ def path_direction(
     direction: DirectionModel | None, points: int, expected: ExpectedEmbeddings
 ) -> PathGradientDirection:
     """``direction`` wrapped in ``PathGradientDirection`` over ``points`` points, m1 from
-    ``expected``; ``CreditError`` unless it reads input embeddings."""
-    if not isinstance(direction, EmbeddingDirectionModel):
-        raise CreditError(
-            "the path gradient (reward_grad_points >= 1: datc_mid, datc_ig) needs a direction "
-            "model that reads input embeddings (an EmbeddingDirectionModel), got "
-            f"{type(direction).__name__}"
-        )
+    ``expected``; ``CreditError`` unless it can take the path (``path_problem``)."""
     return PathGradientDirection(direction, expected, points)
 
 

@@ -65,8 +65,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
-from adapters.direction import EmbeddingDirectionModel, embedding_for_vocab, score_rollout
-from adapters.grad_path import path_alphas, path_reward_grad
+from adapters.direction import embedding_for_vocab, score_rollout
+from adapters.grad_path import path_alphas, path_model, path_problem, path_reward_grad
 from backends.openrlhf.compat import EMBEDDING_SIGNALS, LOGITS_SIGNALS, SCORING_SIGNALS
 from backends.openrlhf.forward_capture import CaptureStore, keeping_logits
 from backends.openrlhf.layout import (
@@ -385,25 +385,6 @@ def reward_grad_for_actions(
     return found.reward_grad, found.direction_reward
 
 
-def path_problem(model: DirectionModel) -> str | None:
-    """Why ``model`` cannot give the path gradient (``reward_grad_points`` >= 1), or None.
-
-    The path x(a) = E[y] + a (m1 - E[y]) moves the RM's input embeddings at the policy's
-    response positions: the model must read input embeddings (an
-    ``EmbeddingDirectionModel``) of the policy's own token ids (no vocabulary bridge)."""
-    if not isinstance(model, EmbeddingDirectionModel):
-        return (
-            "the direction model must read input embeddings (an EmbeddingDirectionModel), "
-            f"got {type(model).__name__}"
-        )
-    if not model.identical_vocab:
-        return (
-            "the direction model reads another tokenizer (vocabulary bridge); the path to the "
-            "expected embedding needs it to read the policy's token ids"
-        )
-    return None
-
-
 def path_grad_for_actions(
     model: DirectionModel,
     sequences: torch.Tensor,
@@ -423,10 +404,7 @@ def path_grad_for_actions(
     observation tokens of a multi-turn sample stay at their embeddings, as the prompt does.
     0 off the action tokens. ``CreditError`` when ``model`` cannot take it (``path_problem``).
     """
-    problem = path_problem(model)
-    if problem is not None:
-        raise CreditError(f"the path gradient (datc_mid, datc_ig): {problem}")
-    assert isinstance(model, EmbeddingDirectionModel)  # path_problem checked it
+    model = path_model(model)
     B, A = action_mask.shape
     if m1.dim() != 3 or tuple(m1.shape[:2]) != (B, A):
         raise CreditError(

@@ -241,7 +241,7 @@ def check_direction_capabilities(
 
     ``gives_attention``: ``DirectionModel.gives_attention`` of the model built on every actor
     hosting it (all of them True). ``path_problem``: why that model cannot give the path
-    gradient of a strategy with ``reward_grad_points`` >= 1 (``actor_side.path_problem``),
+    gradient of a strategy with ``reward_grad_points`` >= 1 (``adapters.grad_path.path_problem``),
     None if it can. Raises ``CreditError`` naming the strategy, the missing signal, the
     direction model's settings and what would serve it; run when the experience maker is
     installed, before the first step (the model does not exist earlier).

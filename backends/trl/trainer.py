@@ -27,9 +27,10 @@ per vocabulary tile instead of ``PolicyStats``):
 
 A path-gradient strategy (``reward_grad_points`` >= 1: ``datc_mid``, ``datc_ig``) takes its
 reward gradient on the path to the policy's expected embeddings m1, which the same policy
-forward gives: there the order is reversed, ``PolicyStats`` first (m1 among them), handed to
-the path gradient (``HandedExpectedEmbeddings``), then the direction model's scoring pass,
-at generation time or in each loss step, with no policy forward of its own.
+forward gives: there the order is reversed, ``PolicyStats`` first (m1 among them), then the
+path gradient (``adapters.grad_path.path_reward_grad``: ``points`` RM forward + backward
+passes, no RM forward at the samples, whose reward TRL's reward functions give), at
+generation time or in each loss step, with no policy forward of its own.
 
 Strategies that read no policy-side signal get their token advantages at generation time.
 A strategy that selects tokens batch-wide (``entropy_top``, ``random_top``) takes its
@@ -52,7 +53,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 
 from adapters.config import build_direction_model
 from adapters.direction import DirectionModel
-from adapters.grad_path import HandedExpectedEmbeddings, path_direction
+from adapters.grad_path import path_alphas, path_model, path_reward_grad
 from adapters.reward_models import SeqClassificationRM
 from backends.trl.capture import HiddenCapture, lm_head
 from backends.trl.config import CreditGRPOConfig
@@ -188,10 +189,11 @@ class CreditGRPOTrainer(GRPOTrainer):
         if self.scored or self.needs_policy_stats:
             self.direction = direction_model or self._build_direction(args)
             self._check_direction_gives(self.direction)
-        self._expected = HandedExpectedEmbeddings()  # m1 of the forward the credit reads
+        #: the path positions of a path-gradient strategy (none for the others)
+        self.alphas: list[float] = []
         if self.path:
-            points = self.strategy.reward_grad_points
-            self.direction = path_direction(self.direction, points, self._expected)
+            self.direction = path_model(self.direction)
+            self.alphas = path_alphas(self.strategy.reward_grad_points)
         self.needs_policy_forward = self.needs_policy_stats or self.needs_entropy
         self.credit_phase: CreditPhase = (
             "loss"
@@ -414,14 +416,28 @@ class CreditGRPOTrainer(GRPOTrainer):
         self, batch: dict[str, Any], forward: PolicyForward
     ) -> tuple[dict[str, torch.Tensor], PolicyStats]:
         """A path-gradient strategy's signals of ``batch``: ``PolicyStats`` of ``forward``
-        (the policy forward TRL took at the sampling parameters), whose m1 is handed, one
-        part per scoring chunk, to the path gradient; then ``score_rewards``."""
+        (the policy forward TRL took at the sampling parameters), then ``reward_grad``
+        (B, T, d) float32, dR/dx averaged over x(a) = E[y] + a (m1 - E[y]) for a in
+        ``self.alphas`` (0 at padding), one chunk of TRL's per-device batch size at a time,
+        and the other reward-side signals read (``score_rewards``)."""
         stats = self._reduced(forward)
-        ids = forward.token_ids
-        self._expected.hand(
-            [(ids[rows], stats.m1[rows]) for rows in self._score_chunks(ids.shape[0])]
-        )
-        return self.score_rewards(batch), stats
+        model = path_model(self.direction)
+        grads = []
+        for rows in self._score_chunks(stats.m1.shape[0]):
+            mask = batch["completion_mask"][rows]
+            grad = path_reward_grad(
+                model,
+                batch["prompt_ids"][rows],
+                batch["prompt_mask"][rows],
+                batch["completion_ids"][rows],
+                mask,
+                stats.m1[rows],
+                self.alphas,
+            )
+            grads.append(torch.where(mask.bool().unsqueeze(2), grad.detach().float(), 0.0))
+        scored = self.score_rewards(batch, self.scored - {"reward_grad"})
+        scored["reward_grad"] = torch.cat(grads)
+        return scored, stats
 
     def _score_chunks(self, n: int) -> list[slice]:
         """The rows of each scoring call over ``n`` rows: TRL's per-device batch size."""
@@ -432,20 +448,24 @@ class CreditGRPOTrainer(GRPOTrainer):
         )
         return [slice(start, start + size) for start in range(0, n, size)]
 
-    def score_rewards(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """The reward-side signals ``self.scored`` of ``batch`` (TRL's generation output):
+    def score_rewards(
+        self, batch: dict[str, Any], names: frozenset[str] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The reward-side signals ``names`` (default ``self.scored``) of ``batch`` (TRL's
+        generation output):
         ``reward_grad`` (B, T, d) dR / d(RM input embedding), ``reward_attention`` and
         ``prefix_rewards`` (B, T), at its completion tokens, from ONE scoring pass of the
         direction model per chunk of TRL's per-device batch size, with grad only when the
         gradient is read. Only the options asked for are passed to ``score`` (a direction
         model written before ``with_attention``/``with_prefix_rewards`` keeps working for
         the strategies that read neither)."""
-        if not self.scored:
+        names = self.scored if names is None else names
+        if not names:
             return {}
         assert self.direction is not None
-        with_grad = "reward_grad" in self.scored
-        options = {REWARD_SIDE[name][1]: True for name in self.scored if name != "reward_grad"}
-        parts: dict[str, list[torch.Tensor]] = {name: [] for name in self.scored}
+        with_grad = "reward_grad" in names
+        options = {REWARD_SIDE[name][1]: True for name in names if name != "reward_grad"}
+        parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
         with torch.enable_grad() if with_grad else torch.no_grad():
             for rows in self._score_chunks(batch["completion_ids"].shape[0]):
                 out = self.direction.score(

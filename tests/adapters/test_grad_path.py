@@ -176,5 +176,5 @@ def test_bad_inputs_are_refused() -> None:
     with pytest.raises(CreditError, match="at least one"):
         path_reward_grad(rm, p_ids, p_mask, r_ids, r_mask, _m1(rm, logits), [])
     for direction in (None, object()):  # no direction model; one without input embeddings
-        with pytest.raises(CreditError, match="needs a direction model that reads input emb"):
+        with pytest.raises(CreditError, match="must read input embeddings"):
             path_direction(direction, 1, HandedExpectedEmbeddings())  # type: ignore[arg-type]

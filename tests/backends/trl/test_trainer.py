@@ -9,7 +9,7 @@ import pytest
 import torch
 from trl import GRPOTrainer
 
-from adapters.grad_path import PathGradientDirection, path_alphas, path_reward_grad
+from adapters.grad_path import path_alphas, path_reward_grad
 from backends.trl.capture import causal_lm_of
 from backends.trl.tasks import PolicyPreset, TaskData, tiny_policy
 from credit_core import CreditError, CreditSignals, assign_credit, get_strategy, policy_stats
@@ -91,7 +91,7 @@ def _recompute(trainer: Any, inputs: dict[str, Any]) -> torch.Tensor:
     )
     if strategy.reward_grad_points:  # on the path to this forward's expected embeddings
         alphas = path_alphas(strategy.reward_grad_points)
-        grad = path_reward_grad(trainer.direction.inner, *rollout, stats.m1, alphas)
+        grad = path_reward_grad(trainer.direction, *rollout, stats.m1, alphas)
         grad = torch.where(inputs["completion_mask"].bool().unsqueeze(2), grad, 0.0)
     else:
         with torch.enable_grad():
@@ -124,7 +124,7 @@ def test_datc_advantages_reaching_trl_loss_are_credit_cores(
         temperature=0.7,
     )
     assert trainer.credit_phase == "loss" and not trainer.takes_old_logp_forward
-    assert isinstance(trainer.direction, PathGradientDirection) == (name == "datc_mid")
+    assert trainer.alphas == ([0.5] if name == "datc_mid" else [])
     trainer.train()
     assert len(loss_inputs) == 4  # 2 steps x 2 micro-batches
     padded = 0
@@ -140,6 +140,43 @@ def test_datc_advantages_reaching_trl_loss_are_credit_cores(
     assert padded > 0, "the seed should give some completions that end before the limit"
     logs = trainer.state.log_history[0]
     assert logs["credit/weight_max"] > 1.0 > logs["credit/weight_entropy"]
+
+
+@pytest.mark.parametrize(
+    ("credit", "points"), [("datc_mid", 1), ({"name": "datc_ig", "points": 3}, 3)]
+)
+def test_a_path_strategy_takes_points_rm_passes_per_scoring_chunk_and_no_reward_forward(
+    task: TaskData,
+    tokenizer: Any,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    credit: Any,
+    points: int,
+) -> None:
+    """TRL's reward functions give the reward: for the credit the direction model runs only
+    its ``points`` forward + backward passes on the path per scoring chunk (one per loss
+    micro-batch on-policy), never a scoring forward at the samples."""
+    direction = task.direction
+    calls = {"path": 0, "score": 0}
+    real_path, real_score = direction.reward_from_embeds, direction.score
+
+    def path(*args: Any, **kwargs: Any) -> Any:
+        calls["path"] += 1
+        return real_path(*args, **kwargs)
+
+    def score(*args: Any, **kwargs: Any) -> Any:
+        calls["score"] += 1
+        return real_score(*args, **kwargs)
+
+    monkeypatch.setattr(direction, "reward_from_embeds", path)
+    monkeypatch.setattr(direction, "score", score)
+    trainer = make_trainer(task, tokenizer, tmp_path, credit=credit, direction=direction)
+    assert trainer.credit_phase == "loss"
+    trainer.train()
+    steps = 2  # max_steps 2, one generation batch and one loss micro-batch each
+    # TRL's reward function is this same model: its one scoring forward per step (score ->
+    # reward_from_embeds); the credit adds only the path's passes
+    assert calls == {"score": steps, "path": steps + points * steps}
 
 
 class ForwardCounter:
