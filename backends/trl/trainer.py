@@ -63,6 +63,7 @@ from backends.trl.credit_samples import (
     compared_signals,
     compared_strategies,
 )
+from backends.trl.reward_pass import GradientRewardModel, completion_reward_grad
 from backends.trl.version import check_trl_version
 from credit_core import (
     CreditDiagnostics,
@@ -189,6 +190,8 @@ class CreditGRPOTrainer(GRPOTrainer):
         if self.scored or self.needs_policy_stats:
             self.direction = direction_model or self._build_direction(args)
             self._check_direction_gives(self.direction)
+        #: TRL's reward model giving DATC's gradient from its own reward pass, when shared
+        self.reward_pass = self._share_reward_pass(direction_model, args)
         #: the path positions of a path-gradient strategy (none for the others)
         self.alphas: list[float] = []
         if self.path:
@@ -262,20 +265,53 @@ class CreditGRPOTrainer(GRPOTrainer):
             return build_direction_model(
                 cfg, self._tokenizer, device=self.accelerator.device, policy_vocab_size=vocab
             )
-        for func, rm_tokenizer in zip(
-            self.reward_funcs, self.reward_processing_classes, strict=True
-        ):
-            model = getattr(func, "module", func)  # a DeepSpeed engine holds it as .module
-            if isinstance(model, PreTrainedModel):
-                return SeqClassificationRM(
-                    model, rm_tokenizer, self._tokenizer, policy_vocab_size=vocab
-                )
+        found = self._reward_model()
+        if found is not None:
+            index, model = found
+            rm_tokenizer = self.reward_processing_classes[index]
+            return SeqClassificationRM(
+                model, rm_tokenizer, self._tokenizer, policy_vocab_size=vocab
+            )
         raise CreditError(
             f"direction: strategy {self.strategy.name!r} reads "
             f"{sorted(self.strategy.requires)}, which needs a differentiable reward model: "
             "set direction (e.g. {kind: seq_classification, path: ...}), give TRL a reward "
             "model in reward_funcs, or pass direction_model= to CreditGRPOTrainer"
         )
+
+    def _reward_model(self) -> tuple[int, PreTrainedModel] | None:
+        """The first reward model among TRL's ``reward_funcs`` (a ``PreTrainedModel``, or
+        the DeepSpeed engine holding one as ``.module``) and its position, or None."""
+        for i, func in enumerate(self.reward_funcs):
+            model = getattr(func, "module", func)
+            if isinstance(model, PreTrainedModel):
+                return i, model
+        return None
+
+    def _share_reward_pass(
+        self, given: DirectionModel | None, args: CreditGRPOConfig
+    ) -> GradientRewardModel | None:
+        """Where the direction model was built from TRL's reward model (no ``direction``,
+        no ``direction_model``) with the policy's own tokenizer, and the strategy reads the
+        gradient at the sampled tokens and no other reward-side signal: that reward model,
+        replaced in ``reward_funcs`` by a ``GradientRewardModel`` that gives TRL its reward
+        and the credit its gradient from one pass. None otherwise (two passes)."""
+        found = self._reward_model()
+        if (
+            given is not None
+            or args.direction_config is not None
+            or found is None
+            or self.path
+            or self.scored != {"reward_grad"}
+            or not isinstance(self.direction, SeqClassificationRM)
+            or not self.direction.identical_vocab
+        ):
+            return None
+        index, model = found
+        func: Any = self.reward_funcs[index]
+        shared = GradientRewardModel(func, model.get_input_embeddings())
+        self.reward_funcs[index] = shared
+        return shared
 
     def _check_direction_gives(self, direction: DirectionModel) -> None:
         """``CreditError`` naming ``direction`` when the strategy reads the direction model's
@@ -509,6 +545,10 @@ class CreditGRPOTrainer(GRPOTrainer):
             self._on_forward = self._keep_old_forward
         try:
             output: dict[str, Any] = super()._generate_and_score_completions(inputs)
+        except BaseException:
+            if self.reward_pass is not None:
+                self.reward_pass.discard()
+            raise
         finally:
             pending, self._on_forward = self._on_forward, None
         if self._local_rewards is not None:
@@ -520,7 +560,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             )
         if self.credit_phase == "loss":
             if not self.path:  # a path strategy scores in each loss step, after its forward
-                for name, value in self.score_rewards(output).items():
+                for name, value in self.reward_side(output).items():
                     output[CARRY_PREFIX + name] = value
             return output
         old, self._old_forward = self._old_forward, None
@@ -529,11 +569,34 @@ class CreditGRPOTrainer(GRPOTrainer):
             assert old is not None  # a path strategy reads PolicyStats: TRL's forward was kept
             scored, stats = self.score_on_path(output, old)
         else:
-            scored = self.score_rewards(output)
+            scored = self.reward_side(output)
         output["advantages"] = self.token_advantages(
             output, self.credit_signals(scored, old, stats)
         )
         return output
+
+    def reward_side(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The reward-side signals of ``batch`` (TRL's generation output): ``score_rewards``;
+        with a shared reward pass (``reward_pass``), ``reward_grad`` from the pass TRL just
+        made for its reward, moved to the completion tokens, and from the direction model's
+        own pass only for the rows it cannot place (their share is logged as
+        ``credit/reward_grad_second_pass_frac``)."""
+        if self.reward_pass is None:
+            return self.score_rewards(batch)
+        special = torch.tensor(self._tokenizer.all_special_ids, dtype=torch.long)
+        grad, matched = completion_reward_grad(
+            self.reward_pass.take(), batch["completion_ids"], batch["completion_mask"], special
+        )
+        missing = (~matched).nonzero().squeeze(1)
+        if missing.numel():
+            keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+            rows = {key: batch[key][missing.to(batch[key].device)] for key in keys}
+            again = self.score_rewards(rows)["reward_grad"]
+            grad[missing.to(grad.device)] = again.to(grad.device, torch.float32)
+        mode = "train" if self.policy.training else "eval"
+        share = missing.numel() / max(1, matched.numel())
+        self._metrics[mode]["credit/reward_grad_second_pass_frac"].append(share)
+        return {"reward_grad": grad}
 
     def _keep_old_forward(self, forward: PolicyForward) -> None:
         self._old_forward = forward

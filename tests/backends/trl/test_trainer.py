@@ -322,6 +322,6 @@ def test_direction_defaults_to_trl_reward_model(
         train_dataset=task.train, processing_class=tokenizer, reward_processing_classes=tokenizer,
     )  # fmt: skip
     assert isinstance(trainer.direction, SeqClassificationRM)
-    assert trainer.direction.modules[0] is trainer.reward_funcs[0]
+    assert trainer.direction.modules[0] is trainer.reward_funcs[0].model  # one shared pass
     trainer.train()
     assert trainer.state.log_history[0]["credit/weight_max"] > 1.0

@@ -1,0 +1,148 @@
+"""One reward-model pass for TRL's reward and DATC's reward gradient.
+
+TRL scores a model reward function in ``_calculate_rewards``: the prompt + completion text,
+re-tokenized by the reward model's tokenizer (right-padded, no special tokens added), one
+forward under ``torch.inference_mode()``, reward = ``logits[:, 0]``. Where the direction
+model is that same reward model (``CreditGRPOTrainer`` built it from TRL's reward
+functions) and the strategy reads the reward gradient at the sampled tokens (the ``datc``
+family), ``GradientRewardModel`` stands in TRL's list for the reward model: TRL calls it
+exactly as it calls the model, it runs the model on the same inputs with a forward hook
+that makes the input-embedding output a leaf, and one backward of sum(logits[:, 0]) gives
+dR/dx at every RM position. TRL gets the same logits (detached); the gradient is kept for
+the credit (``take``). One RM forward and one backward, no second forward.
+
+``completion_reward_grad`` moves that gradient (B, L, d) from the RM's positions to the
+policy's completion tokens (B, T, d): a row's completion tokens, without the special
+tokens TRL's decoding drops, are found as the last contiguous run of the same ids in the
+RM's input (the tokenizers are the same); rows where they are not found (the text
+re-tokenized otherwise across the prompt/completion boundary, a chat template around the
+completion) are reported, and the caller takes their gradient from the direction model's
+own pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from credit_core import CreditError
+
+
+@dataclass(frozen=True)
+class RewardPass:
+    """One call of the reward model by TRL: its inputs ``input_ids`` / ``attention_mask``
+    (B, L) and dR/dx ``grad`` (B, L, d) float32 at every position (0 at padding)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    grad: torch.Tensor
+
+
+class GradientRewardModel(torch.nn.Module):
+    """``model`` (TRL's reward model, possibly as the DeepSpeed engine TRL prepared) that
+    also keeps dR/d(input embeddings) of every call (``take``).
+
+    ``forward(**inputs)`` returns ``model``'s output with its logits detached, computed with
+    grad on the same inputs; ``embedding`` is the module whose output the model reads as
+    input embeddings (``get_input_embeddings()``). The model's parameters get no gradient.
+    """
+
+    def __init__(self, model: torch.nn.Module, embedding: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.embedding = embedding
+        self._passes: list[RewardPass] = []
+
+    @property
+    def config(self) -> Any:
+        """The reward model's config (a DeepSpeed engine holds the model as ``.module``)."""
+        inner: Any = getattr(self.model, "module", self.model)
+        return inner.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> Any:
+        leaves: list[torch.Tensor] = []
+
+        def make_leaf(module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
+            leaf = output.detach().requires_grad_(True)
+            leaves.append(leaf)
+            return leaf
+
+        handle = self.embedding.register_forward_hook(make_leaf)
+        try:
+            with torch.inference_mode(False), torch.enable_grad():
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+                if len(leaves) != 1:
+                    raise CreditError(
+                        "reward model: expected one call of its input embeddings per forward, "
+                        f"got {len(leaves)}"
+                    )
+                (grad,) = torch.autograd.grad(out.logits[:, 0].sum(), leaves[0])
+        finally:
+            handle.remove()
+        mask = attention_mask.bool().unsqueeze(2)
+        self._passes.append(
+            RewardPass(input_ids, attention_mask, torch.where(mask, grad.detach().float(), 0.0))
+        )
+        out.logits = out.logits.detach()
+        return out
+
+    def take(self) -> RewardPass:
+        """The one pass since the last ``take`` (``CreditError`` if there were none or
+        several: TRL calls the model once per generation batch)."""
+        passes, self._passes = self._passes, []
+        if len(passes) != 1:
+            raise CreditError(
+                f"reward model: expected one scoring call since the last batch, got {len(passes)}"
+            )
+        return passes[0]
+
+    def discard(self) -> None:
+        """Forget the passes not taken (a batch abandoned by an exception)."""
+        self._passes = []
+
+
+def completion_reward_grad(
+    rm: RewardPass,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    special_ids: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """dR/dx at the completion tokens (B, T, d) float32 from the RM pass ``rm`` of the same
+    B rows, and which rows were matched (B,) bool.
+
+    A row's completion tokens that the RM read are its valid tokens (``completion_mask``)
+    that are not in ``special_ids`` (TRL decodes with ``skip_special_tokens``); they get the
+    gradient at the last contiguous run of the same ids among the row's attended RM
+    positions, and every other token 0. An unmatched row is all 0 (the caller takes it from
+    elsewhere). One vectorized window comparison per row, no loop over tokens.
+    """
+    B, T = completion_ids.shape
+    if rm.input_ids.shape[0] != B:
+        raise CreditError(
+            f"reward model pass: {rm.input_ids.shape[0]} rows, the completions have {B}"
+        )
+    d = rm.grad.shape[2]
+    out = torch.zeros(B, T, d, dtype=torch.float32, device=rm.grad.device)
+    matched = torch.zeros(B, dtype=torch.bool)
+    ids = completion_ids.to(rm.input_ids.device)
+    read = completion_mask.bool().to(ids.device) & ~torch.isin(ids, special_ids.to(ids.device))
+    for i in range(B):
+        cols = read[i].nonzero().squeeze(1)
+        wanted = ids[i, cols]
+        attended = rm.attention_mask[i].bool().nonzero().squeeze(1)
+        row = rm.input_ids[i, attended]
+        n = int(wanted.numel())
+        if n == 0:
+            matched[i] = True
+            continue
+        if row.numel() < n:
+            continue
+        hits = (row.unfold(0, n, 1) == wanted).all(dim=1).nonzero()
+        if hits.numel() == 0:
+            continue
+        start = int(hits[-1])
+        out[i, cols.to(out.device)] = rm.grad[i, attended[start : start + n]]
+        matched[i] = True
+    return out, matched
