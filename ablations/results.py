@@ -54,6 +54,10 @@ TRAINER_METRICS: dict[str, str] = {
     "time_update": "time/update",
 }
 RUN_COLUMNS: tuple[str, ...] = ("wall_s", "peak_rss_mb")
+#: The columns that are measurements of time or memory (not results a rerun must repeat).
+TIMING_COLUMNS: frozenset[str] = frozenset(
+    {*(c for c in TRAINER_METRICS if c.startswith("time_")), *RUN_COLUMNS}
+)
 #: History metrics ``<prefix>/<name>`` copied as columns ``<prefix>_<name>``: the exact
 #: held-out scores and the credit probes measured at evaluations (``ablations.driver``).
 EVAL_PREFIXES: frozenset[str] = frozenset({"extra", "probe"})

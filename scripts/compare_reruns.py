@@ -17,23 +17,13 @@ import tempfile
 from pathlib import Path
 
 from ablations.ablation_config import load_ablate_config
-from ablations.results import collect, read_csv, result_rows, write_csv
+from ablations.results import TIMING_COLUMNS, collect, read_csv, result_rows, write_csv
 from ablations.runner import fingerprints, plan_runs
 from ablations.summary import group_runs
 
-TIMING = {
-    "time_step",
-    "time_rollout",
-    "time_signals",
-    "time_signals_reward",
-    "time_update",
-    "wall_s",
-    "peak_rss_mb",
-}
-
 
 def _untimed(rows: list[dict[str, object]]) -> list[dict[str, object]]:
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    return [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows]
 
 
 def main() -> int:

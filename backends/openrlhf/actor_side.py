@@ -59,7 +59,6 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -67,6 +66,7 @@ import torch
 
 from adapters.direction import embedding_for_vocab, score_rollout
 from adapters.grad_path import path_alphas, path_model, path_problem, path_reward_grad
+from adapters.input_grad import forward_with_input_grad, unwrapped
 from backends.openrlhf.compat import EMBEDDING_SIGNALS, LOGITS_SIGNALS, SCORING_SIGNALS
 from backends.openrlhf.forward_capture import CaptureStore, keeping_logits
 from backends.openrlhf.layout import (
@@ -428,26 +428,6 @@ def path_grad_for_actions(
     return response_to_action_coords(grad.detach().float(), split, action_mask)
 
 
-def _unwrapped(model: Any) -> Any:
-    """The module inside a DeepSpeed engine (its ``module``), or ``model`` itself."""
-    inner = getattr(model, "module", None)
-    return inner if isinstance(inner, torch.nn.Module) else model
-
-
-@contextmanager
-def _frozen(module: torch.nn.Module) -> Iterator[None]:
-    """Parameters of ``module`` with ``requires_grad`` False within the block (the input
-    gradient then saves no activations for weight gradients); restored after it."""
-    trainable = [p for p in module.parameters() if p.requires_grad]
-    for p in trainable:
-        p.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for p in trainable:
-            p.requires_grad_(True)
-
-
 def reward_and_input_grad(
     model: Any,
     sequences: torch.Tensor,
@@ -467,35 +447,17 @@ def reward_and_input_grad(
     are frozen for the call, no weight gradient is formed). The gradient is in the model's
     dtype, 0 where nothing reaches the reward (padding).
     """
-    module = _unwrapped(model)
-    embed = module.get_input_embeddings()
-    leaves: list[torch.Tensor] = []
-
-    def as_leaf(_module: Any, _args: Any, output: torch.Tensor) -> torch.Tensor:
-        leaf = output.detach().requires_grad_(True)
-        leaves.append(leaf)
-        return leaf
-
-    handle = embed.register_forward_hook(as_leaf)
-    try:
-        with _frozen(module), torch.enable_grad():
-            reward = model(
-                sequences,
-                attention_mask,
-                ring_attn_group=ring_attn_group,
-                pad_sequence=True,
-                packed_seq_lens=None,
-            )
-            if len(leaves) != 1:
-                raise CreditError(
-                    "reward model: expected one call of its input embeddings per forward, got "
-                    f"{len(leaves)}"
-                )
-            (grad,) = torch.autograd.grad(reward.sum(), leaves[0], allow_unused=True)
-    finally:
-        handle.remove()
-    if grad is None:
-        grad = torch.zeros_like(leaves[0])
+    reward, grad = forward_with_input_grad(
+        model,
+        lambda: model(
+            sequences,
+            attention_mask,
+            ring_attn_group=ring_attn_group,
+            pad_sequence=True,
+            packed_seq_lens=None,
+        ),
+        lambda out: out,
+    )
     return reward.detach(), grad
 
 
@@ -868,7 +830,7 @@ def export_reward_embedding(actor_self: Any) -> torch.Tensor:
     head where it is narrower)."""
     state = _state(actor_self, "reward")
     if state.one_pass:
-        weight = _unwrapped(actor_self.model).get_input_embeddings().weight.detach()
+        weight = unwrapped(actor_self.model).get_input_embeddings().weight.detach()
         if hasattr(state.tokenizer, "__len__"):  # rows past the tokenizer are never text
             weight = weight[: len(state.tokenizer)]
         return weight.float().cpu()  # type: ignore[no-any-return]

@@ -6,8 +6,8 @@ forward under ``torch.inference_mode()``, reward = ``logits[:, 0]``. Where the d
 model is that same reward model (``CreditGRPOTrainer`` built it from TRL's reward
 functions) and the strategy reads the reward gradient at the sampled tokens (the ``datc``
 family), ``GradientRewardModel`` stands in TRL's list for the reward model: TRL calls it
-exactly as it calls the model, it runs the model on the same inputs with a forward hook
-that makes the input-embedding output a leaf, and one backward of sum(logits[:, 0]) gives
+exactly as it calls the model, and it runs the model on the same inputs with the input
+embeddings as a leaf (``adapters.input_grad``): one backward of sum(logits[:, 0]) gives
 dR/dx at every RM position. TRL gets the same logits (detached); the gradient is kept for
 the credit (``take``). One RM forward and one backward, no second forward.
 
@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from adapters.input_grad import forward_with_input_grad, unwrapped
 from credit_core import CreditError
 
 
@@ -44,43 +45,27 @@ class GradientRewardModel(torch.nn.Module):
     """``model`` (TRL's reward model, possibly as the DeepSpeed engine TRL prepared) that
     also keeps dR/d(input embeddings) of every call (``take``).
 
-    ``forward(**inputs)`` returns ``model``'s output with its logits detached, computed with
-    grad on the same inputs; ``embedding`` is the module whose output the model reads as
-    input embeddings (``get_input_embeddings()``). The model's parameters get no gradient.
+    ``forward(**inputs)`` returns ``model``'s output on the same inputs with its logits
+    detached, from one forward with grad and one backward (``forward_with_input_grad``;
+    the model's weights get no gradient).
     """
 
-    def __init__(self, model: torch.nn.Module, embedding: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
-        self.embedding = embedding
         self._passes: list[RewardPass] = []
 
     @property
     def config(self) -> Any:
         """The reward model's config (a DeepSpeed engine holds the model as ``.module``)."""
-        inner: Any = getattr(self.model, "module", self.model)
-        return inner.config
+        return unwrapped(self.model).config
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> Any:
-        leaves: list[torch.Tensor] = []
-
-        def make_leaf(module: torch.nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
-            leaf = output.detach().requires_grad_(True)
-            leaves.append(leaf)
-            return leaf
-
-        handle = self.embedding.register_forward_hook(make_leaf)
-        try:
-            with torch.inference_mode(False), torch.enable_grad():
-                out = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-                if len(leaves) != 1:
-                    raise CreditError(
-                        "reward model: expected one call of its input embeddings per forward, "
-                        f"got {len(leaves)}"
-                    )
-                (grad,) = torch.autograd.grad(out.logits[:, 0].sum(), leaves[0])
-        finally:
-            handle.remove()
+        out, grad = forward_with_input_grad(
+            self.model,
+            lambda: self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs),
+            lambda out: out.logits[:, 0],
+        )
         mask = attention_mask.bool().unsqueeze(2)
         self._passes.append(
             RewardPass(input_ids, attention_mask, torch.where(mask, grad.detach().float(), 0.0))

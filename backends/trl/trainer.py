@@ -307,9 +307,9 @@ class CreditGRPOTrainer(GRPOTrainer):
             or not self.direction.identical_vocab
         ):
             return None
-        index, model = found
+        index, _ = found
         func: Any = self.reward_funcs[index]
-        shared = GradientRewardModel(func, model.get_input_embeddings())
+        shared = GradientRewardModel(func)
         self.reward_funcs[index] = shared
         return shared
 

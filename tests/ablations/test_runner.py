@@ -28,7 +28,7 @@ import pytest
 from ablations.__main__ import main
 from ablations.ablation_config import load_ablate_config
 from ablations.figures import is_png
-from ablations.results import RESULT_FILE, read_csv
+from ablations.results import RESULT_FILE, TIMING_COLUMNS, read_csv
 from ablations.runner import CSV_FILE, REPORT_FILE, merge, plan_runs, run_ablation
 from ablations.settings import SETTINGS
 from credit_core.preemption import PREEMPTED_EXIT
@@ -61,15 +61,6 @@ TINY = [
     "pretrain: {steps: 2, batch_size: 4}}",
     "probes={prompts: 2, metric_samples: 4}",
 ]
-TIMING = {
-    "time_step",
-    "time_rollout",
-    "time_signals",
-    "time_signals_reward",
-    "time_update",
-    "wall_s",
-    "peak_rss_mb",
-}
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +163,7 @@ def _measured(result_file: Path) -> list[dict[str, float]]:
 
 
 def _table(path: Path) -> list[dict[str, object]]:
-    return [{k: v for k, v in row.items() if k not in TIMING} for row in read_csv(path)]
+    return [{k: v for k, v in row.items() if k not in TIMING_COLUMNS} for row in read_csv(path)]
 
 
 def test_shards_and_merge_equal_the_unsharded_run(cache: Path, tmp_path: Path) -> None:
