@@ -1,0 +1,227 @@
+"""``CreditFSDPEngine`` on verl's real FSDP2 engine, on the CPU (test-only CPU platform).
+
+- W0 from the old-log-prob forward equals ``credit_core.unsigned_work_from_logits`` of a plain
+  Hugging Face forward of the same weights and a separately built direction model's gradient;
+- with or without the work request, the engine runs exactly as many policy forwards as
+  verl's own engine (one per micro-batch) and gives verl's own log-probs bit for bit;
+- verl's ``EngineRegistry`` picks the subclass for fsdp/fsdp2 on NVIDIA GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("verl", reason="the verl tests run in .venv-verl (make verl)")
+
+import torch
+from tensordict import TensorDict
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from verl.trainer.config import CheckpointConfig
+from verl.utils import tensordict_utils as tu
+from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+from verl.workers.engine import EngineRegistry
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+from verl.workers.utils.padding import response_from_nested
+
+from adapters.config import build_direction_model
+from adapters.tiny import TINY_CORPUS, tiny_causal_lm, tiny_seq_classifier, train_bpe_tokenizer
+from backends.verl.engine import WORK_FIELD, WORK_REQUEST_KEY, CreditFSDPEngine
+from credit_core import unsigned_work_from_logits
+from tests.backends.verl.layouts import v1_batch
+
+PROMPTS = [3, 5, 4, 2]
+RESPONSES = [6, 1, 4, 3]
+TEMPERATURE = 0.7
+MICRO_BATCH = 2
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny random Qwen2 policy and a tiny Llama reward model, saved with one tokenizer."""
+    root = tmp_path_factory.mktemp("verl_models")
+    tokenizer = train_bpe_tokenizer(TINY_CORPUS, 256)
+    policy, rm = root / "policy", root / "rm"
+    tiny_causal_lm("qwen2", len(tokenizer)).save_pretrained(policy)
+    tiny_seq_classifier("llama", len(tokenizer), seed=1).save_pretrained(rm)
+    for path in (policy, rm):
+        tokenizer.save_pretrained(path)
+    return policy, rm
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def process_group() -> Iterator[None]:
+    """A one-rank gloo group, as verl's worker would have."""
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
+    )
+    yield
+    torch.distributed.destroy_process_group()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def build_engine(cls: type, policy: Path) -> Any:
+    """verl's FSDP2 engine class ``cls`` on ``policy``, fp32 throughout (verl's default
+    computes in bf16), with SDPA attention (padded layout: flash-attention's packed layout
+    has no CPU kernel)."""
+    model = HFModelConfig(
+        path=str(policy), use_remove_padding=False, override_config={"attn_implementation": "sdpa"}
+    )
+    fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    engine_config = FSDPEngineConfig(strategy="fsdp2", model_dtype="fp32", mixed_precision=fp32)
+    engine_config.use_remove_padding = False
+    engine_config.infer_micro_batch_size_per_gpu = MICRO_BATCH
+    engine_config.micro_batch_size_per_gpu = MICRO_BATCH
+    engine = cls(
+        model_config=model,
+        engine_config=engine_config,
+        optimizer_config=FSDPOptimizerConfig(lr=1e-3),
+        checkpoint_config=CheckpointConfig(),
+    )
+    engine.initialize()
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engines(models: tuple[Path, Path], process_group: None) -> tuple[Any, Any]:
+    policy, _ = models
+    return build_engine(CreditFSDPEngine, policy), build_engine(FSDPEngineWithLMHead, policy)
+
+
+def old_log_prob_batch(vocab: int, request: str | None) -> TensorDict:
+    """The old-log-prob batch as verl's trainer sends it (``calculate_entropy``, no loss)."""
+    batch = v1_batch(PROMPTS, RESPONSES, vocab)
+    tu.assign_non_tensor(
+        batch,
+        calculate_entropy=True,
+        compute_loss=False,
+        temperature=TEMPERATURE,
+        use_remove_padding=False,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=MICRO_BATCH,
+        max_token_len_per_gpu=4096,
+        use_fused_kernels=False,
+    )
+    if request is not None:
+        tu.assign_non_tensor(batch, **{WORK_REQUEST_KEY: request})
+    return batch
+
+
+def infer(engine: Any, batch: TensorDict) -> tuple[dict[str, Any], int]:
+    """The engine's ``infer_batch`` model output and the number of policy forwards it ran."""
+    calls = []
+    hook = engine.module.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with engine.eval_mode():
+            out = engine.infer_batch(batch, loss_function=None)
+    finally:
+        hook.remove()
+    return out["model_output"], len(calls)
+
+
+def request(rm: Path) -> str:
+    return json.dumps(
+        {"direction": {"kind": "seq_classification", "path": str(rm)}, "chunk_size": 64}
+    )
+
+
+def independent_work(policy: Path, rm: Path, batch: TensorDict) -> torch.Tensor:
+    """W0 (B, R) by credit_core from a plain Hugging Face forward and a separately built
+    direction model, on the same token ids (right-padded rows)."""
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    model = AutoModelForCausalLM.from_pretrained(policy, attn_implementation="sdpa").eval()
+    B, P, R = len(PROMPTS), max(PROMPTS), max(RESPONSES)
+    ids = batch["input_ids"].to_padded_tensor(0)
+    attention = torch.zeros_like(ids)
+    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
+        attention[i, : p + r] = 1
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attention).logits
+    V = logits.shape[-1]
+    predicting = torch.zeros(B, R, V)
+    prompt_ids = torch.zeros(B, P, dtype=torch.long)
+    prompt_mask = torch.zeros(B, P, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
+        predicting[i, :r] = logits[i, p - 1 : p + r - 1]
+        prompt_ids[i, P - p :] = ids[i, :p]
+        prompt_mask[i, P - p :] = 1
+    responses = batch["responses"].to_padded_tensor(0)
+    response_mask = batch["response_mask"].to_padded_tensor(0)
+    direction = build_direction_model(
+        {"kind": "seq_classification", "path": str(rm)}, tokenizer, policy_vocab_size=V
+    )
+    g = direction.score(prompt_ids, prompt_mask, responses, response_mask, with_grad=True)
+    assert g.reward_grad is not None
+    return unsigned_work_from_logits(
+        predicting,
+        responses,
+        direction.reward_embedding,
+        g.reward_grad.detach(),
+        temperature=TEMPERATURE,
+        chunk_size=64,
+    )
+
+
+def test_w0_from_the_old_log_prob_forward_equals_credit_core(
+    models: tuple[Path, Path], engines: tuple[Any, Any]
+) -> None:
+    policy, rm = models
+    credit, _ = engines
+    vocab = credit.model_config.hf_config.vocab_size
+    batch = old_log_prob_batch(vocab, request(rm))
+    output, _ = infer(credit, batch)
+    work = response_from_nested(output[WORK_FIELD], batch["response_mask"]).to_padded_tensor(0.0)
+    expected = independent_work(policy, rm, batch)
+    mask = batch["response_mask"].to_padded_tensor(0).bool()
+    scale = float(expected[mask].abs().max())
+    assert scale > 0
+    torch.testing.assert_close(work[mask], expected[mask], rtol=1e-4, atol=1e-4 * scale)
+    assert torch.equal(work[~mask], torch.zeros_like(work[~mask]))
+
+
+def test_forward_count_and_log_probs_equal_verl_own_engine(
+    models: tuple[Path, Path], engines: tuple[Any, Any]
+) -> None:
+    _, rm = models
+    credit, stock = engines
+    vocab = credit.model_config.hf_config.vocab_size
+    with_work, n_with = infer(credit, old_log_prob_batch(vocab, request(rm)))
+    without, n_without = infer(credit, old_log_prob_batch(vocab, None))
+    own, n_own = infer(stock, old_log_prob_batch(vocab, None))
+    assert n_with == n_without == n_own == len(PROMPTS) // MICRO_BATCH
+    assert WORK_FIELD not in without and WORK_FIELD not in own
+    for output in (with_work, without):
+        assert set(output) - {WORK_FIELD} == set(own)
+        for key in own:
+            assert torch.equal(output[key].values(), own[key].values()), key
+
+
+def test_registry_picks_the_credit_engine_on_nvidia() -> None:
+    os.environ.update(VERL_ENGINE_DEVICE="cuda", VERL_ENGINE_VENDOR="nvidia")
+    try:
+        for backend in ("fsdp", "fsdp2"):
+            assert EngineRegistry.get_engine_cls("language_model", backend) is CreditFSDPEngine
+        os.environ["VERL_ENGINE_VENDOR"] = "other"
+        assert EngineRegistry.get_engine_cls("language_model", "fsdp2") is FSDPEngineWithLMHead
+    finally:
+        os.environ.pop("VERL_ENGINE_DEVICE")
+        os.environ.pop("VERL_ENGINE_VENDOR")
