@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 from backends.verl.config import CREDIT_KEYS, TRAINER_MODE
 from credit_core.cli import run_cli
@@ -54,6 +55,8 @@ def checked_config(overrides: list[str]) -> object:
     from backends.verl.version import check_verl_version
 
     check_verl_version()
+    # verl warns at import about each optional engine it lacks (megatron, veomni, ...)
+    warnings.filterwarnings("ignore", r"\w+ engine is not available", UserWarning)
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -69,7 +72,7 @@ def checked_config(overrides: list[str]) -> object:
         with initialize_config_dir(config_dir=config_dir, version_base=None):
             config = compose(config_name="ppo_trainer", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as exc:
-        raise CreditError(f"verl config: {exc}") from exc
+        raise CreditError(f"verl config: {_one_line(exc)}") from exc
     credit_settings(config)
     try:
         validate_config(
@@ -78,8 +81,13 @@ def checked_config(overrides: list[str]) -> object:
             use_critic=need_critic(config),
         )
     except (AssertionError, ValueError, HydraException, OmegaConfBaseException) as exc:
-        raise CreditError(f"verl config: {str(exc).strip().splitlines()[-1]}") from exc
+        raise CreditError(f"verl config: {_one_line(exc)}") from exc
     return config
+
+
+def _one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line (Hydra's and verl's span several)."""
+    return " ".join(str(exc).split())
 
 
 def _main(args: list[str]) -> int:

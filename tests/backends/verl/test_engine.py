@@ -79,16 +79,17 @@ def process_group() -> Iterator[None]:
             os.environ[key] = value
 
 
-def build_engine(cls: type, policy: Path) -> Any:
+def build_engine(cls: type, policy: Path, packed: bool) -> Any:
     """verl's FSDP2 engine class ``cls`` on ``policy``, fp32 throughout (verl's default
-    computes in bf16), with SDPA attention (padded layout: flash-attention's packed layout
-    has no CPU kernel)."""
+    computes in bf16), with SDPA attention (transformers' SDPA keeps packed sequences apart
+    by their position ids: flash-attention has no CPU kernel); ``packed``: verl's
+    ``use_remove_padding`` layout (its default), else the padded one."""
     model = HFModelConfig(
-        path=str(policy), use_remove_padding=False, override_config={"attn_implementation": "sdpa"}
+        path=str(policy), use_remove_padding=packed, override_config={"attn_implementation": "sdpa"}
     )
     fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
     engine_config = FSDPEngineConfig(strategy="fsdp2", model_dtype="fp32", mixed_precision=fp32)
-    engine_config.use_remove_padding = False
+    engine_config.use_remove_padding = packed
     engine_config.infer_micro_batch_size_per_gpu = MICRO_BATCH
     engine_config.micro_batch_size_per_gpu = MICRO_BATCH
     engine = cls(
@@ -101,28 +102,33 @@ def build_engine(cls: type, policy: Path) -> Any:
     return engine
 
 
-@pytest.fixture(scope="module")
-def engines(models: tuple[Path, Path], process_group: None) -> tuple[Any, Any]:
+@pytest.fixture(scope="module", params=[True, False], ids=["packed", "padded"])
+def engines(models: tuple[Path, Path], process_group: None, request: Any) -> tuple[Any, Any]:
+    """The credit engine and verl's own, on the same weights, in one layout."""
     policy, _ = models
-    return build_engine(CreditFSDPEngine, policy), build_engine(FSDPEngineWithLMHead, policy)
+    packed = bool(request.param)
+    return (
+        build_engine(CreditFSDPEngine, policy, packed),
+        build_engine(FSDPEngineWithLMHead, policy, packed),
+    )
 
 
-def old_log_prob_batch(vocab: int, request: str | None) -> TensorDict:
+def old_log_prob_batch(engine: Any, work_request: str | None) -> TensorDict:
     """The old-log-prob batch as verl's trainer sends it (``calculate_entropy``, no loss)."""
-    batch = v1_batch(PROMPTS, RESPONSES, vocab)
+    batch = v1_batch(PROMPTS, RESPONSES, engine.model_config.hf_config.vocab_size)
     tu.assign_non_tensor(
         batch,
         calculate_entropy=True,
         compute_loss=False,
         temperature=TEMPERATURE,
-        use_remove_padding=False,
+        use_remove_padding=engine.engine_config.use_remove_padding,
         use_dynamic_bsz=False,
         micro_batch_size_per_gpu=MICRO_BATCH,
         max_token_len_per_gpu=4096,
         use_fused_kernels=False,
     )
-    if request is not None:
-        tu.assign_non_tensor(batch, **{WORK_REQUEST_KEY: request})
+    if work_request is not None:
+        tu.assign_non_tensor(batch, **{WORK_REQUEST_KEY: work_request})
     return batch
 
 
@@ -138,7 +144,7 @@ def infer(engine: Any, batch: TensorDict) -> tuple[dict[str, Any], int]:
     return out["model_output"], len(calls)
 
 
-def request(rm: Path) -> str:
+def work_request(rm: Path) -> str:
     return json.dumps(
         {"direction": {"kind": "seq_classification", "path": str(rm)}, "chunk_size": 64}
     )
@@ -186,8 +192,7 @@ def test_w0_from_the_old_log_prob_forward_equals_credit_core(
 ) -> None:
     policy, rm = models
     credit, _ = engines
-    vocab = credit.model_config.hf_config.vocab_size
-    batch = old_log_prob_batch(vocab, request(rm))
+    batch = old_log_prob_batch(credit, work_request(rm))
     output, _ = infer(credit, batch)
     work = response_from_nested(output[WORK_FIELD], batch["response_mask"]).to_padded_tensor(0.0)
     expected = independent_work(policy, rm, batch)
@@ -203,10 +208,9 @@ def test_forward_count_and_log_probs_equal_verl_own_engine(
 ) -> None:
     _, rm = models
     credit, stock = engines
-    vocab = credit.model_config.hf_config.vocab_size
-    with_work, n_with = infer(credit, old_log_prob_batch(vocab, request(rm)))
-    without, n_without = infer(credit, old_log_prob_batch(vocab, None))
-    own, n_own = infer(stock, old_log_prob_batch(vocab, None))
+    with_work, n_with = infer(credit, old_log_prob_batch(credit, work_request(rm)))
+    without, n_without = infer(credit, old_log_prob_batch(credit, None))
+    own, n_own = infer(stock, old_log_prob_batch(stock, None))
     assert n_with == n_without == n_own == len(PROMPTS) // MICRO_BATCH
     assert WORK_FIELD not in without and WORK_FIELD not in own
     for output in (with_work, without):
