@@ -16,7 +16,8 @@
 # Each check prints one "PASS name" or "FAIL name" line; the exit status is the number of
 # failures. Logs are in $WORK. OPENRLHF=1 also runs scripts/openrlhf_gpu_smoke.sh (OpenRLHF
 # and the older TRL runs, 5-10 more minutes) as one more check; VERL=1 also runs
-# scripts/verl_gpu_smoke.sh (verl main_ppo with vLLM and credit datc, 3-5 more minutes).
+# scripts/verl_gpu_smoke.sh (verl main_ppo with vLLM and credit datc, 3-5 more minutes)
+# with VERL_PYTHON (default PYTHON): verl 0.9.1 needs its own environment (docs/verl.md).
 #
 # Needs: 1 NVIDIA GPU; python with torch (CUDA), vllm, deepspeed, trl 1.16.x, accelerate,
 # and this repository (run from its root, or installed).
@@ -162,7 +163,7 @@ fi
 
 # -------------------------------------------------------------------------------- verl
 if [[ "${VERL:-0}" == 1 ]] && wanted verl; then
-  WORK=$WORK/verl logged verl bash scripts/verl_gpu_smoke.sh
+  WORK=$WORK/verl PYTHON=${VERL_PYTHON:-$PYTHON} logged verl bash scripts/verl_gpu_smoke.sh
   result verl $?
 fi
 
