@@ -14,7 +14,9 @@ Two steps of verl's ``PPOTrainer`` are extended, nothing else:
   verl's metrics.
 
 The credit keys are parsed and checked when the trainer is built (``credit_settings``): a
-strategy the backend cannot serve stops the run before any worker starts.
+strategy the backend cannot serve stops the run before any worker starts. Once built, the
+trainer sets ``trainer.v1.trainer_mode`` back to ``sync``: verl's own code compares it with
+that name (replay buffer, refills, weight syncs), and this trainer is verl's synchronous one.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from backends.verl.credit import credit_fields
 from backends.verl.engine import WORK_FIELD, WORK_REQUEST_KEY
 from credit_core import CreditStrategy, get_strategy
 
+#: verl's name of the synchronous trainer, whose behaviour this trainer keeps.
+SYNC_MODE = "sync"
+
 
 class CreditPPOTrainer(PPOTrainerSync):  # type: ignore[misc]
     """``PPOTrainerSync`` whose advantages are ``algorithm.credit``'s token advantages."""
@@ -38,6 +43,9 @@ class CreditPPOTrainer(PPOTrainerSync):  # type: ignore[misc]
     def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
         self.credit: CreditSettings = credit_settings(config)
         self.strategy: CreditStrategy = get_strategy(self.credit.credit)
+        # verl selected this class by its registered name; verl's own code then branches on
+        # trainer_mode == "sync" (replay buffer, refills, weight syncs): it is that trainer
+        config.trainer.v1.trainer_mode = SYNC_MODE
         super().__init__(config, *args, **kwargs)
 
     def _compute_old_log_prob(self, batch: Any, metrics: dict[str, Any]) -> Any:
