@@ -4,15 +4,19 @@
   Hugging Face forward of the same weights and a separately built direction model's gradient;
 - with or without the work request, the engine runs exactly as many policy forwards as
   verl's own engine (one per micro-batch) and gives verl's own log-probs bit for bit;
-- verl's ``EngineRegistry`` picks the subclass for fsdp/fsdp2 on NVIDIA GPUs.
+- verl's ``EngineRegistry`` picks the subclass for fsdp/fsdp2 on NVIDIA GPUs;
+- the actor side of a step runs: old-log-prob forward with W0, DATC token advantages,
+  verl's ``train_batch`` with its ``ppo_loss``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +32,16 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
 from verl.workers.engine import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import response_from_nested
 
 from adapters.config import build_direction_model
 from adapters.tiny import TINY_CORPUS, tiny_causal_lm, tiny_seq_classifier, train_bpe_tokenizer
+from backends.verl.credit import credit_fields
 from backends.verl.engine import WORK_FIELD, WORK_REQUEST_KEY, CreditFSDPEngine
-from credit_core import unsigned_work_from_logits
-from tests.backends.verl.layouts import v1_batch
+from credit_core import get_strategy, unsigned_work_from_logits
+from tests.backends.verl.layouts import as_stored, v1_batch, verl_grpo
+from tests.backends.verl.test_credit import actor_config
 
 PROMPTS = [3, 5, 4, 2]
 RESPONSES = [6, 1, 4, 3]
@@ -229,3 +236,51 @@ def test_registry_picks_the_credit_engine_on_nvidia() -> None:
     finally:
         os.environ.pop("VERL_ENGINE_DEVICE")
         os.environ.pop("VERL_ENGINE_VENDOR")
+
+
+def test_an_actor_step_with_datc_token_advantages(
+    models: tuple[Path, Path], process_group: None
+) -> None:
+    """The actor side of a verl GRPO step on the real engine: the old-log-prob forward
+    (with W0), verl's GRPO advantages spread by DATC, then verl's ``train_batch`` with its
+    ``ppo_loss``: one forward per micro-batch, a finite non-zero gradient, new weights."""
+    policy, rm = models
+    engine = build_engine(CreditFSDPEngine, policy, packed=True)
+    old = old_log_prob_batch(engine, work_request(rm))
+    output, _ = infer(engine, old)
+    fields = old.select("responses", "response_mask")
+    scores = torch.tensor([1.0, 0.0, 0.25, 0.75])
+    fields["advantages"] = as_stored(verl_grpo(scores, RESPONSES, group=2), old)
+    fields[WORK_FIELD] = output[WORK_FIELD]
+    advantages, diagnostics = credit_fields(
+        get_strategy("datc"), frozenset({"unsigned_work"}), fields
+    )
+    assert diagnostics is not None
+    data = v1_batch(PROMPTS, RESPONSES, engine.model_config.hf_config.vocab_size)
+    data["old_log_probs"] = response_from_nested(output["log_probs"], data["response_mask"])
+    data["advantages"] = advantages
+    tu.assign_non_tensor(
+        data,
+        temperature=TEMPERATURE,
+        use_remove_padding=True,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=MICRO_BATCH,
+        max_token_len_per_gpu=4096,
+        use_fused_kernels=False,
+        global_batch_size=len(PROMPTS),
+    )
+    before = [p.detach().clone() for p in engine.module.parameters()]
+    calls = []
+    hook = engine.module.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with engine.train_mode():
+            out = engine.train_batch(data, loss_function=partial(ppo_loss, config=actor_config()))
+    finally:
+        hook.remove()
+    grad_norm = float(out["metrics"]["grad_norm"])
+    assert len(calls) == len(PROMPTS) // MICRO_BATCH
+    assert math.isfinite(grad_norm) and grad_norm > 0
+    assert any(
+        not torch.equal(a, b.detach())
+        for a, b in zip(before, engine.module.parameters(), strict=True)
+    )
