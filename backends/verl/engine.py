@@ -122,13 +122,17 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
         )
         request = tu.get_non_tensor_data(data=micro_batch, key=WORK_REQUEST_KEY, default=None)
         if request is not None:
-            work = self.unsigned_work(output, output_args, micro_batch, str(request))
+            work = self.unsigned_work(output, micro_batch, str(request))
             offsets = micro_batch["input_ids"].offsets()
             model_output[WORK_FIELD] = torch.nested.nested_tensor_from_jagged(work, offsets)
         return model_output
 
-    def direction_model(self, settings: dict[str, Any], vocab: int) -> DirectionModel:
-        """The frozen direction model of ``settings`` (built once per process and kept)."""
+    def direction_model(
+        self, settings: dict[str, Any], vocab: int, device: torch.device
+    ) -> DirectionModel:
+        """The frozen direction model of ``settings`` on ``device`` (the logits' device, which
+        is not the parameters' one under parameter offload), built once per process and
+        kept resident."""
         key = json.dumps(settings, sort_keys=True)
         if self._credit_direction is None or self._credit_direction[0] != key:
             tokenizer = self.model_config.tokenizer
@@ -137,15 +141,12 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
                     "actor_rollout_ref.model: the credit backend needs the policy's tokenizer "
                     "to build the direction model (load_tokenizer is off)"
                 )
-            device = next(self.module.parameters()).device
             cfg = RewardModelConfig.model_validate(settings)
             model = build_direction_model(cfg, tokenizer, device=device, policy_vocab_size=vocab)
             self._credit_direction = (key, model)
         return self._credit_direction[1]
 
-    def unsigned_work(
-        self, output: Any, output_args: dict[str, Any], micro_batch: TensorDict, request: str
-    ) -> torch.Tensor:
+    def unsigned_work(self, output: Any, micro_batch: TensorDict, request: str) -> torch.Tensor:
         """W0 (N,) float32 at the micro-batch's N packed positions: at the position that
         predicts response token t, W0_t of the forward's logits and g_t; 0 elsewhere."""
         asked = json.loads(request)
@@ -158,7 +159,7 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
         work = torch.zeros(N, dtype=torch.float32, device=logits.device)
         if int(resp_lens.max()) == 0:
             return work
-        direction = self.direction_model(asked["direction"], V)
+        direction = self.direction_model(asked["direction"], V, logits.device)
         pad_id = self.model_config.tokenizer.pad_token_id or 0
         prompt_ids, prompt_mask, response_ids, response_mask = split_rows(
             values, offsets, resp_lens, int(pad_id)
