@@ -11,7 +11,8 @@ Two steps of verl's ``PPOTrainer`` are extended, nothing else:
 - ``_compute_advantage``: verl's own (GRPO advantages A_i broadcast over the response),
   then ``credit_fields`` replaces the stored ``advantages`` by the strategy's token
   advantages, which verl's ``ppo_loss`` reads per token. ``credit/...`` diagnostics join
-  verl's metrics.
+  verl's metrics. ``uniform`` leaves verl's advantages as they are (whatever the
+  estimator; ``credit_fields`` would give them back bit for bit for GRPO, tested).
 
 The credit keys are parsed and checked when the trainer is built (``credit_settings``): a
 strategy the backend cannot serve stops the run before any worker starts. Once built, the
@@ -59,6 +60,8 @@ class CreditPPOTrainer(PPOTrainerSync):  # type: ignore[misc]
 
     def _compute_advantage(self, batch: Any, metrics: dict[str, Any]) -> Any:
         batch = super()._compute_advantage(batch, metrics)
+        if self.credit.credit.name == "uniform":  # verl's advantages, any estimator
+            return batch
         reads = self.credit.reads
         names = ["advantages", "response_mask", "responses"]
         if "unsigned_work" in reads:
