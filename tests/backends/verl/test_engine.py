@@ -120,8 +120,10 @@ def engines(models: tuple[Path, Path], process_group: None, request: Any) -> tup
     )
 
 
-def old_log_prob_batch(engine: Any, work_request: str | None) -> TensorDict:
-    """The old-log-prob batch as verl's trainer sends it (``calculate_entropy``, no loss)."""
+def old_log_prob_batch(engine: Any, work_request: str | None, dynamic: bool = False) -> TensorDict:
+    """The old-log-prob batch as verl's trainer sends it (``calculate_entropy``, no loss);
+    ``dynamic``: verl's dynamic batch size, micro-batches of at most 16 tokens (rows
+    regrouped by length, outputs put back in order by verl)."""
     batch = v1_batch(PROMPTS, RESPONSES, engine.model_config.hf_config.vocab_size)
     tu.assign_non_tensor(
         batch,
@@ -129,9 +131,9 @@ def old_log_prob_batch(engine: Any, work_request: str | None) -> TensorDict:
         compute_loss=False,
         temperature=TEMPERATURE,
         use_remove_padding=engine.engine_config.use_remove_padding,
-        use_dynamic_bsz=False,
+        use_dynamic_bsz=dynamic,
         micro_batch_size_per_gpu=MICRO_BATCH,
-        max_token_len_per_gpu=4096,
+        max_token_len_per_gpu=16 if dynamic else 4096,
         use_fused_kernels=False,
     )
     if work_request is not None:
@@ -194,12 +196,13 @@ def independent_work(policy: Path, rm: Path, batch: TensorDict) -> torch.Tensor:
     )
 
 
+@pytest.mark.parametrize("dynamic", [False, True], ids=["fixed_bsz", "dynamic_bsz"])
 def test_w0_from_the_old_log_prob_forward_equals_credit_core(
-    models: tuple[Path, Path], engines: tuple[Any, Any]
+    models: tuple[Path, Path], engines: tuple[Any, Any], dynamic: bool
 ) -> None:
     policy, rm = models
     credit, _ = engines
-    batch = old_log_prob_batch(credit, work_request(rm))
+    batch = old_log_prob_batch(credit, work_request(rm), dynamic)
     output, _ = infer(credit, batch)
     work = response_from_nested(output[WORK_FIELD], batch["response_mask"]).to_padded_tensor(0.0)
     expected = independent_work(policy, rm, batch)
