@@ -137,9 +137,10 @@ def unserved_reason(credit: CreditConfig) -> str | None:
     cls = strategy_class(credit.name)
     if get_strategy(credit).reward_grad_points:
         return (
-            "its reward gradient is taken along the path of the policy's expected embeddings "
-            "(reward_grad_points), which needs the policy's probabilities inside the direction "
-            "model's scoring pass; the verl backend scores the response tokens only"
+            "its reward gradient is taken along the path to the policy's expected embeddings "
+            "(reward_grad_points), which the verl engine does not take yet: whether the "
+            "direction model can take it (adapters.grad_path) is known only once the model "
+            "is built, inside verl's workers, after start-up"
         )
     unserved = sorted(cls.signals_to_compute(reward_grad_first=True) - SERVED_SIGNALS.keys())
     if unserved:
