@@ -11,11 +11,8 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import socket
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,86 +24,28 @@ pytest.importorskip("verl", reason="the verl tests run in .venv-verl (make verl)
 import torch
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from verl.trainer.config import CheckpointConfig
 from verl.utils import tensordict_utils as tu
-from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
 from verl.workers.engine import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import response_from_nested
 
 from adapters.config import build_direction_model
-from adapters.tiny import TINY_CORPUS, tiny_causal_lm, tiny_seq_classifier, train_bpe_tokenizer
 from backends.verl.credit import credit_fields
-from backends.verl.engine import WORK_FIELD, WORK_REQUEST_KEY, CreditFSDPEngine
+from backends.verl.engine import WORK_FIELD, CreditFSDPEngine
 from credit_core import get_strategy, unsigned_work_from_logits
+from tests.backends.verl.engines import (
+    MICRO_BATCH,
+    PROMPTS,
+    RESPONSES,
+    TEMPERATURE,
+    build_engine,
+    infer,
+    old_log_prob_batch,
+    work_request,
+)
 from tests.backends.verl.layouts import as_stored, v1_batch, verl_grpo
 from tests.backends.verl.test_credit import actor_config
-
-PROMPTS = [3, 5, 4, 2]
-RESPONSES = [6, 1, 4, 3]
-TEMPERATURE = 0.7
-MICRO_BATCH = 2
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A tiny random Qwen2 policy and a tiny Llama reward model, saved with one tokenizer."""
-    root = tmp_path_factory.mktemp("verl_models")
-    tokenizer = train_bpe_tokenizer(TINY_CORPUS, 256)
-    policy, rm = root / "policy", root / "rm"
-    tiny_causal_lm("qwen2", len(tokenizer)).save_pretrained(policy)
-    tiny_seq_classifier("llama", len(tokenizer), seed=1).save_pretrained(rm)
-    for path in (policy, rm):
-        tokenizer.save_pretrained(path)
-    return policy, rm
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def process_group() -> Iterator[None]:
-    """A one-rank gloo group, as verl's worker would have."""
-    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-    )
-    yield
-    torch.distributed.destroy_process_group()
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-
-
-def build_engine(cls: type, policy: Path, packed: bool) -> Any:
-    """verl's FSDP2 engine class ``cls`` on ``policy``, fp32 throughout (verl's default
-    computes in bf16), with SDPA attention (transformers' SDPA keeps packed sequences apart
-    by their position ids: flash-attention has no CPU kernel); ``packed``: verl's
-    ``use_remove_padding`` layout (its default), else the padded one."""
-    model = HFModelConfig(
-        path=str(policy), use_remove_padding=packed, override_config={"attn_implementation": "sdpa"}
-    )
-    fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
-    engine_config = FSDPEngineConfig(strategy="fsdp2", model_dtype="fp32", mixed_precision=fp32)
-    engine_config.use_remove_padding = packed
-    engine_config.infer_micro_batch_size_per_gpu = MICRO_BATCH
-    engine_config.micro_batch_size_per_gpu = MICRO_BATCH
-    engine = cls(
-        model_config=model,
-        engine_config=engine_config,
-        optimizer_config=FSDPOptimizerConfig(lr=1e-3),
-        checkpoint_config=CheckpointConfig(),
-    )
-    engine.initialize()
-    return engine
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["packed", "padded"])
@@ -117,45 +56,6 @@ def engines(models: tuple[Path, Path], process_group: None, request: Any) -> tup
     return (
         build_engine(CreditFSDPEngine, policy, packed),
         build_engine(FSDPEngineWithLMHead, policy, packed),
-    )
-
-
-def old_log_prob_batch(engine: Any, work_request: str | None, dynamic: bool = False) -> TensorDict:
-    """The old-log-prob batch as verl's trainer sends it (``calculate_entropy``, no loss);
-    ``dynamic``: verl's dynamic batch size, micro-batches of at most 16 tokens (rows
-    regrouped by length, outputs put back in order by verl)."""
-    batch = v1_batch(PROMPTS, RESPONSES, engine.model_config.hf_config.vocab_size)
-    tu.assign_non_tensor(
-        batch,
-        calculate_entropy=True,
-        compute_loss=False,
-        temperature=TEMPERATURE,
-        use_remove_padding=engine.engine_config.use_remove_padding,
-        use_dynamic_bsz=dynamic,
-        micro_batch_size_per_gpu=MICRO_BATCH,
-        max_token_len_per_gpu=16 if dynamic else 4096,
-        use_fused_kernels=False,
-    )
-    if work_request is not None:
-        tu.assign_non_tensor(batch, **{WORK_REQUEST_KEY: work_request})
-    return batch
-
-
-def infer(engine: Any, batch: TensorDict) -> tuple[dict[str, Any], int]:
-    """The engine's ``infer_batch`` model output and the number of policy forwards it ran."""
-    calls = []
-    hook = engine.module.register_forward_hook(lambda *_: calls.append(1))
-    try:
-        with engine.eval_mode():
-            out = engine.infer_batch(batch, loss_function=None)
-    finally:
-        hook.remove()
-    return out["model_output"], len(calls)
-
-
-def work_request(rm: Path) -> str:
-    return json.dumps(
-        {"direction": {"kind": "seq_classification", "path": str(rm)}, "chunk_size": 64}
     )
 
 
