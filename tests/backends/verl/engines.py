@@ -44,7 +44,12 @@ def build_engine(cls: type, policy: Path, packed: bool) -> Any:
     return engine
 
 
-def old_log_prob_batch(engine: Any, work_request: str | None, dynamic: bool = False) -> TensorDict:
+def old_log_prob_batch(
+    engine: Any,
+    work_request: str | None,
+    dynamic: bool = False,
+    temperature: float = TEMPERATURE,
+) -> TensorDict:
     """The old-log-prob batch as verl's trainer sends it (``calculate_entropy``, no loss);
     ``dynamic``: verl's dynamic batch size, micro-batches of at most 16 tokens (rows
     regrouped by length, outputs put back in order by verl)."""
@@ -53,7 +58,7 @@ def old_log_prob_batch(engine: Any, work_request: str | None, dynamic: bool = Fa
         batch,
         calculate_entropy=True,
         compute_loss=False,
-        temperature=TEMPERATURE,
+        temperature=temperature,
         use_remove_padding=engine.engine_config.use_remove_padding,
         use_dynamic_bsz=dynamic,
         micro_batch_size_per_gpu=MICRO_BATCH,
