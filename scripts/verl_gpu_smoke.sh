@@ -34,7 +34,7 @@ echo "== work dir: $WORK"
 VERL_COMMON=(
   algorithm.adv_estimator=grpo
   "data.train_files=$WORK/data/train.parquet" "data.val_files=$WORK/data/train.parquet"
-  data.train_batch_size=4 data.max_prompt_length=32 data.max_response_length=16
+  data.train_batch_size=4 data.max_prompt_length=64 data.max_response_length=16
   data.dataloader_num_workers=0
   "actor_rollout_ref.model.path=$WORK/policy" actor_rollout_ref.model.use_remove_padding=true
   actor_rollout_ref.actor.ppo_mini_batch_size=4
