@@ -76,6 +76,7 @@ class EngineWorkerGroup:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.requests: list[Any] = []
+        self.forwards = 0
 
     def compute_log_prob(self, batch: Any) -> Any:
         data = tq.kv_batch_get(
@@ -91,7 +92,8 @@ class EngineWorkerGroup:
             **batch.extra_info,
         )
         self.requests.append(batch.extra_info.get(WORK_REQUEST_KEY))
-        output, _ = infer(self.engine, data)
+        output, forwards = infer(self.engine, data)
+        self.forwards += forwards
         fields = TensorDict(dict(output), batch_size=len(batch.keys))
         return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
 
@@ -111,8 +113,9 @@ def test_old_log_prob_and_advantage_steps_through_transfer_queue(
 ) -> None:
     """verl's own ``_compute_old_log_prob`` and ``_compute_advantage`` (GRPO) with the
     credit trainer's additions, on real TransferQueue: the work request reaches the engine
-    for the old-log-prob forward only, and the stored advantages are DATC's token advantages
-    of verl's GRPO advantage and the engine's W0."""
+    for the old-log-prob forward only (no other policy forward: one per micro-batch), and the
+    stored advantages are DATC's token advantages of verl's GRPO advantage and the engine's
+    W0."""
     policy, rm = models
     config = smoke_config("actor_rollout_ref.rollout.n=2", "algorithm.credit_stats_chunk_size=64")
     config.algorithm.direction = {"kind": "seq_classification", "path": str(rm)}
@@ -137,6 +140,7 @@ def test_old_log_prob_and_advantage_steps_through_transfer_queue(
     batch = trainer._compute_old_log_prob(batch, metrics)
     assert WORK_REQUEST_KEY not in batch.extra_info
     assert workers.requests == [trainer.credit.work_request()]
+    assert workers.forwards == len(PROMPTS) // MICRO_BATCH  # verl's own count: no extra
     batch = trainer._compute_advantage(batch, metrics)
     stored = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages"])
 
