@@ -10,7 +10,14 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 
-.PHONY: install browser demo test lint typecheck pytest clean
+# The verl backend's own environment (verl 0.9.1 needs transformers < 5.11, OpenRLHF 0.11.2
+# needs 5.15): .venv-verl, CPU torch first, then verl and the imports it forgets
+# (requirements/verl.txt), then this project without its dependencies.
+VERL_VENV ?= .venv-verl
+VERL_PY := $(VERL_VENV)/bin/python
+VERL_STAMP := $(VERL_VENV)/.installed
+
+.PHONY: install browser demo test lint typecheck pytest verl pytest-verl clean
 
 install: $(STAMP)
 
@@ -23,6 +30,15 @@ $(STAMP): pyproject.toml constraints.txt requirements/openrlhf-cpu.txt
 	$(PIP) install -q -c constraints.txt -e '.[trl]'
 	$(MAKE) --no-print-directory browser
 	touch $(STAMP)
+
+verl: $(VERL_STAMP)
+
+$(VERL_STAMP): pyproject.toml requirements/verl.txt requirements/verl-constraints.txt
+	test -x $(VERL_PY) || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_PY) -m pip install -q torch==2.13.0
+	$(VERL_PY) -m pip install -q -c requirements/verl-constraints.txt -r requirements/verl.txt
+	$(VERL_PY) -m pip install -q --no-deps -e .
+	touch $(VERL_STAMP)
 
 # Headless Chromium for the credit-view browser test (Debian's package, about 30 s): only
 # where apt-get runs as root; elsewhere the test skips, saying why.
@@ -51,7 +67,11 @@ typecheck: $(STAMP)
 pytest: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q
 
-test: lint typecheck pytest
+# The verl backend's tests, in its own environment (they skip in .venv).
+pytest-verl: $(VERL_STAMP)
+	OMP_NUM_THREADS=1 $(VERL_VENV)/bin/pytest -q tests/backends/verl
+
+test: lint typecheck pytest pytest-verl
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VERL_VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -15,7 +15,9 @@
 #
 # Each check prints one "PASS name" or "FAIL name" line; the exit status is the number of
 # failures. Logs are in $WORK. OPENRLHF=1 also runs scripts/openrlhf_gpu_smoke.sh (OpenRLHF
-# and the older TRL runs, 5-10 more minutes) as one more check.
+# and the older TRL runs, 5-10 more minutes) as one more check; VERL=1 also runs
+# scripts/verl_gpu_smoke.sh (verl main_ppo with vLLM and credit datc, 3-5 more minutes)
+# with VERL_PYTHON (default PYTHON): verl 0.9.1 needs its own environment (docs/verl.md).
 #
 # Needs: 1 NVIDIA GPU; python with torch (CUDA), vllm, deepspeed, trl 1.16.x, accelerate,
 # and this repository (run from its root, or installed).
@@ -157,6 +159,12 @@ wanted trl_zero3_rm_datc_mid && trl_check trl_zero3_rm_datc_mid datc_mid
 if [[ "${OPENRLHF:-0}" == 1 ]] && wanted openrlhf; then
   WORK=$WORK/openrlhf logged openrlhf bash scripts/openrlhf_gpu_smoke.sh
   result openrlhf $?
+fi
+
+# -------------------------------------------------------------------------------- verl
+if [[ "${VERL:-0}" == 1 ]] && wanted verl; then
+  WORK=$WORK/verl PYTHON=${VERL_PYTHON:-$PYTHON} logged verl bash scripts/verl_gpu_smoke.sh
+  result verl $?
 fi
 
 echo "== $FAILED failed"

@@ -1,0 +1,201 @@
+"""``CreditFSDPEngine``: verl's FSDP language-model engine, reducing DATC's W0 in the forward
+that already computes the old log-probs.
+
+verl's trainer asks the actor engine for the old-policy log-probs once per batch
+(``compute_log_prob``, no grad); ``FSDPEngineWithLMHead.prepare_model_outputs`` receives
+that forward's raw Hugging Face output, logits included. When the micro-batch carries the
+trainer's work request (``WORK_REQUEST_KEY``, a JSON string: the direction model's settings
+and the tile size), this subclass adds one more per-token output, ``WORK_FIELD``: DATC's
+unsigned work W0 at every position that predicts a response token (0 elsewhere), as a
+nested tensor laid out like verl's ``log_probs`` (row i: its prompt + response tokens, the
+value at j about the token at j + 1), so verl's own ``response_from_nested`` cuts it to the
+response. W0 comes from ``credit_core.unsigned_work_from_logits`` of that forward's logits
+at verl's temperature, with the reward gradient g of a frozen direction model (built in the
+engine's process from the request, once, and kept) scored on the same prompt and response
+tokens. Without a request the engine is verl's own: no extra work, no extra key.
+
+The subclass is registered for ``actor_rollout_ref.actor.strategy`` fsdp/fsdp2 on NVIDIA
+GPUs (``register_engine``), where a vendor-specific entry takes precedence over verl's
+built-in engine.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from torch.distributed.tensor import DTensor
+from verl.utils import tensordict_utils as tu
+from verl.workers.engine import EngineRegistry
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+from adapters.config import RewardModelConfig, build_direction_model
+from adapters.direction import DirectionModel
+from credit_core import CreditError, unsigned_work_from_logits
+
+#: Non-tensor key of the old-log-prob micro-batch that asks for W0
+#: (``CreditSettings.work_request``).
+WORK_REQUEST_KEY = "credit_work_request"
+
+#: The model-output key (and TransferQueue field) of W0.
+WORK_FIELD = "credit_unsigned_work"
+
+
+def response_lengths(micro_batch: TensorDict) -> torch.Tensor:
+    """Response tokens per row (B,): the lengths of a nested ``response_mask`` (verl's V1
+    trainer), or the valid tokens of a padded one (single-turn: a prefix of the row)."""
+    mask: Any = micro_batch["response_mask"]  # nested or padded
+    lengths: torch.Tensor = mask.offsets().diff() if mask.is_nested else mask.sum(dim=-1)
+    return lengths
+
+
+def packed_logits(output: Any, micro_batch: TensorDict) -> torch.Tensor:
+    """The forward's raw logits (N, V) of the micro-batch's N packed tokens (row i's tokens at
+    ``input_ids.offsets()[i]:[i + 1]``), from either of verl's layouts: packed
+    (``use_remove_padding``, trailing pad dropped) or padded (B, S, V)."""
+    input_ids: Any = micro_batch["input_ids"]  # nested (B, j)
+    total = int(input_ids.offsets()[-1])
+    logits: torch.Tensor = output.logits
+    if isinstance(logits, DTensor):
+        logits = logits.full_tensor()
+    if tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
+        return logits.squeeze(0)[:total]
+    lengths = input_ids.offsets().diff().tolist()
+    return torch.cat([logits[i, :n] for i, n in enumerate(lengths)])
+
+
+def sampling_temperature(micro_batch: TensorDict) -> float:
+    """verl's temperature of the micro-batch as one float (a per-sample tensor must be one
+    value: W0 reads the distribution sampled from)."""
+    temperature = micro_batch["temperature"]
+    if isinstance(temperature, torch.Tensor):
+        values = torch.unique(temperature)
+        if values.numel() != 1:
+            raise CreditError(
+                "actor_rollout_ref.rollout.temperature: the credit backend needs one sampling "
+                f"temperature per batch, got {values.tolist()}"
+            )
+        return float(values.item())
+    return float(temperature)
+
+
+def split_rows(
+    values: torch.Tensor, offsets: torch.Tensor, resp_lens: torch.Tensor, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Packed tokens -> (prompt_ids, prompt_mask) left-padded (B, P) and (response_ids,
+    response_mask) right-padded (B, R): row i is ``values[offsets[i]:offsets[i+1]]``, its
+    last ``resp_lens[i]`` tokens the response."""
+    rows = offsets.diff().tolist()
+    resp = resp_lens.tolist()
+    B = len(rows)
+    P = max(n - r for n, r in zip(rows, resp, strict=True))
+    R = max(resp)
+    prompt_ids = torch.full((B, P), pad_id, dtype=values.dtype, device=values.device)
+    prompt_mask = torch.zeros((B, P), dtype=torch.long, device=values.device)
+    response_ids = torch.full((B, R), pad_id, dtype=values.dtype, device=values.device)
+    response_mask = torch.zeros((B, R), dtype=torch.long, device=values.device)
+    for i, (start, n, r) in enumerate(zip(offsets[:-1].tolist(), rows, resp, strict=True)):
+        p = n - r
+        prompt_ids[i, P - p :] = values[start : start + p]
+        prompt_mask[i, P - p :] = 1
+        response_ids[i, :r] = values[start + p : start + n]
+        response_mask[i, :r] = 1
+    return prompt_ids, prompt_mask, response_ids, response_mask
+
+
+class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
+    """verl's FSDP LM engine plus W0 in the old-log-prob forward when asked (module doc)."""
+
+    _credit_direction: tuple[str, DirectionModel] | None = None
+
+    def prepare_model_outputs(
+        self,
+        output: Any,
+        output_args: dict[str, Any],
+        micro_batch: TensorDict,
+        logits_processor_func: Any,
+    ) -> dict[str, Any]:
+        model_output: dict[str, Any] = super().prepare_model_outputs(
+            output, output_args, micro_batch, logits_processor_func
+        )
+        request = tu.get_non_tensor_data(data=micro_batch, key=WORK_REQUEST_KEY, default=None)
+        if request is not None:
+            work = self.unsigned_work(output, micro_batch, str(request))
+            offsets = micro_batch["input_ids"].offsets()
+            model_output[WORK_FIELD] = torch.nested.nested_tensor_from_jagged(work, offsets)
+        return model_output
+
+    def direction_model(
+        self, settings: dict[str, Any], vocab: int, device: torch.device
+    ) -> DirectionModel:
+        """The frozen direction model of ``settings`` on ``device`` (the logits' device, which
+        is not the parameters' one under parameter offload), built once per process and
+        kept resident."""
+        key = json.dumps(settings, sort_keys=True)
+        if self._credit_direction is None or self._credit_direction[0] != key:
+            tokenizer = self.model_config.tokenizer
+            if tokenizer is None:
+                raise CreditError(
+                    "actor_rollout_ref.model: the credit backend needs the policy's tokenizer "
+                    "to build the direction model (load_tokenizer is off)"
+                )
+            cfg = RewardModelConfig.model_validate(settings)
+            model = build_direction_model(cfg, tokenizer, device=device, policy_vocab_size=vocab)
+            self._credit_direction = (key, model)
+        return self._credit_direction[1]
+
+    def unsigned_work(self, output: Any, micro_batch: TensorDict, request: str) -> torch.Tensor:
+        """W0 (N,) float32 at the micro-batch's N packed positions: at the position that
+        predicts response token t, W0_t of the forward's logits and g_t; 0 elsewhere."""
+        asked = json.loads(request)
+        with torch.no_grad():
+            logits = packed_logits(output, micro_batch).detach()
+        N, V = logits.shape
+        input_ids = micro_batch["input_ids"]
+        values, offsets = input_ids.values(), input_ids.offsets()
+        resp_lens = response_lengths(micro_batch).to(offsets.device)
+        work = torch.zeros(N, dtype=torch.float32, device=logits.device)
+        if int(resp_lens.max()) == 0:
+            return work
+        direction = self.direction_model(asked["direction"], V, logits.device)
+        pad_id = self.model_config.tokenizer.pad_token_id or 0
+        prompt_ids, prompt_mask, response_ids, response_mask = split_rows(
+            values, offsets, resp_lens, int(pad_id)
+        )
+        with torch.autocast(device_type=logits.device.type, enabled=False), torch.enable_grad():
+            scored = direction.score(
+                prompt_ids, prompt_mask, response_ids, response_mask, with_grad=True
+            )
+        if scored.reward_grad is None:
+            raise CreditError(
+                f"algorithm.direction: {type(direction).__name__}.score(with_grad=True) "
+                "returned no reward_grad"
+            )
+        g = scored.reward_grad.detach()
+        # positions predicting row i's response tokens: offsets[i+1] - r - 1 .. offsets[i+1] - 2
+        valid = response_mask.bool()
+        ends = offsets[1:].unsqueeze(1)
+        steps = torch.arange(response_mask.shape[1], device=offsets.device).unsqueeze(0)
+        where = (ends - resp_lens.unsqueeze(1) - 1 + steps)[valid]
+        labels = values[where + 1]
+        with torch.no_grad():
+            w = unsigned_work_from_logits(
+                logits[where].unsqueeze(0),
+                labels.unsqueeze(0),
+                direction.reward_embedding,
+                g[valid].unsqueeze(0),
+                temperature=sampling_temperature(micro_batch),
+                chunk_size=int(asked["chunk_size"]),
+            )
+        work[where] = w.squeeze(0).float()
+        return work
+
+
+def register_engine() -> None:
+    """Register ``CreditFSDPEngine`` for verl's fsdp/fsdp2 language-model engine on NVIDIA
+    GPUs (verl looks the (device, vendor) key up before its built-in device key)."""
+    EngineRegistry.register(
+        model_type="language_model", backend=["fsdp", "fsdp2"], device="cuda", vendor="nvidia"
+    )(CreditFSDPEngine)

@@ -1,0 +1,114 @@
+"""The credit keys in verl's own Hydra config: parsed, refused with the key named."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("verl", reason="the verl tests run in .venv-verl (make verl)")
+
+import verl
+from hydra import compose, initialize_config_dir
+
+from backends.verl.cli import verl_overrides
+from backends.verl.config import credit_settings
+from credit_core import CreditError
+
+CONFIG_DIR = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+DIRECTION = "algorithm.direction={kind:seq_classification,path:/models/rm}"
+
+
+def verl_config(*overrides: str):
+    """verl's own ``ppo_trainer`` config composed by Hydra with ``overrides`` as
+    ``credit-verl`` passes them (credit keys added with ``+``)."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=verl_overrides(list(overrides)))
+
+
+@pytest.fixture(scope="module")
+def grpo():
+    return verl_config("algorithm.adv_estimator=grpo")
+
+
+def test_hydra_config_reads_credit_name_and_mapping() -> None:
+    cfg = verl_config("algorithm.adv_estimator=grpo", "algorithm.credit=datc", DIRECTION)
+    settings = credit_settings(cfg)
+    assert settings.credit.name == "datc"
+    assert settings.direction is not None and settings.direction.path == "/models/rm"
+    assert settings.reads == {"unsigned_work"} and settings.needs_work
+    cfg = verl_config(
+        "algorithm.adv_estimator=grpo",
+        "algorithm.credit={name:datc,beta:2.0}",
+        "algorithm.credit_stats_chunk_size=512",
+        DIRECTION,
+    )
+    settings = credit_settings(cfg)
+    assert settings.credit.params == {"beta": 2.0} and settings.chunk_size == 512
+
+
+def test_no_credit_key_is_uniform(grpo) -> None:
+    settings = credit_settings(grpo)
+    assert settings.credit.name == "uniform" and settings.reads == frozenset()
+
+
+def test_entropy_top_needs_no_direction(grpo) -> None:
+    cfg = verl_config("algorithm.adv_estimator=grpo", "algorithm.credit=entropy_top")
+    assert credit_settings(cfg).reads == {"token_entropy"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algorithm.credit=nope"], "algorithm.credit: unknown credit strategy 'nope'"),
+        (["algorithm.credit={name:datc,betta:1}"], "algorithm.credit:"),
+        (["+algorithm.credit_chunk=3"], "algorithm.credit_chunk: unknown credit key"),
+        (["algorithm.credit_stats_chunk_size=0"], "algorithm.credit_stats_chunk_size:"),
+        (["algorithm.credit=datc"], "algorithm.direction: credit strategy 'datc' reads"),
+        (["algorithm.credit=datc", "algorithm.direction={kind:nope}"], "algorithm.direction"),
+        (["algorithm.credit=abc"], "'abc' is not served: it reads ['reward_attention']"),
+        (["algorithm.credit=red"], "'red' is not served: it reads ['prefix_rewards']"),
+        (["algorithm.credit=saliency"], "'saliency' is not served: it reads ['reward_grad']"),
+        (["algorithm.credit=datc_mid"], "'datc_mid' is not served: its reward gradient"),
+        (
+            ["algorithm.credit=datc", DIRECTION, "actor_rollout_ref.rollout.top_k=20"],
+            "actor_rollout_ref.rollout.top_k: 20 truncates",
+        ),
+        (
+            ["algorithm.credit=datc", DIRECTION, "actor_rollout_ref.model.use_fused_kernels=true"],
+            "actor_rollout_ref.model.use_fused_kernels",
+        ),
+        (
+            ["algorithm.credit=entropy_top", "algorithm.rollout_correction.bypass_mode=true"],
+            "algorithm.rollout_correction.bypass_mode",
+        ),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_key(overrides: list[str], message: str) -> None:
+    cfg = verl_config("algorithm.adv_estimator=grpo", *overrides)
+    with pytest.raises(CreditError) as err:
+        credit_settings(cfg)
+    assert message in str(err.value)
+
+
+def test_non_grpo_estimator_is_refused() -> None:
+    cfg = verl_config("algorithm.adv_estimator=gae", "algorithm.credit=entropy_top")
+    with pytest.raises(CreditError, match=r"algorithm.adv_estimator: 'gae'"):
+        credit_settings(cfg)
+
+
+def test_overrides_get_plus_only_for_credit_keys() -> None:
+    given = [
+        "algorithm.credit=datc",
+        "+algorithm.direction={kind:module}",
+        "algorithm.credit_stats_chunk_size=8",
+        "algorithm.adv_estimator=grpo",
+        "trainer.total_training_steps=2",
+    ]
+    assert verl_overrides(given) == [
+        "+algorithm.credit=datc",
+        "+algorithm.direction={kind:module}",
+        "+algorithm.credit_stats_chunk_size=8",
+        "algorithm.adv_estimator=grpo",
+        "trainer.total_training_steps=2",
+    ]

@@ -1,0 +1,156 @@
+"""verl's GRPO advantages -> token advantages, against verl's own code.
+
+- ``credit: uniform`` gives back verl's GRPO advantages bit for bit, padded and in the
+  nested TransferQueue layout;
+- DATC's token advantages from the engine-layout W0 equal ``credit_core.assign_credit`` on
+  the response-aligned W0 (the one-token shift of verl's ``response_from_nested``);
+- they reach verl's ``ppo_loss`` unchanged: its gradient with respect to each token's
+  log-prob is -A_t / N (token-mean, ratio 1 at the old policy).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("verl", reason="the verl tests run in .venv-verl (make verl)")
+
+import torch
+from tensordict import TensorDict
+from verl.utils import tensordict_utils as tu
+from verl.workers.utils.losses import ppo_loss
+
+from backends.verl.credit import credit_fields, response_advantages, token_advantages
+from backends.verl.engine import WORK_FIELD
+from credit_core import CreditConfig, CreditError, CreditSignals, assign_credit, get_strategy
+from tests.backends.verl.layouts import as_stored, nested, v1_batch, verl_grpo
+from tests.backends.verl.test_config import verl_config
+
+PROMPTS = [3, 5, 4, 2, 6, 3, 4, 5]
+RESPONSES = [6, 1, 4, 7, 3, 7, 5, 2]
+GROUP = 4
+VOCAB = 50
+
+
+@pytest.fixture
+def batch() -> TensorDict:
+    return v1_batch(PROMPTS, RESPONSES, VOCAB)
+
+
+@pytest.fixture
+def grpo() -> torch.Tensor:
+    scores = torch.tensor([1.0, 0.0, 0.5, 1.0, 0.0, 0.0, 1.0, 0.25])
+    return verl_grpo(scores, RESPONSES, GROUP)
+
+
+def padded_mask() -> torch.Tensor:
+    T = max(RESPONSES)
+    return torch.arange(T).unsqueeze(0) < torch.tensor(RESPONSES).unsqueeze(1)
+
+
+def test_uniform_is_verl_grpo_bit_for_bit(batch: TensorDict, grpo: torch.Tensor) -> None:
+    mask = padded_mask()
+    responses = batch["responses"].to_padded_tensor(0)
+    adv, _ = token_advantages(get_strategy("uniform"), grpo, mask, responses, CreditSignals())
+    assert adv.dtype == grpo.dtype and torch.equal(adv, grpo)
+    fields = batch.select("responses", "response_mask")
+    fields["advantages"] = as_stored(grpo, batch)
+    stored, _ = credit_fields(get_strategy("uniform"), frozenset(), fields)
+    assert torch.equal(stored.values(), fields["advantages"].values())
+    assert torch.equal(stored.offsets(), fields["advantages"].offsets())
+
+
+def test_response_advantage_is_read_back_exactly(grpo: torch.Tensor) -> None:
+    A = response_advantages(grpo, padded_mask())
+    assert torch.equal(A.unsqueeze(1) * padded_mask(), grpo)
+
+
+def test_token_level_advantages_are_refused(grpo: torch.Tensor) -> None:
+    varied = grpo.clone()
+    varied[0, 1] += 1.0
+    with pytest.raises(CreditError, match=r"algorithm\.adv_estimator"):
+        response_advantages(varied, padded_mask())
+
+
+def engine_layout_work(batch: TensorDict, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random W0 in the engine's layout (nested like input_ids, the value at j about token
+    j + 1, 0 at prompt positions) and the same values response-aligned, padded (B, T)."""
+    g = torch.Generator().manual_seed(seed)
+    rows, aligned = [], torch.zeros(len(RESPONSES), max(RESPONSES))
+    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
+        w = torch.zeros(p + r)
+        w[p - 1 : p + r - 1] = torch.rand(r, generator=g) * 2 - 0.5
+        rows.append(w)
+        aligned[i, :r] = w[p - 1 : p + r - 1]
+    return nested(rows), aligned
+
+
+def datc_fields(batch: TensorDict, grpo: torch.Tensor) -> tuple[TensorDict, torch.Tensor]:
+    fields = batch.select("responses", "response_mask")
+    fields["advantages"] = as_stored(grpo, batch)
+    work, aligned = engine_layout_work(batch)
+    fields[WORK_FIELD] = work
+    return fields, aligned
+
+
+def test_datc_from_engine_layout_equals_assign_credit(
+    batch: TensorDict, grpo: torch.Tensor
+) -> None:
+    fields, aligned = datc_fields(batch, grpo)
+    strategy = get_strategy(CreditConfig.parse({"name": "datc", "beta": 1.0}))
+    stored, diagnostics = credit_fields(strategy, frozenset({"unsigned_work"}), fields)
+    mask = padded_mask()
+    expected = assign_credit(
+        strategy,
+        response_advantages(grpo, mask),
+        mask,
+        batch["responses"].to_padded_tensor(0).long(),
+        CreditSignals(unsigned_work=aligned),
+    )
+    assert diagnostics is not None and diagnostics.weight_max > 1.0
+    torch.testing.assert_close(stored.to_padded_tensor(0.0), expected.token_advantages)
+    assert not torch.allclose(stored.to_padded_tensor(0.0), grpo)  # not uniform
+
+
+def test_missing_engine_field_names_the_plugin(batch: TensorDict, grpo: torch.Tensor) -> None:
+    fields = batch.select("responses", "response_mask")
+    fields["advantages"] = as_stored(grpo, batch)
+    with pytest.raises(CreditError, match=f"gave no {WORK_FIELD}.*backends.verl.plugin"):
+        credit_fields(get_strategy("datc"), frozenset({"unsigned_work"}), fields)
+
+
+def actor_config():
+    """verl's own actor config (``FSDPActorConfig``) from the composed Hydra config."""
+    from omegaconf import open_dict
+    from verl.utils.config import omega_conf_to_dataclass
+
+    actor = verl_config("algorithm.adv_estimator=grpo").actor_rollout_ref.actor
+    with open_dict(actor):
+        actor.ppo_micro_batch_size_per_gpu = len(PROMPTS)
+        actor.ppo_mini_batch_size = len(PROMPTS)
+    return omega_conf_to_dataclass(actor)
+
+
+def test_datc_token_advantages_reach_ppo_loss(batch: TensorDict, grpo: torch.Tensor) -> None:
+    fields, _ = datc_fields(batch, grpo)
+    strategy = get_strategy("datc")
+    token_adv, _ = credit_fields(strategy, frozenset({"unsigned_work"}), fields)
+    g = torch.Generator().manual_seed(2)
+    log_probs = [-torch.rand(p + r, generator=g) for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    old = [lp[p - 1 : p + r - 1] for lp, p, r in zip(log_probs, PROMPTS, RESPONSES, strict=True)]
+    leaf = nested(log_probs).values().clone().requires_grad_(True)
+    model_output = {
+        "log_probs": torch.nested.nested_tensor_from_jagged(leaf, batch["input_ids"].offsets())
+    }
+    data = batch.clone()
+    data["old_log_probs"] = nested(old)
+    data["advantages"] = token_adv
+    n_tokens = sum(RESPONSES)
+    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=n_tokens, global_batch_size=len(PROMPTS))
+    loss, _ = ppo_loss(actor_config(), model_output, data)
+    (grad,) = torch.autograd.grad(loss, leaf)
+    expected = torch.zeros_like(leaf)
+    start = 0
+    for row, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
+        expected[start + p - 1 : start + p + r - 1] = -token_adv[row] / n_tokens
+        start += p + r
+    torch.testing.assert_close(grad, expected)

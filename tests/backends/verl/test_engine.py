@@ -1,0 +1,189 @@
+"""``CreditFSDPEngine`` on verl's real FSDP2 engine, on the CPU (test-only CPU platform).
+
+- W0 from the old-log-prob forward equals ``credit_core.unsigned_work_from_logits`` of a plain
+  Hugging Face forward of the same weights and a separately built direction model's gradient;
+- with or without the work request, the engine runs exactly as many policy forwards as
+  verl's own engine (one per micro-batch) and gives verl's own log-probs bit for bit;
+- verl's ``EngineRegistry`` picks the subclass for fsdp/fsdp2 on NVIDIA GPUs;
+- the actor side of a step runs: old-log-prob forward with W0, DATC token advantages,
+  verl's ``train_batch`` with its ``ppo_loss``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("verl", reason="the verl tests run in .venv-verl (make verl)")
+
+import torch
+from tensordict import TensorDict
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from verl.utils import tensordict_utils as tu
+from verl.workers.engine import EngineRegistry
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+from verl.workers.utils.losses import ppo_loss
+from verl.workers.utils.padding import response_from_nested
+
+from adapters.config import build_direction_model
+from backends.verl.credit import credit_fields
+from backends.verl.engine import WORK_FIELD, CreditFSDPEngine
+from credit_core import get_strategy, unsigned_work_from_logits
+from tests.backends.verl.engines import (
+    MICRO_BATCH,
+    PROMPTS,
+    RESPONSES,
+    TEMPERATURE,
+    build_engine,
+    infer,
+    old_log_prob_batch,
+    work_request,
+)
+from tests.backends.verl.layouts import as_stored, v1_batch, verl_grpo
+from tests.backends.verl.test_credit import actor_config
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["packed", "padded"])
+def engines(models: tuple[Path, Path], process_group: None, request: Any) -> tuple[Any, Any]:
+    """The credit engine and verl's own, on the same weights, in one layout."""
+    policy, _ = models
+    packed = bool(request.param)
+    return (
+        build_engine(CreditFSDPEngine, policy, packed),
+        build_engine(FSDPEngineWithLMHead, policy, packed),
+    )
+
+
+def independent_work(policy: Path, rm: Path, batch: TensorDict) -> torch.Tensor:
+    """W0 (B, R) by credit_core from a plain Hugging Face forward and a separately built
+    direction model, on the same token ids (right-padded rows)."""
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    model = AutoModelForCausalLM.from_pretrained(policy, attn_implementation="sdpa").eval()
+    B, P, R = len(PROMPTS), max(PROMPTS), max(RESPONSES)
+    ids = batch["input_ids"].to_padded_tensor(0)
+    attention = torch.zeros_like(ids)
+    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
+        attention[i, : p + r] = 1
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attention).logits
+    V = logits.shape[-1]
+    predicting = torch.zeros(B, R, V)
+    prompt_ids = torch.zeros(B, P, dtype=torch.long)
+    prompt_mask = torch.zeros(B, P, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
+        predicting[i, :r] = logits[i, p - 1 : p + r - 1]
+        prompt_ids[i, P - p :] = ids[i, :p]
+        prompt_mask[i, P - p :] = 1
+    responses = batch["responses"].to_padded_tensor(0)
+    response_mask = batch["response_mask"].to_padded_tensor(0)
+    direction = build_direction_model(
+        {"kind": "seq_classification", "path": str(rm)}, tokenizer, policy_vocab_size=V
+    )
+    g = direction.score(prompt_ids, prompt_mask, responses, response_mask, with_grad=True)
+    assert g.reward_grad is not None
+    return unsigned_work_from_logits(
+        predicting,
+        responses,
+        direction.reward_embedding,
+        g.reward_grad.detach(),
+        temperature=TEMPERATURE,
+        chunk_size=64,
+    )
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["fixed_bsz", "dynamic_bsz"])
+def test_w0_from_the_old_log_prob_forward_equals_credit_core(
+    models: tuple[Path, Path], engines: tuple[Any, Any], dynamic: bool
+) -> None:
+    policy, rm = models
+    credit, _ = engines
+    batch = old_log_prob_batch(credit, work_request(rm), dynamic)
+    output, _ = infer(credit, batch)
+    work = response_from_nested(output[WORK_FIELD], batch["response_mask"]).to_padded_tensor(0.0)
+    expected = independent_work(policy, rm, batch)
+    mask = batch["response_mask"].to_padded_tensor(0).bool()
+    scale = float(expected[mask].abs().max())
+    assert scale > 0
+    torch.testing.assert_close(work[mask], expected[mask], rtol=1e-4, atol=1e-4 * scale)
+    assert torch.equal(work[~mask], torch.zeros_like(work[~mask]))
+
+
+def test_forward_count_and_log_probs_equal_verl_own_engine(
+    models: tuple[Path, Path], engines: tuple[Any, Any]
+) -> None:
+    _, rm = models
+    credit, stock = engines
+    with_work, n_with = infer(credit, old_log_prob_batch(credit, work_request(rm)))
+    without, n_without = infer(credit, old_log_prob_batch(credit, None))
+    own, n_own = infer(stock, old_log_prob_batch(stock, None))
+    assert n_with == n_without == n_own == len(PROMPTS) // MICRO_BATCH
+    assert WORK_FIELD not in without and WORK_FIELD not in own
+    for output in (with_work, without):
+        assert set(output) - {WORK_FIELD} == set(own)
+        for key in own:
+            assert torch.equal(output[key].values(), own[key].values()), key
+
+
+def test_registry_picks_the_credit_engine_on_nvidia() -> None:
+    os.environ.update(VERL_ENGINE_DEVICE="cuda", VERL_ENGINE_VENDOR="nvidia")
+    try:
+        for backend in ("fsdp", "fsdp2"):
+            assert EngineRegistry.get_engine_cls("language_model", backend) is CreditFSDPEngine
+        os.environ["VERL_ENGINE_VENDOR"] = "other"
+        assert EngineRegistry.get_engine_cls("language_model", "fsdp2") is FSDPEngineWithLMHead
+    finally:
+        os.environ.pop("VERL_ENGINE_DEVICE")
+        os.environ.pop("VERL_ENGINE_VENDOR")
+
+
+def test_an_actor_step_with_datc_token_advantages(
+    models: tuple[Path, Path], process_group: None
+) -> None:
+    """The actor side of a verl GRPO step on the real engine: the old-log-prob forward
+    (with W0), verl's GRPO advantages spread by DATC, then verl's ``train_batch`` with its
+    ``ppo_loss``: one forward per micro-batch, a finite non-zero gradient, new weights."""
+    policy, rm = models
+    engine = build_engine(CreditFSDPEngine, policy, packed=True)
+    old = old_log_prob_batch(engine, work_request(rm))
+    output, _ = infer(engine, old)
+    fields = old.select("responses", "response_mask")
+    scores = torch.tensor([1.0, 0.0, 0.25, 0.75])
+    fields["advantages"] = as_stored(verl_grpo(scores, RESPONSES, group=2), old)
+    fields[WORK_FIELD] = output[WORK_FIELD]
+    advantages, diagnostics = credit_fields(
+        get_strategy("datc"), frozenset({"unsigned_work"}), fields
+    )
+    assert diagnostics is not None
+    data = v1_batch(PROMPTS, RESPONSES, engine.model_config.hf_config.vocab_size)
+    data["old_log_probs"] = response_from_nested(output["log_probs"], data["response_mask"])
+    data["advantages"] = advantages
+    tu.assign_non_tensor(
+        data,
+        temperature=TEMPERATURE,
+        use_remove_padding=True,
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=MICRO_BATCH,
+        max_token_len_per_gpu=4096,
+        use_fused_kernels=False,
+        global_batch_size=len(PROMPTS),
+    )
+    before = [p.detach().clone() for p in engine.module.parameters()]
+    calls = []
+    hook = engine.module.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with engine.train_mode():
+            out = engine.train_batch(data, loss_function=partial(ppo_loss, config=actor_config()))
+    finally:
+        hook.remove()
+    grad_norm = float(out["metrics"]["grad_norm"])
+    assert len(calls) == len(PROMPTS) // MICRO_BATCH
+    assert math.isfinite(grad_norm) and grad_norm > 0
+    assert any(
+        not torch.equal(a, b.detach())
+        for a, b in zip(before, engine.module.parameters(), strict=True)
+    )
