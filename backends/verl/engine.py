@@ -51,19 +51,26 @@ def response_lengths(micro_batch: TensorDict) -> torch.Tensor:
     return lengths
 
 
-def packed_logits(output: Any, micro_batch: TensorDict) -> torch.Tensor:
-    """The forward's raw logits (N, V) of the micro-batch's N packed tokens (row i's tokens at
-    ``input_ids.offsets()[i]:[i + 1]``), from either of verl's layouts: packed
-    (``use_remove_padding``, trailing pad dropped) or padded (B, S, V)."""
+def response_logits(
+    output: Any, micro_batch: TensorDict, resp_lens: torch.Tensor
+) -> list[torch.Tensor]:
+    """Per row i, the forward's raw logits (r_i, V) at the positions that predict its r_i
+    response tokens, as views of the output (no copy), from either of verl's layouts:
+    packed (``use_remove_padding``: (1, N, V), row i's tokens at ``input_ids.offsets()[i]``
+    .. ``[i + 1]``) or padded ((B, S, V), row i's tokens first)."""
     input_ids: Any = micro_batch["input_ids"]  # nested (B, j)
-    total = int(input_ids.offsets()[-1])
+    offsets = input_ids.offsets().tolist()
     logits: torch.Tensor = output.logits
     if isinstance(logits, DTensor):
         logits = logits.full_tensor()
-    if tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
-        return logits.squeeze(0)[:total]
-    lengths = input_ids.offsets().diff().tolist()
-    return torch.cat([logits[i, :n] for i, n in enumerate(lengths)])
+    logits = logits.detach()
+    packed = tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True)
+    spans = []
+    for i, r in enumerate(resp_lens.tolist()):
+        n = offsets[i + 1] - offsets[i]
+        row = logits[0, offsets[i] : offsets[i + 1]] if packed else logits[i, :n]
+        spans.append(row[n - r - 1 : n - 1])
+    return spans
 
 
 def sampling_temperature(micro_batch: TensorDict) -> float:
@@ -148,23 +155,23 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
 
     def unsigned_work(self, output: Any, micro_batch: TensorDict, request: str) -> torch.Tensor:
         """W0 (N,) float32 at the micro-batch's N packed positions: at the position that
-        predicts response token t, W0_t of the forward's logits and g_t; 0 elsewhere."""
+        predicts response token t, W0_t of the forward's logits and g_t; 0 elsewhere. The
+        logits are read one row's response span at a time, as views (no copy)."""
         asked = json.loads(request)
-        with torch.no_grad():
-            logits = packed_logits(output, micro_batch).detach()
-        N, V = logits.shape
         input_ids = micro_batch["input_ids"]
         values, offsets = input_ids.values(), input_ids.offsets()
         resp_lens = response_lengths(micro_batch).to(offsets.device)
-        work = torch.zeros(N, dtype=torch.float32, device=logits.device)
+        work = torch.zeros(int(offsets[-1]), dtype=torch.float32, device=values.device)
         if int(resp_lens.max()) == 0:
             return work
-        direction = self.direction_model(asked["direction"], V, logits.device)
+        spans = response_logits(output, micro_batch, resp_lens)
+        V, device = int(spans[0].shape[-1]), spans[0].device
+        direction = self.direction_model(asked["direction"], V, device)
         pad_id = self.model_config.tokenizer.pad_token_id or 0
         prompt_ids, prompt_mask, response_ids, response_mask = split_rows(
             values, offsets, resp_lens, int(pad_id)
         )
-        with torch.autocast(device_type=logits.device.type, enabled=False), torch.enable_grad():
+        with torch.autocast(device_type=device.type, enabled=False), torch.enable_grad():
             scored = direction.score(
                 prompt_ids, prompt_mask, response_ids, response_mask, with_grad=True
             )
@@ -174,22 +181,22 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
                 "returned no reward_grad"
             )
         g = scored.reward_grad.detach()
-        # positions predicting row i's response tokens: offsets[i+1] - r - 1 .. offsets[i+1] - 2
-        valid = response_mask.bool()
-        ends = offsets[1:].unsqueeze(1)
-        steps = torch.arange(response_mask.shape[1], device=offsets.device).unsqueeze(0)
-        where = (ends - resp_lens.unsqueeze(1) - 1 + steps)[valid]
-        labels = values[where + 1]
+        temperature = sampling_temperature(micro_batch)
+        ends = offsets[1:].tolist()
         with torch.no_grad():
-            w = unsigned_work_from_logits(
-                logits[where].unsqueeze(0),
-                labels.unsqueeze(0),
-                direction.reward_embedding,
-                g[valid].unsqueeze(0),
-                temperature=sampling_temperature(micro_batch),
-                chunk_size=int(asked["chunk_size"]),
-            )
-        work[where] = w.squeeze(0).float()
+            for i, (span, r) in enumerate(zip(spans, resp_lens.tolist(), strict=True)):
+                if r == 0:
+                    continue
+                w = unsigned_work_from_logits(
+                    span.unsqueeze(0),
+                    response_ids[i, :r].unsqueeze(0).to(device),
+                    direction.reward_embedding,
+                    g[i, :r].unsqueeze(0).to(device),
+                    temperature=temperature,
+                    chunk_size=int(asked["chunk_size"]),
+                )
+                # the position predicting response token t of row i: ends[i] - r - 1 + t
+                work[ends[i] - r - 1 : ends[i] - 1] = w.squeeze(0).float().to(work.device)
         return work
 
 
