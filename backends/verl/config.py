@@ -63,10 +63,15 @@ class CreditSettings:
 
     def work_request(self) -> str:
         """What the trainer hands the engine with the old-log-prob batch (a JSON string, one
-        piece of non-tensor data): the direction model's settings and the tile size."""
+        piece of non-tensor data): the direction model's settings, the tile size and the
+        strategy's ``reward_grad_points`` (0: the gradient at the sampled tokens)."""
         assert self.direction is not None
         return json.dumps(
-            {"direction": self.direction.model_dump(mode="json"), "chunk_size": self.chunk_size}
+            {
+                "direction": self.direction.model_dump(mode="json"),
+                "chunk_size": self.chunk_size,
+                "points": get_strategy(self.credit).reward_grad_points,
+            }
         )
 
 
@@ -135,13 +140,6 @@ def parse_direction(value: Any) -> RewardModelConfig | None:
 def unserved_reason(credit: CreditConfig) -> str | None:
     """Why this backend cannot serve strategy ``credit``, or None when it can."""
     cls = strategy_class(credit.name)
-    if get_strategy(credit).reward_grad_points:
-        return (
-            "its reward gradient is taken along the path to the policy's expected embeddings "
-            "(reward_grad_points), which the verl engine does not take yet: whether the "
-            "direction model can take it (adapters.grad_path) is known only once the model "
-            "is built, inside verl's workers, after start-up"
-        )
     unserved = sorted(cls.signals_to_compute(reward_grad_first=True) - SERVED_SIGNALS.keys())
     if unserved:
         return (

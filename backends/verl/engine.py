@@ -12,7 +12,11 @@ value at j about the token at j + 1), so verl's own ``response_from_nested`` cut
 response. W0 comes from ``credit_core.unsigned_work_from_logits`` of that forward's logits
 at verl's temperature, with the reward gradient g of a frozen direction model (built in the
 engine's process from the request, once, and kept) scored on the same prompt and response
-tokens. Without a request the engine is verl's own: no extra work, no extra key.
+tokens. A path-gradient strategy (``datc_mid``, ``datc_ig``: the request's ``points`` >= 1)
+takes g on the path to the policy's expected embeddings m1 instead: ``PolicyStats`` of the
+same logits first (m1 among them), then ``adapters.grad_path.path_reward_grad`` from m1,
+then W0 from the statistics and g (``credit_core.token_work``); still no extra policy
+forward. Without a request the engine is verl's own: no extra work, no extra key.
 
 The subclass is registered for ``actor_rollout_ref.actor.strategy`` fsdp/fsdp2 on NVIDIA
 GPUs (``register_engine``), where a vendor-specific entry takes precedence over verl's
@@ -33,7 +37,14 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
 from adapters.config import RewardModelConfig, build_direction_model
 from adapters.direction import DirectionModel
-from credit_core import CreditError, unsigned_work_from_logits
+from adapters.grad_path import path_alphas, path_model, path_reward_grad
+from credit_core import (
+    CreditError,
+    PolicyStats,
+    policy_stats_from_logits,
+    token_work,
+    unsigned_work_from_logits,
+)
 
 #: Non-tensor key of the old-log-prob micro-batch that asks for W0
 #: (``CreditSettings.work_request``).
@@ -168,36 +179,67 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
         V, device = int(spans[0].shape[-1]), spans[0].device
         direction = self.direction_model(asked["direction"], V, device)
         pad_id = self.model_config.tokenizer.pad_token_id or 0
-        prompt_ids, prompt_mask, response_ids, response_mask = split_rows(
-            values, offsets, resp_lens, int(pad_id)
-        )
-        with torch.autocast(device_type=device.type, enabled=False), torch.enable_grad():
-            scored = direction.score(
-                prompt_ids, prompt_mask, response_ids, response_mask, with_grad=True
-            )
-        if scored.reward_grad is None:
-            raise CreditError(
-                f"algorithm.direction: {type(direction).__name__}.score(with_grad=True) "
-                "returned no reward_grad"
-            )
-        g = scored.reward_grad.detach()
-        temperature = sampling_temperature(micro_batch)
+        rollout = split_rows(values, offsets, resp_lens, int(pad_id))
+        response_ids = rollout[2]
+        points = int(asked.get("points", 0))
+        kw: dict[str, Any] = {
+            "temperature": sampling_temperature(micro_batch),
+            "chunk_size": int(asked["chunk_size"]),
+        }
+        lengths = resp_lens.tolist()
         ends = offsets[1:].tolist()
+        E = direction.reward_embedding
+        stats: list[PolicyStats | None] = [None] * len(spans)
+        if points:  # the path starts at m1 of this forward: the statistics come first
+            with torch.no_grad():
+                for i, (span, r) in enumerate(zip(spans, lengths, strict=True)):
+                    if r:
+                        ids = response_ids[i, :r].unsqueeze(0).to(device)
+                        stats[i] = policy_stats_from_logits(span.unsqueeze(0), ids, E, **kw)
+        with torch.autocast(device_type=device.type, enabled=False), torch.enable_grad():
+            g = self.reward_grad(direction, rollout, stats, points).detach()
         with torch.no_grad():
-            for i, (span, r) in enumerate(zip(spans, resp_lens.tolist(), strict=True)):
+            for i, (span, r) in enumerate(zip(spans, lengths, strict=True)):
                 if r == 0:
                     continue
-                w = unsigned_work_from_logits(
-                    span.unsqueeze(0),
-                    response_ids[i, :r].unsqueeze(0).to(device),
-                    direction.reward_embedding,
-                    g[i, :r].unsqueeze(0).to(device),
-                    temperature=temperature,
-                    chunk_size=int(asked["chunk_size"]),
-                )
+                g_i = g[i, :r].unsqueeze(0).to(device)
+                found = stats[i]
+                if found is not None:
+                    w = token_work(found, g_i, None)
+                else:
+                    ids = response_ids[i, :r].unsqueeze(0).to(device)
+                    w = unsigned_work_from_logits(span.unsqueeze(0), ids, E, g_i, **kw)
                 # the position predicting response token t of row i: ends[i] - r - 1 + t
                 work[ends[i] - r - 1 : ends[i] - 1] = w.squeeze(0).float().to(work.device)
         return work
+
+    @staticmethod
+    def reward_grad(
+        direction: DirectionModel,
+        rollout: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        stats: list[PolicyStats | None],
+        points: int,
+    ) -> torch.Tensor:
+        """g (B, R, d) of the rollout (prompt ids/mask, response ids/mask): at the sampled
+        tokens (``points`` 0, one scoring pass), or averaged over ``points`` positions of
+        the path to m1 (each row's ``stats``; ``path_reward_grad``), 0 at padding."""
+        response_ids, response_mask = rollout[2], rollout[3]
+        if not points:
+            scored = direction.score(*rollout, with_grad=True)
+            if scored.reward_grad is None:
+                raise CreditError(
+                    f"algorithm.direction: {type(direction).__name__}.score(with_grad=True) "
+                    "returned no reward_grad"
+                )
+            return scored.reward_grad
+        model = path_model(direction)
+        B, R = response_ids.shape
+        m1 = torch.zeros(B, R, model.reward_embedding.shape[1], device=response_ids.device)
+        for i, found in enumerate(stats):
+            if found is not None:
+                m1[i, : found.m1.shape[1]] = found.m1[0].to(m1)
+        grad = path_reward_grad(model, *rollout, m1, path_alphas(points))
+        return torch.where(response_mask.bool().unsqueeze(2), grad, 0.0)
 
 
 def register_engine() -> None:

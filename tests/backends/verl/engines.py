@@ -82,7 +82,8 @@ def infer(engine: Any, batch: TensorDict) -> tuple[dict[str, Any], int]:
     return out["model_output"], len(calls)
 
 
-def work_request(rm: Path) -> str:
-    return json.dumps(
-        {"direction": {"kind": "seq_classification", "path": str(rm)}, "chunk_size": 64}
-    )
+def work_request(rm: Path, points: int = 0) -> str:
+    """The trainer's request for W0 (``CreditSettings.work_request``) with the tiny RM as the
+    direction model; ``points`` >= 1 takes its gradient on the path (datc_mid, datc_ig)."""
+    direction = {"kind": "seq_classification", "path": str(rm)}
+    return json.dumps({"direction": direction, "chunk_size": 64, "points": points})

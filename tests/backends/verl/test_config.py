@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -47,6 +48,13 @@ def test_hydra_config_reads_credit_name_and_mapping() -> None:
     assert settings.credit.params == {"beta": 2.0} and settings.chunk_size == 512
 
 
+@pytest.mark.parametrize(("credit", "points"), [("datc_mid", 1), ("{name:datc_ig,points:3}", 3)])
+def test_a_path_strategy_asks_the_engine_for_w0_on_the_path(credit: str, points: int) -> None:
+    cfg = verl_config("algorithm.adv_estimator=grpo", f"algorithm.credit={credit}", DIRECTION)
+    settings = credit_settings(cfg)
+    assert settings.needs_work and json.loads(settings.work_request())["points"] == points
+
+
 def test_no_credit_key_is_uniform(grpo) -> None:
     settings = credit_settings(grpo)
     assert settings.credit.name == "uniform" and settings.reads == frozenset()
@@ -69,7 +77,6 @@ def test_entropy_top_needs_no_direction(grpo) -> None:
         (["algorithm.credit=abc"], "'abc' is not served: it reads ['reward_attention']"),
         (["algorithm.credit=red"], "'red' is not served: it reads ['prefix_rewards']"),
         (["algorithm.credit=saliency"], "'saliency' is not served: it reads ['reward_grad']"),
-        (["algorithm.credit=datc_mid"], "'datc_mid' is not served: its reward gradient"),
         (
             ["algorithm.credit=datc", DIRECTION, "actor_rollout_ref.rollout.top_k=20"],
             "actor_rollout_ref.rollout.top_k: 20 truncates",

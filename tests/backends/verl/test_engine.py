@@ -2,8 +2,11 @@
 
 - W0 from the old-log-prob forward equals ``credit_core.unsigned_work_from_logits`` of a plain
   Hugging Face forward of the same weights and a separately built direction model's gradient;
-- with or without the work request, the engine runs exactly as many policy forwards as
-  verl's own engine (one per micro-batch) and gives verl's own log-probs bit for bit;
+  for ``datc_mid``/``datc_ig`` (the gradient on the path to m1), ``token_work`` of that
+  forward's ``PolicyStats`` and ``path_reward_grad``;
+- with or without the work request (``datc`` or ``datc_mid``), the engine runs exactly as many
+  policy forwards as verl's own engine (one per micro-batch) and gives verl's own log-probs
+  bit for bit;
 - verl's ``EngineRegistry`` picks the subclass for fsdp/fsdp2 on NVIDIA GPUs;
 - the actor side of a step runs: old-log-prob forward with W0, DATC token advantages,
   verl's ``train_batch`` with its ``ppo_loss``.
@@ -31,9 +34,15 @@ from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import response_from_nested
 
 from adapters.config import build_direction_model
+from adapters.grad_path import path_alphas, path_reward_grad
 from backends.verl.credit import credit_fields
 from backends.verl.engine import WORK_FIELD, CreditFSDPEngine
-from credit_core import get_strategy, unsigned_work_from_logits
+from credit_core import (
+    get_strategy,
+    policy_stats_from_logits,
+    token_work,
+    unsigned_work_from_logits,
+)
 from tests.backends.verl.engines import (
     MICRO_BATCH,
     PROMPTS,
@@ -59,9 +68,10 @@ def engines(models: tuple[Path, Path], process_group: None, request: Any) -> tup
     )
 
 
-def independent_work(policy: Path, rm: Path, batch: TensorDict) -> torch.Tensor:
+def independent_work(policy: Path, rm: Path, batch: TensorDict, points: int) -> torch.Tensor:
     """W0 (B, R) by credit_core from a plain Hugging Face forward and a separately built
-    direction model, on the same token ids (right-padded rows)."""
+    direction model, on the same token ids (right-padded rows); with ``points`` >= 1, g on
+    the path to that forward's m1 (``path_reward_grad``) and W0 from ``PolicyStats``."""
     tokenizer = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy, attn_implementation="sdpa").eval()
     B, P, R = len(PROMPTS), max(PROMPTS), max(RESPONSES)
@@ -84,6 +94,15 @@ def independent_work(policy: Path, rm: Path, batch: TensorDict) -> torch.Tensor:
     direction = build_direction_model(
         {"kind": "seq_classification", "path": str(rm)}, tokenizer, policy_vocab_size=V
     )
+    if points:
+        E = direction.reward_embedding
+        stats = policy_stats_from_logits(
+            predicting, responses, E, temperature=TEMPERATURE, chunk_size=64
+        )
+        rollout = (prompt_ids, prompt_mask, responses, response_mask)
+        path = path_reward_grad(direction, *rollout, stats.m1, path_alphas(points))
+        path = torch.where(response_mask.bool().unsqueeze(2), path, 0.0)
+        return token_work(stats, path.detach(), None)
     g = direction.score(prompt_ids, prompt_mask, responses, response_mask, with_grad=True)
     assert g.reward_grad is not None
     return unsigned_work_from_logits(
@@ -96,16 +115,18 @@ def independent_work(policy: Path, rm: Path, batch: TensorDict) -> torch.Tensor:
     )
 
 
+@pytest.mark.parametrize("points", [0, 1, 2], ids=["datc", "datc_mid", "datc_ig2"])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["fixed_bsz", "dynamic_bsz"])
 def test_w0_from_the_old_log_prob_forward_equals_credit_core(
-    models: tuple[Path, Path], engines: tuple[Any, Any], dynamic: bool
+    models: tuple[Path, Path], engines: tuple[Any, Any], dynamic: bool, points: int
 ) -> None:
+    """Also for the path strategies: their m1 comes from this same forward's logits."""
     policy, rm = models
     credit, _ = engines
-    batch = old_log_prob_batch(credit, work_request(rm), dynamic)
+    batch = old_log_prob_batch(credit, work_request(rm, points), dynamic)
     output, _ = infer(credit, batch)
     work = response_from_nested(output[WORK_FIELD], batch["response_mask"]).to_padded_tensor(0.0)
-    expected = independent_work(policy, rm, batch)
+    expected = independent_work(policy, rm, batch, points)
     mask = batch["response_mask"].to_padded_tensor(0).bool()
     scale = float(expected[mask].abs().max())
     assert scale > 0
@@ -113,12 +134,13 @@ def test_w0_from_the_old_log_prob_forward_equals_credit_core(
     assert torch.equal(work[~mask], torch.zeros_like(work[~mask]))
 
 
+@pytest.mark.parametrize("points", [0, 1], ids=["datc", "datc_mid"])
 def test_forward_count_and_log_probs_equal_verl_own_engine(
-    models: tuple[Path, Path], engines: tuple[Any, Any]
+    models: tuple[Path, Path], engines: tuple[Any, Any], points: int
 ) -> None:
     _, rm = models
     credit, stock = engines
-    with_work, n_with = infer(credit, old_log_prob_batch(credit, work_request(rm)))
+    with_work, n_with = infer(credit, old_log_prob_batch(credit, work_request(rm, points)))
     without, n_without = infer(credit, old_log_prob_batch(credit, None))
     own, n_own = infer(stock, old_log_prob_batch(stock, None))
     assert n_with == n_without == n_own == len(PROMPTS) // MICRO_BATCH
