@@ -231,7 +231,11 @@ def test_a_live_run_folder_refuses_a_second_process_and_sigterm_requeues(tmp_pat
     step, one line and exit status 75; ``--resume`` continues from there."""
     run = tmp_path / "run"
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(tiny_config(run, steps=400, checkpoint={"interval": 100})))
+    # far more steps than the test lasts, however slow the machine: the refused starts below
+    # may take long under load, and a run that ended on its own would meet SIGTERM in its
+    # teardown, after the watch, and die of it
+    steps = 100_000
+    config.write_text(yaml.safe_dump(tiny_config(run, steps=steps, checkpoint={"interval": 100})))
     live = cli(config)
     try:
         deadline = time.monotonic() + 120
@@ -256,7 +260,7 @@ def test_a_live_run_folder_refuses_a_second_process_and_sigterm_requeues(tmp_pat
     lines = [line for line in err.splitlines() if line.startswith("credit-train:")]
     assert len(lines) == 1 and "SIGTERM received: stopped after step" in lines[0]
     stopped = int(lines[0].split("stopped after step ")[1].split(",")[0])
-    assert stopped < 400
+    assert stopped < steps
     assert (run / "checkpoints" / f"step_{stopped:06d}").is_dir()
     assert int(read_jsonl(run / "metrics.jsonl")[-1]["step"]) == stopped
     resumed = train(tiny_config(run, steps=stopped + 1, checkpoint={"interval": 100}), resume=True)
