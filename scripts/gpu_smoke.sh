@@ -48,21 +48,8 @@ NATIVE_DATC_MID=(--set distributed.strategy=ddp --set credit.name=datc_mid
   --set checkpoint.interval=0 --set eval.interval=0 --set steps=3)
 # END SETTINGS
 
-FAILED=0
-result() {  # result NAME STATUS
-  if [[ $2 -eq 0 ]]; then echo "PASS $1"; else echo "FAIL $1 (log: $WORK/$1.log)"; FAILED=$((FAILED + 1)); fi
-}
-wanted() { [[ -z "${ONLY:-}" || " $ONLY " == *" $1 "* ]]; }
-logged() {  # logged NAME CMD...: run CMD with its output in $WORK/NAME.log
-  local name=$1; shift
-  echo "== $name: $*"
-  local start=$SECONDS
-  timeout "$RUN_TIMEOUT" "$@" >"$WORK/$name.log" 2>&1
-  local status=$?
-  echo "   exit $status after $((SECONDS - start)) s"
-  [[ $status -eq 0 ]] || tail -n 30 "$WORK/$name.log"
-  return $status
-}
+# shellcheck source=scripts/smoke_checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/smoke_checks.sh"
 steps_logged() {  # steps_logged RUN_DIR FIRST LAST: metrics.jsonl holds exactly steps FIRST..LAST, finite
   "$PYTHON" - "$@" <<'EOF'
 import json, math, sys

@@ -55,20 +55,8 @@ VERL_UNIFORM=(algorithm.credit=uniform)
 VERL_DATC=(algorithm.credit=datc "algorithm.direction={kind:seq_classification,path:$WORK/rm}")
 # END SETTINGS
 
-FAILED=0
-result() {  # result NAME STATUS
-  if [[ $2 -eq 0 ]]; then echo "PASS $1"; else echo "FAIL $1 (log: $WORK/$1.log)"; FAILED=$((FAILED + 1)); fi
-}
-wanted() { [[ -z "${ONLY:-}" || " $ONLY " == *" $1 "* ]]; }
-logged() {  # logged NAME CMD...: run CMD with its output in $WORK/NAME.log
-  local name=$1; shift
-  echo "== $name: $*"
-  local start=$SECONDS
-  timeout "$RUN_TIMEOUT" "$@" >"$WORK/$name.log" 2>&1
-  local status=$?
-  echo "   exit $status after $((SECONDS - start)) s"
-  return $status
-}
+# shellcheck source=scripts/smoke_checks.sh
+source "$(dirname "${BASH_SOURCE[0]}")/smoke_checks.sh"
 
 # ------------------------------------------------- models, data and reward, from configs
 "$PYTHON" - "$WORK" <<'PY' || { echo "FAIL setup"; exit 1; }
