@@ -66,11 +66,11 @@ def test_python_dash_m_is_the_same_command() -> None:
     # the test-only CPU platform announces itself at verl's INFO level
     env = {**os.environ, "VERL_LOGGING_LEVEL": "WARNING"}
     done = subprocess.run(
-        [sys.executable, "-m", "backends.verl", "algorithm.credit=datc_ig"],
+        [sys.executable, "-m", "backends.verl", "algorithm.credit=red"],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert_one_message(done.returncode, done.stderr, "'datc_ig' is not served")
+    assert_one_message(done.returncode, done.stderr, "'red' is not served")
