@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from backends.config_values import json_object
 from credit_core import CreditError
 from credit_core.cli import silence_third_party_noise
 from credit_core.preemption import PREEMPTED_EXIT, PreemptionWatch, signal_name
@@ -93,9 +94,8 @@ def make_parser() -> Any:
 
 
 def _mapping(key: str, value: Any) -> dict[str, Any]:
-    from backends.trl.config import _mapping as decode
-
-    value = decode(key, {} if value is None else value)
+    """``key``'s mapping (a JSON-object string decoded; None: empty)."""
+    value = json_object(key, {} if value is None else value)
     if not isinstance(value, dict):
         raise CreditError(f"{key}: expected a mapping, got {value!r}")
     return value

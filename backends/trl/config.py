@@ -14,11 +14,8 @@ a bad value raises ``CreditError`` whose message starts with the YAML key.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
-
-from pydantic import ValidationError
 
 from backends.trl.version import check_trl_version
 
@@ -27,51 +24,20 @@ check_trl_version()  # before importing TRL: an unsupported release is refused h
 from trl.trainer.grpo_config import GRPOConfig  # noqa: E402
 
 from adapters.config import RewardModelConfig  # noqa: E402
+from backends.config_values import parse_credit as parse_config_credit  # noqa: E402
+from backends.config_values import parse_direction as parse_config_direction  # noqa: E402
 from credit_core import CreditConfig, CreditError, strategy_class  # noqa: E402
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE  # noqa: E402
 
 
-def _mapping(key: str, value: Any) -> Any:
-    """``value``, with a JSON-object string (a command-line value) decoded."""
-    if isinstance(value, str) and value.lstrip().startswith("{"):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise CreditError(f"{key}: expected a JSON object, got {value!r} ({exc})") from exc
-    return value
-
-
 def parse_credit(value: Any, key: str = "credit") -> CreditConfig:
-    """``key`` (default ``credit``): a strategy name or ``{name: ..., <params>}``;
-    ``CreditError`` naming the key."""
-    value = _mapping(key, "uniform" if value is None else value)
-    if not isinstance(value, (str, dict, CreditConfig)):
-        raise CreditError(
-            f"{key}: expected a strategy name or a mapping with 'name', got {type(value).__name__}"
-        )
-    try:
-        return CreditConfig.parse(value)
-    except CreditError as exc:
-        raise CreditError(f"{key}: {exc}") from exc
+    """``key`` (default ``credit``): a strategy name or ``{name: ..., <params>}``."""
+    return parse_config_credit(value, key)
 
 
 def parse_direction(value: Any) -> RewardModelConfig | None:
-    """``direction``: a ``RewardModelConfig`` mapping or None; ``CreditError`` naming the key."""
-    value = _mapping("direction", value)
-    if value is None or isinstance(value, RewardModelConfig):
-        return value
-    if not isinstance(value, dict):
-        raise CreditError(
-            f"direction: expected a mapping with 'kind' (docs/reward_models.md), got {value!r}"
-        )
-    try:
-        return RewardModelConfig.model_validate(value)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            key = ".".join(["direction", *map(str, err["loc"])])
-            lines.append(f"{key}: {err['msg'].removeprefix('Value error, ')}")
-        raise CreditError("; ".join(lines)) from None
+    """``direction``: a ``RewardModelConfig`` mapping or None."""
+    return parse_config_direction(value, "direction")
 
 
 @dataclass

@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from adapters.config import RewardModelConfig
+from backends.config_values import parse_credit as parse_config_credit
+from backends.config_values import parse_direction as parse_config_direction
 from credit_core import CreditConfig, CreditError, get_strategy, strategy_class
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
 
@@ -98,43 +98,12 @@ def _plain(value: Any) -> Any:
 
 def parse_credit(value: Any) -> CreditConfig:
     """``algorithm.credit``: a strategy name or ``{name: ..., <params>}`` (default uniform)."""
-    value = _plain(value)
-    if value is None:
-        value = "uniform"
-    if isinstance(value, str) and value.lstrip().startswith("{"):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise CreditError(f"algorithm.credit: expected a JSON object ({exc})") from exc
-    if not isinstance(value, (str, dict)):
-        raise CreditError(
-            "algorithm.credit: expected a strategy name or a mapping with 'name', got "
-            f"{type(value).__name__}"
-        )
-    try:
-        return CreditConfig.parse(value)
-    except CreditError as exc:
-        raise CreditError(f"algorithm.credit: {exc}") from exc
+    return parse_config_credit(_plain(value), "algorithm.credit")
 
 
 def parse_direction(value: Any) -> RewardModelConfig | None:
     """``algorithm.direction``: a ``RewardModelConfig`` mapping (docs/reward_models.md)."""
-    value = _plain(value)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise CreditError(
-            f"algorithm.direction: expected a mapping with 'kind' (docs/reward_models.md), "
-            f"got {value!r}"
-        )
-    try:
-        return RewardModelConfig.model_validate(value)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            key = ".".join(["algorithm.direction", *map(str, err["loc"])])
-            lines.append(f"{key}: {err['msg'].removeprefix('Value error, ')}")
-        raise CreditError("; ".join(lines)) from None
+    return parse_config_direction(_plain(value), "algorithm.direction")
 
 
 def unserved_reason(credit: CreditConfig) -> str | None:
