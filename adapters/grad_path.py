@@ -16,7 +16,7 @@ policy's token ids) so that ``score(..., with_grad=True)`` returns that gradient
 it, with no change to the strategy contract. m1 comes from an ``ExpectedEmbeddings``
 callable: ``HandedExpectedEmbeddings`` serves the m1 (``PolicyStats.m1``) that a backend's
 policy pass already computed at the sampling parameters, so the path costs no policy forward.
-A backend builds the wrapper (``with_grad_path``, ``path_direction``) for a strategy whose
+A backend builds the wrapper (``with_grad_path``) for a strategy whose
 ``reward_grad_points`` is n >= 1 (``datc_mid``, ``datc_ig``).
 """
 
@@ -169,7 +169,8 @@ class HandedExpectedEmbeddings:
 
 
 class PathGradientDirection(DirectionModel):
-    """``inner`` with its reward gradient taken along the path (``path_reward_grad``).
+    """``inner`` with its reward gradient taken along the path (``path_reward_grad``);
+    ``CreditError`` when ``inner`` cannot take it (``path_problem``).
 
     Rewards are ``inner``'s at the sampled tokens (one RM forward); with ``with_grad`` the
     gradient costs ``points`` RM forward + backward passes and one ``expected`` call.
@@ -226,22 +227,14 @@ class PathGradientDirection(DirectionModel):
         return replace(out, reward_grad=grad.to(out.rewards.dtype))
 
 
-def path_direction(
-    direction: DirectionModel | None, points: int, expected: ExpectedEmbeddings
-) -> PathGradientDirection:
-    """``direction`` wrapped in ``PathGradientDirection`` over ``points`` points, m1 from
-    ``expected``; ``CreditError`` unless it can take the path (``path_problem``)."""
-    return PathGradientDirection(direction, expected, points)
-
-
 def with_grad_path(
     signals: RewardSignals, points: int, expected: ExpectedEmbeddings
 ) -> RewardSignals:
-    """``signals`` with its direction model wrapped by ``path_direction`` (m1 from
+    """``signals`` with its direction model wrapped by ``PathGradientDirection`` (m1 from
     ``expected``); a scorer that was the direction model's own reward becomes the
     wrapper's, so rewards and gradient still share one call."""
     dm = signals.direction_model
-    wrapped = path_direction(dm, points, expected)
+    wrapped = PathGradientDirection(dm, expected, points)
     scorer = signals.scorer
     if isinstance(scorer, ModelScorer) and scorer.model is dm:
         scorer = ModelScorer(wrapped)

@@ -21,7 +21,6 @@ from adapters.grad_path import (
     HandedExpectedEmbeddings,
     PathGradientDirection,
     path_alphas,
-    path_direction,
     path_reward_grad,
     with_grad_path,
 )
@@ -177,4 +176,4 @@ def test_bad_inputs_are_refused() -> None:
         path_reward_grad(rm, p_ids, p_mask, r_ids, r_mask, _m1(rm, logits), [])
     for direction in (None, object()):  # no direction model; one without input embeddings
         with pytest.raises(CreditError, match="must read input embeddings"):
-            path_direction(direction, 1, HandedExpectedEmbeddings())  # type: ignore[arg-type]
+            PathGradientDirection(direction, HandedExpectedEmbeddings(), 1)  # type: ignore[arg-type]
