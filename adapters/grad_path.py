@@ -223,8 +223,7 @@ class PathGradientDirection(DirectionModel):
             m1,
             self.alphas,
         )
-        grad = torch.where((response_mask != 0).unsqueeze(2), grad, 0.0)
-        return replace(out, reward_grad=grad.to(out.rewards.dtype))
+        return replace(out, reward_grad=grad.to(out.rewards.dtype))  # 0 at padding
 
 
 def with_grad_path(

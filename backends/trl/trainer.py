@@ -460,17 +460,16 @@ class CreditGRPOTrainer(GRPOTrainer):
         model = path_model(self.direction)
         grads = []
         for rows in self._score_chunks(stats.m1.shape[0]):
-            mask = batch["completion_mask"][rows]
             grad = path_reward_grad(
                 model,
                 batch["prompt_ids"][rows],
                 batch["prompt_mask"][rows],
                 batch["completion_ids"][rows],
-                mask,
+                batch["completion_mask"][rows],
                 stats.m1[rows],
                 self.alphas,
             )
-            grads.append(torch.where(mask.bool().unsqueeze(2), grad.detach().float(), 0.0))
+            grads.append(grad.detach().float())  # 0 at padding (path_reward_grad)
         scored = self.score_rewards(batch, self.scored - {"reward_grad"})
         scored["reward_grad"] = torch.cat(grads)
         return scored, stats

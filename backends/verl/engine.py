@@ -223,7 +223,7 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
         """g (B, R, d) of the rollout (prompt ids/mask, response ids/mask): at the sampled
         tokens (``points`` 0, one scoring pass), or averaged over ``points`` positions of
         the path to m1 (each row's ``stats``; ``path_reward_grad``), 0 at padding."""
-        response_ids, response_mask = rollout[2], rollout[3]
+        response_ids = rollout[2]
         if not points:
             scored = direction.score(*rollout, with_grad=True)
             if scored.reward_grad is None:
@@ -238,8 +238,7 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
         for i, found in enumerate(stats):
             if found is not None:
                 m1[i, : found.m1.shape[1]] = found.m1[0].to(m1)
-        grad = path_reward_grad(model, *rollout, m1, path_alphas(points))
-        return torch.where(response_mask.bool().unsqueeze(2), grad, 0.0)
+        return path_reward_grad(model, *rollout, m1, path_alphas(points))
 
 
 def register_engine() -> None:
