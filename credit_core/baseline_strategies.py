@@ -4,13 +4,17 @@
   whose policy entropy reaches the batch's (1 - rho) quantile carry the advantage.
 - ``random_top``: its control, a uniformly random selection of the same share.
 - ``abc``: attention-based credit (Chan et al., 2024, arXiv 2402.00782), in its
-  mean-preserving form w_t = (1 - beta) + beta T alpha_t.
+  mean-preserving form w_t = (1 - beta) + beta T alpha_t, or (``mode: paper``) its token
+  reward beta R alpha_t + (1 - beta) R 1[t = T].
 - ``red``: reward redistribution from prefix scores (Li et al., 2024, arXiv 2411.08302), in
-  its mean-preserving form w_t proportional to max(sign(A) r_t, 0) + eps.
+  its mean-preserving form w_t proportional to max(sign(A) r_t, 0) + eps, or (``mode:
+  paper``) its token reward r_t itself.
 
 Every weight form keeps the sign of A and its per-response mean (w >= 0, mean 1 over a
 response's valid tokens); ``mask`` mode of the two selections is the published A_t = A M_t,
-which does not. A response for which a method has no signal gets w = 1 and is counted in
+which does not, and neither do the paper forms: their token rewards become advantages
+through ``credit_core.token_rewards.group_return_advantages`` (negative credit allowed).
+A response for which a method has no signal gets w = 1 and is counted in
 ``CreditDiagnostics.uniform_fallbacks``.
 """
 
@@ -26,9 +30,13 @@ from credit_core.allocation import weight_diagnostics
 from credit_core.batch import CreditBatch
 from credit_core.strategy import CreditResult, CreditStrategy, SeededStream
 from credit_core.tensor_checks import check_finite_at
+from credit_core.token_rewards import group_return_advantages
 from credit_core.token_selection import top_fraction
 
 SelectionMode = Literal["mask", "weight"]
+#: ``mean``: the mean-preserving weight form; ``paper``: the published token reward, turned
+#: into advantages within each group (docs/design.md, "Token rewards to advantages").
+RewardForm = Literal["mean", "paper"]
 
 
 class TopFractionParams(BaseModel):
@@ -53,6 +61,26 @@ def _result(batch: CreditBatch, weights: torch.Tensor, uniform_fallbacks: int) -
     adv = batch.advantages.to(torch.float64).unsqueeze(1) * weights
     diag = weight_diagnostics(weights, batch.mask, 0, uniform_fallbacks)
     return CreditResult(adv.to(torch.float32), diag)
+
+
+def paper_result(batch: CreditBatch, token_rewards: torch.Tensor, fallbacks: int) -> CreditResult:
+    """The paper-form route: token rewards (B, T) -> ``group_return_advantages`` within the
+    batch's groups. Diagnostics describe the effective weights A_t / A_i (1 where A_i = 0),
+    which may be negative."""
+    _, groups = batch.require_groups("paper form")
+    adv = group_return_advantages(token_rewards, batch.mask, groups)
+    a = batch.advantages.to(torch.float64).unsqueeze(1)
+    w = torch.where(a != 0, adv.to(torch.float64) / torch.where(a != 0, a, 1.0), 1.0)
+    w = torch.where(batch.mask, w, 0.0)
+    return CreditResult(adv, weight_diagnostics(w, batch.mask, 0, fallbacks))
+
+
+def last_valid(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: True at each row's last valid token."""
+    T = mask.shape[1]
+    positions = torch.arange(T, device=mask.device).expand_as(mask)
+    last = torch.where(mask, positions, -1).max(dim=1).values
+    return positions == last.unsqueeze(1)
 
 
 def mean_one(raw: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,17 +148,25 @@ class ABCParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     beta: float = Field(0.5, ge=0.0, le=1.0, description="share of credit set by attention")
+    mode: RewardForm = Field("mean", description="mean: mean-preserving weights; paper: reward")
 
 
 class ABCStrategy(CreditStrategy):
-    """Attention-based credit, mean-preserving: w_t = (1 - beta) + beta n alpha_t with
-    alpha the direction model's attention over the response (sum 1 over valid tokens).
-    A row without attention mass on its response, or with one token, gets w = 1."""
+    """Attention-based credit with alpha the direction model's attention over the response
+    (sum 1 over valid tokens). ``mean``: w_t = (1 - beta) + beta n alpha_t; a row without
+    attention mass on its response, or with one token, gets w = 1. ``paper``: the token
+    reward r_t = beta R alpha_t + (1 - beta) R 1[t = T] (R the response reward, T its last
+    valid token; a row without attention mass spreads beta R evenly, counted), turned into
+    advantages within the group."""
 
     name = "abc"
     requires = frozenset({"reward_attention"})
     Params: ClassVar[type[BaseModel]] = ABCParams
     params: ABCParams
+
+    @property
+    def reads_groups(self) -> bool:
+        return self.params.mode == "paper"
 
     def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
         batch.require(self.requires, self.name)
@@ -140,8 +176,15 @@ class ABCStrategy(CreditStrategy):
         check_finite_at("CreditBatch.reward_attention", alpha, mask, nonnegative=True)
         a = torch.where(mask, alpha.to(torch.float64), 0.0)
         n = mask.sum(dim=1).to(torch.float64)
-        uniform = (a.sum(dim=1) <= 0) | (n == 1)
         beta = self.params.beta
+        if self.params.mode == "paper":
+            rewards, _ = batch.require_groups(self.name)
+            empty = a.sum(dim=1) <= 0
+            a = torch.where(empty.unsqueeze(1) & mask, 1.0 / n.unsqueeze(1), a)
+            R = rewards.to(torch.float64).unsqueeze(1)
+            r = beta * R * a + (1.0 - beta) * R * last_valid(mask).to(torch.float64)
+            return paper_result(batch, r, int(empty.sum()))
+        uniform = (a.sum(dim=1) <= 0) | (n == 1)
         w = (1.0 - beta) + beta * n.unsqueeze(1) * a
         w = torch.where(mask, torch.where(uniform.unsqueeze(1), 1.0, w), 0.0)
         return _result(batch, w, int(uniform.sum()))
@@ -154,18 +197,24 @@ class REDParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     eps: float = Field(1e-6, gt=0.0, allow_inf_nan=False, description="floor of each weight")
+    mode: RewardForm = Field("mean", description="mean: mean-preserving weights; paper: reward")
 
 
 class REDStrategy(CreditStrategy):
-    """Reward redistribution, mean-preserving: w_t proportional to max(sign(A) r_t, 0) +
-    eps, rescaled to mean 1 over the response, with r_t = s_t - s_{t-1} the direction
-    model's prefix-score differences. A response whose r_t all oppose sign(A) gets (near)
-    uniform weights from the floor; A = 0 gives w = 1."""
+    """Reward redistribution with r_t = s_t - s_{t-1} the direction model's prefix-score
+    differences. ``mean``: w_t proportional to max(sign(A) r_t, 0) + eps, rescaled to mean 1
+    over the response; a response whose r_t all oppose sign(A) gets (near) uniform weights
+    from the floor; A = 0 gives w = 1. ``paper``: r_t is the token reward, turned into
+    advantages within the group (``eps`` unused)."""
 
     name = "red"
     requires = frozenset({"prefix_rewards"})
     Params: ClassVar[type[BaseModel]] = REDParams
     params: REDParams
+
+    @property
+    def reads_groups(self) -> bool:
+        return self.params.mode == "paper"
 
     def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
         batch.require(self.requires, self.name)
@@ -173,6 +222,8 @@ class REDStrategy(CreditStrategy):
         assert r is not None  # guaranteed by batch.require
         mask = batch.mask
         check_finite_at("CreditBatch.prefix_rewards", r, mask)
+        if self.params.mode == "paper":
+            return paper_result(batch, r, 0)
         sign = torch.sign(batch.advantages.to(torch.float64)).unsqueeze(1)
         aligned = (sign * r.to(torch.float64)).clamp_min(0.0)
         unaligned = ~torch.where(mask, aligned > 0, False).any(dim=1)

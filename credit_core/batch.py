@@ -153,6 +153,10 @@ class CreditBatch:
       whole row when the score position puts no mass on the response.
     - ``prefix_rewards`` (B, T) floating, optional: r_t = s_t - s_{t-1}, s_t the direction
       model's score of the prompt with the response's first t tokens (s_0: empty response).
+    - ``rewards`` (B,) floating, finite, optional: the response rewards R_i behind
+      ``advantages`` (context every backend has; read by strategies whose ``reads_groups``).
+    - ``groups`` (B,) int64, optional: the group of each response (the responses sampled
+      for one prompt share an id; ids are arbitrary, rows of a group need not be adjacent).
     - ``gather`` optional ``Gather``: how a strategy reaches the values of the step's other
       processes (a batch-wide quantile); None: this batch is the whole step.
 
@@ -169,6 +173,8 @@ class CreditBatch:
     token_entropy: torch.Tensor | None = None
     reward_attention: torch.Tensor | None = None
     prefix_rewards: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+    groups: torch.Tensor | None = None
     gather: Gather | None = None
 
     def __post_init__(self) -> None:
@@ -211,6 +217,15 @@ class CreditBatch:
             value = getattr(self, name)
             if value is not None:
                 check_tensor(f"CreditBatch.{name}", value, (B, T), floating=True, device=dev)
+        if self.rewards is not None:
+            r = check_tensor("CreditBatch.rewards", self.rewards, (B,), floating=True, device=dev)
+            if not bool(torch.isfinite(r).all()):
+                bad = torch.nonzero(~torch.isfinite(r)).flatten().tolist()
+                raise CreditError(
+                    f"CreditBatch.rewards: expected finite values, rows {bad} are not"
+                )
+        if self.groups is not None:
+            check_tensor("CreditBatch.groups", self.groups, (B,), dtype=torch.long, device=dev)
 
     @property
     def batch_size(self) -> int:
@@ -224,6 +239,17 @@ class CreditBatch:
     def gathered(self, values: torch.Tensor) -> torch.Tensor:
         """``values`` (1-D) joined with the other processes' (``gather``), or as they are."""
         return values if self.gather is None else self.gather(values)
+
+    def require_groups(self, strategy: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rewards (B,), groups (B,)) of the batch; CreditError naming the missing one."""
+        for name in ("rewards", "groups"):
+            if getattr(self, name) is None:
+                raise CreditError(
+                    f"strategy '{strategy}' reads the response rewards and their groups, but "
+                    f"CreditBatch.{name} is None (pass rewards= and groups= to assign_credit)"
+                )
+        assert self.rewards is not None and self.groups is not None
+        return self.rewards, self.groups
 
     def require(self, signals: frozenset[str], strategy: str) -> None:
         """Raise CreditError if a signal in ``signals`` is missing from this batch."""

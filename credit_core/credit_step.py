@@ -64,12 +64,17 @@ def assign_credit(
     token_ids: torch.Tensor,
     signals: CreditSignals | None = None,
     *,
+    rewards: torch.Tensor | None = None,
+    groups: torch.Tensor | None = None,
     gather: Gather | None = None,
 ) -> CreditResult:
     """Token advantages (B, T) float32 (0 where ``mask`` is False) and diagnostics.
 
     ``advantages`` (B,), ``mask`` (B, T) bool, ``token_ids`` (B, T) int64 and ``signals`` as
-    ``CreditBatch`` validates them. ``gather``: how to reach the values of the step's other
+    ``CreditBatch`` validates them. ``rewards`` (B,) and ``groups`` (B,) int64: the response
+    rewards and the group of each response, which a strategy whose ``reads_groups`` needs (a
+    backend passes them whenever it has them; they are context, not computed signals).
+    ``gather``: how to reach the values of the step's other
     processes, for a strategy that selects tokens batch-wide (``CreditBatch.gather``); a
     backend whose step spans several processes passes it. Raises ``CreditError`` when
     ``signals`` holds a signal the strategy does not read (``strategy.signals_for``), or
@@ -86,6 +91,8 @@ def assign_credit(
         token_entropy=signals.token_entropy,
         reward_attention=signals.reward_attention,
         prefix_rewards=signals.prefix_rewards,
+        rewards=rewards,
+        groups=groups,
         gather=gather,
     )
     reads = strategy.signals_for(batch)

@@ -73,6 +73,9 @@ class CreditStrategy(ABC):
       backend then has every process take part at every credit step, one without a valid
       token by gathering an empty tensor.
 
+    ``reads_groups`` says whether ``assign`` reads the response rewards and groups
+    (``CreditBatch.rewards``/``groups``), which backends pass to ``assign_credit``.
+
     ``reward_grad_points`` says where the ``reward_grad`` the strategy reads is taken: 0 (the
     default, DATC as published) at the sampled tokens' embeddings; n >= 1 averaged over n
     points of the path from them to the policy's expected embeddings (docs/design.md,
@@ -120,6 +123,14 @@ class CreditStrategy(ABC):
     def reward_grad_points(self) -> int:
         """Points of the path at which ``reward_grad`` is averaged; 0: at the samples."""
         return 0
+
+    @property
+    def reads_groups(self) -> bool:
+        """Whether ``assign`` reads ``batch.rewards`` and ``batch.groups`` (a strategy whose
+        token advantages are formed within each group, e.g. a paper-form token reward turned
+        into advantages by ``group_return_advantages``); a backend that cannot pass them
+        refuses the strategy at start-up."""
+        return False
 
     def signals_for(self, batch: CreditBatch) -> frozenset[str]:
         """The signals this strategy reads from ``batch``: ``work_requires`` if the batch

@@ -572,6 +572,8 @@ class GRPORecipe:
                 reward_attention=reward.attention,
                 prefix_rewards=reward.prefix_rewards,
             ),
+            rewards=reward.rewards,
+            groups=self._group_ids(batch),
             gather=self.ctx.gather_values,
         )
         return StepSignals(
@@ -587,6 +589,11 @@ class GRPORecipe:
             policy_stats_rows=batch.size if old.stats is not None or old.work is not None else 0,
             reward_seconds=reward_seconds,
         )
+
+    def _group_ids(self, batch: RolloutBatch) -> torch.Tensor:
+        """(B,) int64: the group of each row (rows are ordered group by group on a rank)."""
+        rows = torch.arange(batch.size, device=batch.response_ids.device)
+        return rows // self.cfg.rollout.group_size
 
     # ----------------------------------------------------------------------------- update
 

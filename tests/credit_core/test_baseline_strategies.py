@@ -7,6 +7,9 @@
 - ``random_top`` is the same rule on seeded uniform keys; its stream resumes exactly.
 - ``abc``: w_t = (1 - beta) + beta n alpha_t; uniform without attention mass or with n = 1.
 - ``red``: w_t proportional to max(sign(A) r_t, 0) + eps, mean 1.
+- The paper forms (``mode: paper``) of ``abc`` and ``red`` are their token rewards, beta R
+  alpha_t + (1 - beta) R 1[t = T] and r_t, turned into advantages within each group
+  (docs/design.md, "Token rewards to advantages"); they read the rewards and groups.
 
 Every weight form keeps the sign of A, the per-response mean A and 0 at padding.
 """
@@ -18,7 +21,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from credit_core import CreditBatch, CreditError, CreditSignals, assign_credit, get_strategy
+from credit_core import (
+    CreditBatch,
+    CreditError,
+    CreditSignals,
+    assign_credit,
+    get_strategy,
+    group_advantages,
+)
+from credit_core.token_rewards import group_return_advantages
 from credit_core.token_selection import batch_quantile
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -237,3 +248,75 @@ def test_non_finite_entropy_is_an_error_naming_the_rows() -> None:
 def test_top_fraction_parameters_are_validated(bad: dict[str, object]) -> None:
     with pytest.raises(CreditError):
         get_strategy("entropy_top", **bad)
+
+
+def grouped_batch(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rewards (8,), GRPO advantages, mask (8, 7), groups (8,)): two groups of four."""
+    gen = torch.Generator().manual_seed(seed)
+    rewards = torch.rand(8, generator=gen)
+    _, mask = random_batch(seed, B=8, T=7)
+    return rewards, group_advantages(rewards, 4), mask, torch.arange(8) // 4
+
+
+@given(seed=st.integers(0, 10_000))
+@SETTINGS
+def test_red_paper_form_is_the_group_return_of_its_prefix_rewards(seed: int) -> None:
+    rewards, adv, mask, groups = grouped_batch(seed)
+    r = torch.randn(mask.shape, generator=torch.Generator().manual_seed(seed + 1))
+    strategy = get_strategy("red", mode="paper")
+    assert strategy.reads_groups and not get_strategy("red").reads_groups
+    ids = torch.zeros_like(mask, dtype=torch.long)
+    result = assign_credit(
+        strategy, adv, mask, ids, CreditSignals(prefix_rewards=r), rewards=rewards, groups=groups
+    )
+    torch.testing.assert_close(result.token_advantages, group_return_advantages(r, mask, groups))
+
+
+@given(seed=st.integers(0, 10_000), beta=st.floats(0.0, 1.0))
+@SETTINGS
+def test_abc_paper_form_rewards_beta_r_alpha_plus_the_terminal_reward(
+    seed: int, beta: float
+) -> None:
+    rewards, adv, mask, groups = grouped_batch(seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    raw = torch.where(mask, torch.rand(mask.shape, generator=gen), 0.0)
+    raw[5] = 0.0  # no attention mass: beta R spread evenly, counted
+    alpha = raw / raw.sum(dim=1, keepdim=True).clamp_min(1e-30)
+    result = assign_credit(
+        get_strategy("abc", beta=beta, mode="paper"),
+        adv,
+        mask,
+        torch.zeros_like(mask, dtype=torch.long),
+        CreditSignals(reward_attention=alpha),
+        rewards=rewards,
+        groups=groups,
+    )
+    n = mask.sum(dim=1, keepdim=True)
+    alpha = torch.where((raw.sum(1, keepdim=True) == 0) & mask, 1.0 / n, alpha)
+    last = torch.zeros_like(mask)
+    for b in range(8):
+        last[b, int(torch.nonzero(mask[b]).max())] = True
+    R = rewards.unsqueeze(1)
+    token_rewards = beta * R * alpha + (1 - beta) * R * last
+    expected = group_return_advantages(token_rewards, mask, groups)
+    torch.testing.assert_close(result.token_advantages, expected, atol=1e-5, rtol=1e-5)
+    assert result.diagnostics.uniform_fallbacks == 1
+    if beta == 0.0:  # all reward at the end: plain GRPO on every token
+        grpo = torch.where(mask, adv.unsqueeze(1), 0.0)
+        torch.testing.assert_close(result.token_advantages, grpo, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("name", "signal"), [("abc", "reward_attention"), ("red", "prefix_rewards")]
+)
+def test_a_paper_form_without_groups_is_an_error_naming_them(name: str, signal: str) -> None:
+    adv, mask = torch.ones(2), torch.ones(2, 3, dtype=torch.bool)
+    values = torch.full((2, 3), 1 / 3)
+    with pytest.raises(CreditError, match=r"reads the response rewards .* CreditBatch.rewards"):
+        assign_credit(
+            get_strategy(name, mode="paper"),
+            adv,
+            mask,
+            torch.zeros(2, 3, dtype=torch.long),
+            CreditSignals(**{signal: values}),
+        )

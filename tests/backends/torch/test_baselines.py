@@ -195,9 +195,11 @@ def bert_rm_setting(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return build_target_tokens(params, "llama", tmp_path_factory.mktemp("assets"))
 
 
-@pytest.mark.parametrize("credit", ["abc", "red"])
+@pytest.mark.parametrize(
+    "credit", ["abc", "red", {"name": "abc", "mode": "paper"}, {"name": "red", "mode": "paper"}]
+)
 def test_abc_and_red_train_with_a_transformer_reward_model(
-    tmp_path: Path, bert_rm_setting: Any, credit: str
+    tmp_path: Path, bert_rm_setting: Any, credit: str | dict[str, str]
 ) -> None:
     from ablations.pretrain import TOKENIZER_DIR
 
