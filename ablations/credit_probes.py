@@ -311,7 +311,7 @@ def probe(
     if rule is not None:
         probs = token_distributions(recipe, batch)
         prompt_texts = [p.text for p in (prompts[i] for i in batch.group.tolist())]
-        values = rule.values(prompt_texts, batch.response_len, probs.shape[2])
+        values = rule.values(prompt_texts, batch.response_ids, probs.shape[2])
         credit = exact_token_credit(values, probs, batch.response_ids, mask)
         corr = within_response_corr(token_adv, credit, mask)
         for other in compare:

@@ -225,6 +225,7 @@ class Outputs:
 
 #: Relative cost of building a setting's assets (largest first when spread over workers).
 _ASSET_COST = {
+    "outcome_chain": 6,
     "minilm_shared": 4,
     "verifiable": 3,
     "keyword_sparse": 3,

@@ -23,8 +23,11 @@ folder (``cache.cached_dir``), keyed by everything that determines it; reruns re
 6. ``keyword_sparse``: 24-word responses scored on a target word at 3 positions; reward and
    direction from a tiny BERT trained in-process on that score (a learned direction), the
    exact score reported beside it.
+7. ``outcome_chain``: a 64-step Fibonacci-mod-10 scratchpad and a final answer (66 response
+   words, ``chain_task``); the reward is the exact binary outcome, and the direction model is
+   a tiny BERT trained in-process on that binary label only (no partial credit).
 
-Settings 1, 4, 5 and 6 also give the exact per-token decomposition of their score
+Settings 1, 4, 5, 6 and 7 also give the exact per-token decomposition of their score
 (``SettingAssets.token_rule``) for the credit probes; the MiniLM settings have none.
 """
 
@@ -39,7 +42,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ablations import sparse_tasks, word_tasks
+from ablations import chain_task, sparse_tasks, word_tasks
 from ablations.cache import cached_dir
 from ablations.corpus import docstring_sentences
 from ablations.pretrain import PretrainConfig, pretrain_policy
@@ -101,6 +104,19 @@ class VerifiableParams(_Params):
     num_pretrain: int = Field(default=4000, ge=1)
     seed: int = 0
     pretrain: PretrainConfig = PretrainConfig(steps=150)
+    rm: RMTrainConfig = RMTrainConfig()
+
+
+class ChainParams(_Params):
+    """Setting 7: held-out pairs, pretraining demos and their step-error rate, the RM."""
+
+    num_held_out: int = Field(default=20, ge=1, le=99, description="of the 100 start pairs")
+    num_pretrain: int = Field(default=4000, ge=1)
+    error_rate: float = Field(
+        default=0.015, ge=0.0, lt=1.0, description="step-error rate of the pretraining demos"
+    )
+    seed: int = 0
+    pretrain: PretrainConfig = PretrainConfig(steps=800, max_len=80)
     rm: RMTrainConfig = RMTrainConfig()
 
 
@@ -235,7 +251,7 @@ class _WordTaskAssets:
 
 def _word_task(
     setting: str,
-    p: TargetTokensParams | VerifiableParams | KeywordSparseParams,
+    p: TargetTokensParams | VerifiableParams | KeywordSparseParams | ChainParams,
     family: str,
     cache: Path,
     data: word_tasks.TaskData,
@@ -319,6 +335,28 @@ def build_verifiable(p: VerifiableParams, family: str, cache: Path) -> SettingAs
         train={"rollout": {"max_new_tokens": word_tasks.SORT_DIGITS + 1}},
         info=a.info,
         token_rule=sparse_tasks.SortTokenRule(sparse_tasks.word_ids(word_tasks.sort_words())),
+    )
+
+
+def build_outcome_chain(p: ChainParams, family: str, cache: Path) -> SettingAssets:
+    data = chain_task.chain_task(
+        num_held_out=p.num_held_out,
+        num_pretrain=p.num_pretrain,
+        error_rate=p.error_rate,
+        seed=p.seed,
+    )
+    words = chain_task.chain_words()
+    a = _word_task("outcome_chain", p, family, cache, data, words, chain_task.chain_rm_examples)
+    return SettingAssets(
+        policy_dir=a.policy_dir,
+        data=a.data,
+        reward={
+            "direction_model": {"kind": "seq_classification", "path": str(a.rm_dir)},
+            "reward": {"kind": "callable", "function": "ablations.chain_task:chain_checker"},
+        },
+        train={"rollout": {"max_new_tokens": chain_task.CHAIN_STEPS + 3}},
+        info={**a.info, "chain steps": chain_task.CHAIN_STEPS},
+        token_rule=chain_task.ChainStepRule(sparse_tasks.word_ids(words)),
     )
 
 
@@ -528,5 +566,12 @@ SETTINGS: dict[str, SettingKind] = {
         "extra_task_score_sampled",
         "6. sparse: target words at 3 of 24 positions, in-process RM",
         "keyword score (exact rule)",
+    ),
+    "outcome_chain": SettingKind(
+        ChainParams,
+        build_outcome_chain,
+        "eval_reward_sampled",
+        "7. outcome reward, 66-token scratchpad: binary checker + binary-label direction RM",
+        "exact-answer accuracy",
     ),
 }

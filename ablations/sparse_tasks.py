@@ -35,11 +35,14 @@ SCORED_POSITIONS: tuple[int, ...] = (2, 9, 17)
 
 
 class TokenRule(Protocol):
-    """An additive exact score r(y) = sum_t V_t[y_t] (per-token values, exact credit)."""
+    """Per-token values V_t[v] behind a task's score r(y) = sum_t V_t[y_t] (the probes' token
+    credit). V_t may depend on the response's tokens before t (``chain_task.ChainStepRule``)."""
 
-    def values(self, prompts: Sequence[str], length: int, vocab: int) -> torch.Tensor:
-        """V (B, length, vocab) float64: the score that token v at response position t adds,
-        for each prompt (B = len(prompts))."""
+    def values(
+        self, prompts: Sequence[str], response_ids: torch.Tensor, vocab: int
+    ) -> torch.Tensor:
+        """V (B, T, vocab) float64: the score that token v at response position t adds, for
+        each prompt and its response ``response_ids`` (B, T) int (B = len(prompts))."""
         ...
 
 
@@ -54,7 +57,10 @@ class PositionTokenRule:
     positions: tuple[int, ...]
     scale: float
 
-    def values(self, prompts: Sequence[str], length: int, vocab: int) -> torch.Tensor:
+    def values(
+        self, prompts: Sequence[str], response_ids: torch.Tensor, vocab: int
+    ) -> torch.Tensor:
+        length = int(response_ids.shape[1])
         out = torch.zeros(len(prompts), length, vocab, dtype=torch.float64)
         row = torch.zeros(vocab, dtype=torch.float64)
         n = min(vocab, int(self.per_token.shape[0]))
@@ -72,7 +78,10 @@ class SortTokenRule:
 
     token_ids: dict[str, int]
 
-    def values(self, prompts: Sequence[str], length: int, vocab: int) -> torch.Tensor:
+    def values(
+        self, prompts: Sequence[str], response_ids: torch.Tensor, vocab: int
+    ) -> torch.Tensor:
+        length = int(response_ids.shape[1])
         out = torch.zeros(len(prompts), length, vocab, dtype=torch.float64)
         for b, prompt in enumerate(prompts):
             for t, digit in enumerate(word_tasks.sort_answer(prompt)[:length]):

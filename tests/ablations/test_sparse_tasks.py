@@ -47,20 +47,20 @@ def test_exact_token_credit_of_the_rules_on_literal_examples() -> None:
     probs = torch.full((1, 4, VOCAB), 1.0 / VOCAB, dtype=torch.float64)
     mask = torch.ones(1, 4, dtype=torch.bool)
     p_target = 8 / VOCAB  # 8 weather words, uniform policy
-    keyword = sparse_tasks.keyword_rule().values(["a :"], 4, VOCAB)
+    keyword = sparse_tasks.keyword_rule().values(["a :"], ids, VOCAB)
     c = exact_token_credit(keyword, probs, ids, mask)
     torch.testing.assert_close(
         c, torch.tensor([[0.0, 0.0, (1 - p_target) / 3, 0.0]], dtype=torch.float64)
     )
-    target = sparse_tasks.target_rule().values(["a :"], 4, VOCAB)
+    target = sparse_tasks.target_rule().values(["a :"], ids, VOCAB)
     c = exact_token_credit(target, probs, ids, mask)
     want = torch.tensor([[-p_target, -p_target, 1 - p_target, -p_target]]) / 8
     torch.testing.assert_close(c, want.double())
     sort_words = word_tasks.sort_words()
     sort_ids = sparse_tasks.word_ids(sort_words)
     rule = sparse_tasks.SortTokenRule(sort_ids)
-    v = rule.values(["sort 3 1 4 1 ="], 4, len(sort_ids))
     y = torch.tensor([[sort_ids[w] for w in ["1", "3", "3", "4"]]])
+    v = rule.values(["sort 3 1 4 1 ="], y, len(sort_ids))
     got = v.gather(2, y.unsqueeze(2)).squeeze(2) * word_tasks.SORT_DIGITS
     # sorted answer 1 1 3 4: right at positions 0, 2, 3
     torch.testing.assert_close(got, torch.tensor([[1.0, 0.0, 1.0, 1.0]], dtype=torch.float64))
@@ -69,7 +69,7 @@ def test_exact_token_credit_of_the_rules_on_literal_examples() -> None:
 def _rule_score(
     rule: sparse_tasks.TokenRule, ids: torch.Tensor, prompts: list[str]
 ) -> torch.Tensor:
-    v = rule.values(prompts, ids.shape[1], VOCAB)
+    v = rule.values(prompts, ids, VOCAB)
     return v.gather(2, ids.unsqueeze(2)).squeeze(2).sum(dim=1)
 
 
