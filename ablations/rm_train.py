@@ -1,10 +1,12 @@
-"""Training the frozen reward models of settings 1 and 4 in-process.
+"""Training the frozen reward models of the word-task settings in-process.
 
 The reward model is a tiny BERT sequence classifier (``adapters.tiny.tiny_seq_classifier``)
 over the policy's own vocabulary, trained by mean-squared error to predict a score of
-(prompt, response) pairs. Its inputs are laid out exactly as ``adapters.reward_models.
-SeqClassificationRM`` lays them out when it scores rollouts (``adapters.rm_inputs.assemble``
-with the RM tokenizer's pair template, right padding), so what it learned is what it sees.
+(prompt, response) pairs (``train_reward_model``), or by the Bradley-Terry loss on
+preference pairs (``train_preference_model``, setting 8). Its inputs are laid out exactly
+as ``adapters.reward_models.SeqClassificationRM`` lays them out when it scores rollouts
+(``adapters.rm_inputs.assemble`` with the RM tokenizer's pair template, right padding), so
+what it learned is what it sees.
 The saved folder (model + the RM tokenizer) is a ``seq_classification`` direction model.
 """
 
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +58,15 @@ def _encode(
     return prompts, responses, torch.tensor([s for _, _, s in examples], dtype=torch.float32)
 
 
-def train_reward_model(
-    folder: str | Path,
-    *,
-    rm_tokenizer: Any,
-    train_examples: Sequence[tuple[str, str, float]],
-    test_examples: Sequence[tuple[str, str, float]],
-    cfg: RMTrainConfig,
-) -> dict[str, float]:
-    """Train on ``train_examples``, save to ``folder``; returns train/test MSE and the test
-    correlation of prediction and score (the caller records them)."""
+@dataclass(frozen=True)
+class _RMParts:
+    """A fresh reward model over ``rm_tokenizer``'s vocabulary and its input batcher."""
+
+    model: Any
+    batch: Callable[[list[list[int]], list[list[int]]], dict[str, torch.Tensor]]
+
+
+def _rm_parts(rm_tokenizer: Any, cfg: RMTrainConfig) -> _RMParts:
     template = SpecialTemplate.probe(rm_tokenizer, pair=True)
     pad = rm_tokenizer.pad_token_id
     model: Any = tiny_seq_classifier(
@@ -95,8 +97,14 @@ def train_reward_model(
             "position_ids": x.position_ids,
         }
 
-    tp, tr, ty = _encode(rm_tokenizer, train_examples, cfg.eos_rate, cfg.seed)
-    vp, vr, vy = _encode(rm_tokenizer, test_examples, cfg.eos_rate, cfg.seed + 1)
+    return _RMParts(model, batch)
+
+
+def _optimize(
+    model: Any, cfg: RMTrainConfig, loss_of: Callable[[list[int]], torch.Tensor], n: int
+) -> list[float]:
+    """``cfg.steps`` AdamW steps (cosine to 0.1 lr) on ``loss_of(batch indices)``, indices
+    drawn with replacement from range(n); returns the losses."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / cfg.steps))
@@ -106,21 +114,94 @@ def train_reward_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         for _ in range(cfg.steps):
-            idx = [rng.randrange(len(tp)) for _ in range(cfg.batch_size)]
-            pred = model(**batch([tp[i] for i in idx], [tr[i] for i in idx])).logits[:, 0]
-            loss: Any = torch.nn.functional.mse_loss(pred, ty[idx])
+            loss: Any = loss_of([rng.randrange(n) for _ in range(cfg.batch_size)])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             scheduler.step()
             losses.append(float(loss.detach()))
     model.eval()
-    with torch.no_grad():
-        pred = model(**batch(vp, vr)).logits[:, 0]
-    test_mse = float(torch.nn.functional.mse_loss(pred, vy))
-    corr = float(torch.corrcoef(torch.stack([pred, vy]))[0, 1])
+    return losses
+
+
+def _save(model: Any, rm_tokenizer: Any, folder: str | Path) -> None:
     model.requires_grad_(False)
     model.save_pretrained(folder)
     rm_tokenizer.save_pretrained(folder)
+
+
+def _tail_mean(losses: list[float]) -> float:
     tail = losses[-max(1, len(losses) // 10) :]
-    return {"train_mse": sum(tail) / len(tail), "test_mse": test_mse, "test_corr": corr}
+    return sum(tail) / len(tail)
+
+
+def train_reward_model(
+    folder: str | Path,
+    *,
+    rm_tokenizer: Any,
+    train_examples: Sequence[tuple[str, str, float]],
+    test_examples: Sequence[tuple[str, str, float]],
+    cfg: RMTrainConfig,
+) -> dict[str, float]:
+    """Train on ``train_examples`` by mean-squared error, save to ``folder``; returns
+    train/test MSE and the test correlation of prediction and score."""
+    parts = _rm_parts(rm_tokenizer, cfg)
+    tp, tr, ty = _encode(rm_tokenizer, train_examples, cfg.eos_rate, cfg.seed)
+    vp, vr, vy = _encode(rm_tokenizer, test_examples, cfg.eos_rate, cfg.seed + 1)
+
+    def loss_of(idx: list[int]) -> torch.Tensor:
+        pred = parts.model(**parts.batch([tp[i] for i in idx], [tr[i] for i in idx])).logits
+        return torch.nn.functional.mse_loss(pred[:, 0], ty[idx])
+
+    losses = _optimize(parts.model, cfg, loss_of, len(tp))
+    with torch.no_grad():
+        pred = parts.model(**parts.batch(vp, vr)).logits[:, 0]
+    test_mse = float(torch.nn.functional.mse_loss(pred, vy))
+    corr = float(torch.corrcoef(torch.stack([pred, vy]))[0, 1])
+    _save(parts.model, rm_tokenizer, folder)
+    return {"train_mse": _tail_mean(losses), "test_mse": test_mse, "test_corr": corr}
+
+
+def train_preference_model(
+    folder: str | Path,
+    *,
+    rm_tokenizer: Any,
+    train_pairs: Sequence[tuple[str, str, str]],
+    test_pairs: Sequence[tuple[str, str, str]],
+    cfg: RMTrainConfig,
+) -> tuple[dict[str, float], list[tuple[float, float]]]:
+    """Train a Bradley-Terry reward model on (prompt, chosen, rejected) ``train_pairs``
+    (loss -log sigmoid(r_chosen - r_rejected)), save to ``folder``; returns the final train
+    loss and the held-out label accuracy (chosen scored higher), and the (chosen, rejected)
+    rewards of each test pair."""
+
+    def encode(
+        pairs: Sequence[tuple[str, str, str]], seed: int
+    ) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+        chosen = [(p, c, 0.0) for p, c, _ in pairs]
+        rejected = [(p, r, 0.0) for p, _, r in pairs]
+        ps, cs, _ = _encode(rm_tokenizer, chosen, cfg.eos_rate, seed)
+        _, rs, _ = _encode(rm_tokenizer, rejected, cfg.eos_rate, seed + 7)
+        return ps, cs, rs
+
+    parts = _rm_parts(rm_tokenizer, cfg)
+    tp, tc, tr = encode(train_pairs, cfg.seed)
+    vp, vc, vr = encode(test_pairs, cfg.seed + 1)
+
+    def rewards(p: list[list[int]], c: list[list[int]], r: list[list[int]]) -> torch.Tensor:
+        out: torch.Tensor = parts.model(**parts.batch([*p, *p], [*c, *r])).logits[:, 0]
+        return out.reshape(2, len(p))
+
+    def loss_of(idx: list[int]) -> torch.Tensor:
+        s = rewards([tp[i] for i in idx], [tc[i] for i in idx], [tr[i] for i in idx])
+        return -torch.nn.functional.logsigmoid(s[0] - s[1]).mean()
+
+    losses = _optimize(parts.model, cfg, loss_of, len(tp))
+    with torch.no_grad():
+        s = rewards(vp, vc, vr)
+    _save(parts.model, rm_tokenizer, folder)
+    fit = {
+        "train_bt_loss": _tail_mean(losses),
+        "test_label_accuracy": float((s[0] > s[1]).double().mean()),
+    }
+    return fit, list(zip(s[0].tolist(), s[1].tolist(), strict=True))

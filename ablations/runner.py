@@ -226,6 +226,7 @@ class Outputs:
 #: Relative cost of building a setting's assets (largest first when spread over workers).
 _ASSET_COST = {
     "outcome_chain": 6,
+    "preference": 3,
     "minilm_shared": 4,
     "verifiable": 3,
     "keyword_sparse": 3,
@@ -513,6 +514,11 @@ def _setting_info(results: dict[RunKey, dict[str, Any]]) -> dict[str, dict[str, 
         if fit:
             facts["reward model fit (held-out MSE / correlation)"] = (
                 f"{fit['test_mse']:.4f} / {fit['test_corr']:.3f}"
+            )
+        pref = raw.get("preference_fit")
+        if pref:
+            facts["reward model fit (held-out pair accuracy: labels / hidden rule)"] = (
+                f"{pref['test_label_accuracy']:.3f} / {pref['test_rule_accuracy']:.3f}"
             )
         if "target_text" in raw:
             facts["target text"] = repr(raw["target_text"])

@@ -26,8 +26,12 @@ folder (``cache.cached_dir``), keyed by everything that determines it; reruns re
 7. ``outcome_chain``: a 64-step Fibonacci-mod-10 scratchpad and a final answer (66 response
    words, ``chain_task``); the reward is the exact binary outcome, and the direction model is
    a tiny BERT trained in-process on that binary label only (no partial credit).
+8. ``preference``: 24-word responses; the reward is a Bradley-Terry reward model trained
+   in-process on noisy preference pairs labelled by a hidden two-span rule that does not
+   add up over tokens (``preference_task``); the hidden rule is the held-out metric, so
+   over-optimisation of the learned RM shows.
 
-Settings 1, 4, 5, 6 and 7 also give the exact per-token decomposition of their score
+Settings 1, 4, 5, 6, 7 and 8 also give the exact per-token decomposition of their score
 (``SettingAssets.token_rule``) for the credit probes; the MiniLM settings have none.
 """
 
@@ -42,11 +46,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ablations import chain_task, sparse_tasks, word_tasks
+from ablations import chain_task, preference_task, sparse_tasks, word_tasks
 from ablations.cache import cached_dir
 from ablations.corpus import docstring_sentences
 from ablations.pretrain import PretrainConfig, pretrain_policy
-from ablations.rm_train import RMTrainConfig, train_reward_model
+from ablations.rm_train import RMTrainConfig, train_preference_model, train_reward_model
 
 TRAIN_FILE, EVAL_FILE = "train.jsonl", "eval.jsonl"
 
@@ -117,6 +121,24 @@ class ChainParams(_Params):
     )
     seed: int = 0
     pretrain: PretrainConfig = PretrainConfig(steps=800, max_len=80)
+    rm: RMTrainConfig = RMTrainConfig()
+
+
+class PreferenceParams(_Params):
+    """Setting 8: task sizes, the pretrained rate of span words, the labeller's noise, the
+    preference reward model (``rm.examples`` preference pairs)."""
+
+    num_train: int = Field(default=512, ge=1)
+    num_held_out: int = Field(default=64, ge=1)
+    num_pretrain: int = Field(default=4000, ge=1)
+    rate: float = Field(
+        default=0.15, ge=0.0, le=0.5, description="rate of each span's words in pretraining"
+    )
+    temperature: float = Field(
+        default=0.05, gt=0.0, description="labeller noise: P(a > b) = sigmoid(dh / temperature)"
+    )
+    seed: int = 0
+    pretrain: PretrainConfig = PretrainConfig(steps=150)
     rm: RMTrainConfig = RMTrainConfig()
 
 
@@ -360,6 +382,66 @@ def build_outcome_chain(p: ChainParams, family: str, cache: Path) -> SettingAsse
     )
 
 
+def _preference_rm(
+    cache: Path, p: PreferenceParams, words: list[str], train_prompts: list[str]
+) -> tuple[Path, dict[str, Any]]:
+    def pairs(n: int, seed: int) -> list[preference_task.PreferencePair]:
+        return preference_task.preference_pairs(train_prompts, n, seed, p.temperature)
+
+    def build(folder: Path) -> None:
+        test = pairs(max(64, p.rm.examples // 8), p.rm.seed + 2)
+        fit, scores = train_preference_model(
+            folder,
+            rm_tokenizer=word_tasks.word_tokenizer(words, pair_template=True),
+            train_pairs=[
+                (q.prompt, q.chosen, q.rejected) for q in pairs(p.rm.examples, p.rm.seed + 1)
+            ],
+            test_pairs=[(q.prompt, q.chosen, q.rejected) for q in test],
+            cfg=p.rm,
+        )
+        fit["test_rule_accuracy"] = preference_task.rule_agreement(test, scores)
+        (folder / "fit.json").write_text(json.dumps(fit))
+
+    spec = {"setting": "preference", **p.model_dump(exclude={"pretrain"})}
+    folder = cached_dir(cache, "rm", spec, build)
+    return folder, json.loads((folder / "fit.json").read_text())
+
+
+def build_preference(p: PreferenceParams, family: str, cache: Path) -> SettingAssets:
+    data = preference_task.preference_task(
+        num_train=p.num_train,
+        num_held_out=p.num_held_out,
+        num_pretrain=p.num_pretrain,
+        rate=p.rate,
+        seed=p.seed,
+    )
+    words = word_tasks.target_words()
+    rm_dir, fit = _preference_rm(cache, p, words, [r["prompt"] for r in data.train])
+    policy_dir, pre = _policy(
+        cache,
+        "preference",
+        family,
+        {"words": words},
+        lambda: word_tasks.word_tokenizer(words),
+        data.pretrain_texts,
+        p.pretrain,
+    )
+    task_spec = p.model_dump(exclude={"pretrain", "rm", "temperature"})
+    return SettingAssets(
+        policy_dir=policy_dir,
+        data=_data_section(_data_dir(cache, "preference", task_spec, data)),
+        reward={"direction_model": {"kind": "seq_classification", "path": str(rm_dir)}},
+        train={"rollout": {"max_new_tokens": preference_task.RESPONSE_WORDS}},
+        extra_eval={"hidden_score": preference_task.hidden_scorer},
+        info={
+            "pretrain": pre,
+            "preference_fit": fit,
+            "vocab_size": len(words) + len(word_tasks.SPECIALS),
+        },
+        token_rule=preference_task.PreferenceSwapRule(sparse_tasks.word_ids(words)),
+    )
+
+
 def build_positional_sparse(p: PositionalSparseParams, family: str, cache: Path) -> SettingAssets:
     data = sparse_tasks.sparse_task(
         num_train=p.num_train,
@@ -573,5 +655,12 @@ SETTINGS: dict[str, SettingKind] = {
         "eval_reward_sampled",
         "7. outcome reward, 66-token scratchpad: binary checker + binary-label direction RM",
         "exact-answer accuracy",
+    ),
+    "preference": SettingKind(
+        PreferenceParams,
+        build_preference,
+        "extra_hidden_score_sampled",
+        "8. learned preference RM (Bradley-Terry, noisy labels of a hidden two-span rule)",
+        "hidden-rule score",
     ),
 }
