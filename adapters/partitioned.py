@@ -14,7 +14,7 @@ transformers' live DeepSpeed config.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -66,6 +66,13 @@ def gathered(*params: torch.Tensor | None) -> Iterator[None]:
 
     with deepspeed.zero.GatheredParameters(list(partitioned.values()), modifier_rank=None):
         yield
+
+
+def holds_zero3_params(modules: Iterable[torch.nn.Module]) -> bool:
+    """Whether any parameter of ``modules`` is a ZeRO-3 parameter (``ds_id``), gathered now
+    or not: each forward of such a module is then a collective (its all-gathers), which
+    every process must enter as often as the others."""
+    return any(hasattr(p, "ds_id") for m in modules for p in m.parameters())
 
 
 def is_partitioned(param: torch.Tensor) -> bool:
