@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from adapters.direction import DirectionModel
 from adapters.minilm import load_minilm
+from adapters.partitioned import outside_zero3_init
 from adapters.reward_models import EncoderSimilarityRM, ModuleRM, SeqClassificationRM
 from adapters.scorers import CallableScorer, ModelScorer, RewardSignals, Scorer, import_object
 from credit_core import CreditError
@@ -250,7 +251,9 @@ def build_direction_model(
 
     ``policy_vocab_size`` should be the policy LM head's number of outputs when it differs
     from ``len(policy_tokenizer)`` (padded vocabularies): ``reward_embedding`` gets that
-    many rows. Models load with ``local_files_only=True``.
+    many rows. Models load with ``local_files_only=True``, and whole even while a ZeRO-3
+    trainer holds transformers' live DeepSpeed config (``outside_zero3_init``): the direction
+    model is a full frozen copy on every process, which no DeepSpeed engine wraps.
     """
     c: RewardModelConfig = _parse(RewardModelConfig, cfg)
     kwargs: dict[str, Any] = {
@@ -261,7 +264,8 @@ def build_direction_model(
         **({} if c.include_prompt is None else {"include_prompt": c.include_prompt}),
     }
     settings = CommonSettings(policy_tokenizer, device, DTYPES[c.dtype], kwargs)
-    return REWARD_MODEL_KINDS[c.kind].build(c, settings)
+    with outside_zero3_init():  # no DeepSpeed engine wraps it: it must load whole
+        return REWARD_MODEL_KINDS[c.kind].build(c, settings)
 
 
 def build_scorer(

@@ -29,12 +29,20 @@ Two more signals come on request, for the ABC and RED baselines (docs/design.md,
   batch's prefixes (``prefix_scores``); for a causal classifier whose score head reads every
   position, from the reward forward itself (a ``ForwardRecorder`` of that head).
 
+Under DeepSpeed ZeRO-3 a reward model's forward is a collective (each layer all-gathers
+its partitioned weights, and its backward again): every process must run as many forwards
+and backwards. ``EmbeddingDirectionModel.agree_count`` (set by a backend whose direction
+model holds ZeRO-3 partitions) makes the passes whose number depends on this process's
+rows agree: ``prefix_scores``' chunks (padded with passes whose result is dropped) and the
+choice between prefix rewards from the reward forward and from ``prefix_scores``.
+
 The concrete models live in ``adapters.reward_models``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
@@ -47,6 +55,11 @@ from credit_core import CreditError
 from credit_core.tensor_checks import check_tensor
 
 NonFiniteGrad = Literal["error", "pass"]
+
+#: Agrees on a count over the processes whose direction-model forwards are collectives
+#: (ZeRO-3): this process's count in, the largest of any process out. Every process calls
+#: it the same number of times (it is a collective itself).
+AgreeCount = Callable[[int], int]
 
 
 @dataclass(frozen=True)
@@ -248,6 +261,11 @@ class EmbeddingDirectionModel(DirectionModel):
     why not) and ``position_scores_recorder`` (the score at every RM position of a causal
     classifier, (B, L): prefix rewards from the reward forward itself when nothing is
     truncated; the subclass sets it only where that equals ``prefix_scores``).
+
+    ``agree_count`` (None: this process decides alone) is set by a backend whose reward
+    model's forward is a collective (ZeRO-3 partitions, ``adapters.partitioned``): the
+    processes then agree on every number of forwards that depends on their own rows (see
+    the module docstring).
     """
 
     def __init__(
@@ -290,6 +308,7 @@ class EmbeddingDirectionModel(DirectionModel):
         self.attention_recorder: ForwardRecorder | None = None
         self.no_attention = f"{type(self).__name__} records no attention weights"
         self.position_scores_recorder: ForwardRecorder | None = None
+        self.agree_count: AgreeCount | None = None
         self._rm_backend = None if rm_tokenizer is None else plain_backend(rm_tokenizer)
         self.bridge: VocabBridge | None = None
         if rm_tokenizer is not None and policy_tokenizer is not None:
@@ -462,10 +481,12 @@ class EmbeddingDirectionModel(DirectionModel):
         inputs = prepared.inputs
         B, R = response_ids.shape
         position_recorder = self.position_scores_recorder if with_prefix_rewards else None
-        if position_recorder is not None and bool(
-            (inputs.attention_mask.sum(dim=1) >= self.max_length).any()
-        ):
-            position_recorder = None  # a row may be truncated: its prefixes are not its cuts
+        if position_recorder is not None:
+            truncated = int(bool((inputs.attention_mask.sum(dim=1) >= self.max_length).any()))
+            if self.agree_count is not None:  # prefix_scores' passes on every process, or none
+                truncated = self.agree_count(truncated)
+            if truncated:
+                position_recorder = None  # a row may be truncated: its prefixes are not its cuts
         embeds = self.table[inputs.input_ids]
         attention: Recorded | None = None
         positions: Recorded | None = None
@@ -525,7 +546,9 @@ class EmbeddingDirectionModel(DirectionModel):
 
         Cost: sum_b n_b rows (at most B * R: R forwards' worth of rows) in no-grad forwards
         of ``prefix_batch_rows`` rows each, rows of similar t together; no backward. A
-        Python loop runs over those chunks only.
+        Python loop runs over those chunks only. With ``agree_count``, every process runs the
+        largest number of chunks of any process, a chunk of its own with nothing to score
+        replaced by a one-row forward whose result is dropped (``_dropped_pass``).
         """
         _, rmask = check_rollout(prompt_ids, prompt_mask, response_ids, response_mask)
         B, R = response_ids.shape
@@ -536,14 +559,23 @@ class EmbeddingDirectionModel(DirectionModel):
         rows, cuts = torch.nonzero(columns < rmask.sum(dim=1, keepdim=True), as_tuple=True)
         order = torch.argsort(cuts, stable=True)
         rows, cuts = rows[order], cuts[order]
-        for start in range(0, int(rows.numel()), self.prefix_batch_rows):
-            b = rows[start : start + self.prefix_batch_rows]
-            t = cuts[start : start + self.prefix_batch_rows]
+        size = self.prefix_batch_rows
+        passes = -(-int(rows.numel()) // size)
+        if self.agree_count is not None:
+            passes = self.agree_count(passes)
+        rollout = (prompt_ids, prompt_mask, response_ids, response_mask)
+        for start in range(0, passes * size, size):
+            b, t = rows[start : start + size], cuts[start : start + size]
+            if b.numel() == 0:  # the other processes still have prefixes to score
+                self._dropped_pass(*rollout)
+                continue
             inputs = self.prepare(
                 prompt_ids[b], prompt_mask[b], response_ids[b], columns < t.unsqueeze(1)
             ).inputs
             filled = (inputs.attention_mask != 0).any(dim=1)
             if not bool(filled.any()):
+                if self.agree_count is not None:
+                    self._dropped_pass(*rollout)
                 continue
             if not bool(filled.all()):
                 inputs = _rows_of(inputs, filled)
@@ -555,6 +587,26 @@ class EmbeddingDirectionModel(DirectionModel):
             keep = filled.to(device)
             scores[b[keep], t[keep]] = values.to(device, acc)
         return scores
+
+    def _dropped_pass(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+    ) -> None:
+        """One no-grad forward of the rollout's first row, its result dropped: this
+        process's share of a collective forward the other processes run (``agree_count``)."""
+        if response_ids.shape[0] == 0:
+            raise CreditError(
+                "reward model: a process without rows cannot take part in the other "
+                "processes' forwards of a ZeRO-3 partitioned reward model"
+            )
+        inputs = self.prepare(
+            prompt_ids[:1], prompt_mask[:1], response_ids[:1], response_mask[:1]
+        ).inputs
+        with torch.no_grad():
+            self.reward_from_embeds(self.table[inputs.input_ids], inputs)
 
     def _checked_rewards(self, embeds: torch.Tensor, inputs: RMInputs, B: int) -> torch.Tensor:
         rewards = self.reward_from_embeds(embeds, inputs)

@@ -12,6 +12,11 @@
 #   trl_zero3_rm_datc_mid  TRL's reward function and as the direction model (its embedding
 #                          table read gathered), with datc and with datc_mid (the policy's
 #                          LM head read gathered)
+#   trl_zero3_one_pass     datc, TRL's reward model giving reward and gradient from one pass
+#                          (credit/reward_grad_second_pass_frac logged; the pass counts agreed
+#                          over processes: adapters.direction.agree_count, fill_unmatched)
+#   trl_zero3_direction    datc with an explicit direction: (the reward model's folder),
+#                          loaded whole outside zero.Init (adapters.partitioned.outside_zero3_init)
 #
 # Each check prints one "PASS name" or "FAIL name" line; the exit status is the number of
 # failures. Logs are in $WORK. OPENRLHF=1 also runs scripts/openrlhf_gpu_smoke.sh (OpenRLHF
@@ -101,7 +106,8 @@ if wanted native_datc_mid; then
 fi
 
 # ------------------------------------------------------------- TRL, ZeRO-3, a reward model
-if wanted trl_zero3_rm_datc || wanted trl_zero3_rm_datc_mid; then
+if wanted trl_zero3_rm_datc || wanted trl_zero3_rm_datc_mid || wanted trl_zero3_one_pass \
+  || wanted trl_zero3_direction; then
   echo "== creating a tiny policy, reward model (one tokenizer) and prompts in $WORK"
   "$PYTHON" - "$WORK" <<'EOF' || exit 1
 import json, os, sys
@@ -125,22 +131,28 @@ with open(f"{work}/prompts/train.jsonl", "w") as f:
         f.write(json.dumps({"prompt": f"Write about {words[i % len(words)]}:"}) + "\n")
 EOF
 fi
-trl_check() {  # trl_check NAME CREDIT
-  logged "$1" "$PYTHON" -m accelerate.commands.launch --config_file "$REPO/configs/trl/accelerate_zero3_1gpu.yaml" \
+trl_check() {  # trl_check NAME CREDIT [METRIC [EXTRA ARGS...]]: METRIC must be logged too
+  local name=$1 credit=$2 metric=${3:-credit/weight_max}
+  shift $(($# < 3 ? $# : 3))
+  logged "$name" "$PYTHON" -m accelerate.commands.launch --config_file "$REPO/configs/trl/accelerate_zero3_1gpu.yaml" \
     -m backends.trl --config "$TRL_CONFIG" --model_name_or_path "$WORK/policy" \
     --reward_model_name_or_path "$WORK/rm" --dataset_name "$WORK/prompts" \
-    --output_dir "$WORK/$1_out" --credit "$2" \
-    && "$PYTHON" - "$WORK/$1.log" >>"$WORK/$1.log" 2>&1 <<'EOF'
+    --output_dir "$WORK/${name}_out" --credit "$credit" "$@" \
+    && "$PYTHON" - "$WORK/$name.log" "$metric" >>"$WORK/$name.log" 2>&1 <<'EOF'
 import ast, sys
 rows = [ast.literal_eval(l.strip()) for l in open(sys.argv[1]) if l.startswith("{'loss'")]
 assert rows and all("credit/weight_max" in r for r in rows), "credit metrics missing"
+assert all(sys.argv[2] in r for r in rows), f"{sys.argv[2]} missing"
 assert max(float(r["credit/weight_max"]) for r in rows) > 1.0, "weights should be uneven"
 print("steps", len(rows), "weight_max", rows[-1]["credit/weight_max"])
 EOF
-  result "$1" $?
+  result "$name" $?
 }
 wanted trl_zero3_rm_datc && trl_check trl_zero3_rm_datc datc
 wanted trl_zero3_rm_datc_mid && trl_check trl_zero3_rm_datc_mid datc_mid
+wanted trl_zero3_one_pass && trl_check trl_zero3_one_pass datc credit/reward_grad_second_pass_frac
+wanted trl_zero3_direction && trl_check trl_zero3_direction datc credit/weight_max \
+  --direction "{\"kind\": \"seq_classification\", \"path\": \"$WORK/rm\"}"
 
 # ---------------------------------------------------------------------------- OpenRLHF
 if [[ "${OPENRLHF:-0}" == 1 ]] && wanted openrlhf; then

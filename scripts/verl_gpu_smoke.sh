@@ -7,6 +7,9 @@
 #   verl_datc      algorithm.credit=datc with the reward model as the direction model: W0
 #                  reduced in the FSDP engine's old-log-prob forward, vLLM rollout, 2 steps;
 #                  passes when the run ends with status 0 and logs credit/weight_max
+#   verl_sp_refused  datc with actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2
+#                  (the key verl's engine reads): passes when credit-verl refuses it at
+#                  start-up, naming that key, before any worker starts (seconds)
 #
 # Each check prints one "PASS name" or "FAIL name" line; the exit status is the number of
 # failures. Logs are in $WORK.
@@ -53,6 +56,7 @@ VERL_COMMON=(
 )
 VERL_UNIFORM=(algorithm.credit=uniform)
 VERL_DATC=(algorithm.credit=datc "algorithm.direction={kind:seq_classification,path:$WORK/rm}")
+VERL_SP=(actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2)
 # END SETTINGS
 
 # shellcheck source=scripts/smoke_checks.sh
@@ -107,6 +111,17 @@ if wanted verl_datc; then
     status=1
   fi
   result verl_datc $status
+fi
+if wanted verl_sp_refused; then
+  logged verl_sp_refused "$PYTHON" -m backends.verl "${VERL_COMMON[@]}" "${VERL_DATC[@]}" "${VERL_SP[@]}"
+  status=$?
+  if [[ $status -ne 0 ]] && grep -q "fsdp_config.ulysses_sequence_parallel_size: 2" "$WORK/verl_sp_refused.log"; then
+    status=0
+  else
+    echo "   expected a refusal naming actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"
+    status=1
+  fi
+  result verl_sp_refused $status
 fi
 
 echo "== $FAILED failed"

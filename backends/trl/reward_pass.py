@@ -16,17 +16,22 @@ policy's completion tokens (B, T, d): a row's completion tokens, without the spe
 tokens TRL's decoding drops, are found as the last contiguous run of the same ids in the
 RM's input (the tokenizers are the same); rows where they are not found (the text
 re-tokenized otherwise across the prompt/completion boundary, a chat template around the
-completion) are reported, and the caller takes their gradient from the direction model's
-own pass.
+completion) are reported, and ``fill_unmatched`` takes their gradient from the direction
+model's own pass. Under ZeRO-3 that pass is a collective (the reward model's partitioned
+weights are all-gathered in its forward and backward) while the rows to fill differ between
+processes: every process then scores as many rows as the process with the most
+(``agree``), padded with copies of its first row whose gradient is dropped.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from adapters.direction import AgreeCount
 from adapters.input_grad import forward_with_input_grad, unwrapped
 from credit_core import CreditError
 
@@ -131,3 +136,41 @@ def completion_reward_grad(
         out[i, cols.to(out.device)] = rm.grad[i, attended[start : start + n]]
         matched[i] = True
     return out, matched
+
+
+#: The keys of TRL's generation batch that a scoring pass reads.
+ROLLOUT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+
+
+def fill_unmatched(
+    grad: torch.Tensor,
+    matched: torch.Tensor,
+    batch: Mapping[str, torch.Tensor],
+    score: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+    agree: AgreeCount | None = None,
+) -> int:
+    """Write the direction model's own gradient into ``grad`` (B, T, d) at the rows not
+    ``matched`` (B,) bool by ``completion_reward_grad``; returns how many rows that was.
+
+    ``score`` gives dR/dx (b, T, d) of the rows of ``batch`` it is handed (``ROLLOUT_KEYS``,
+    b rows: the direction model's pass, with grad). Without ``agree`` it gets the unmatched
+    rows only, and is not called when there are none. With ``agree`` (the direction model's
+    forwards are collectives), every process hands it the largest number of unmatched rows
+    of any process, its own followed by copies of its first row whose gradient is dropped;
+    no process calls it when no process has a row to fill.
+    """
+    missing = (~matched).nonzero().squeeze(1)
+    n = int(missing.numel())
+    rows = n if agree is None else agree(n)
+    if rows == 0:
+        return 0
+    if grad.shape[0] == 0:
+        raise CreditError(
+            "reward model pass: a process without rows cannot take part in the other "
+            "processes' passes of a ZeRO-3 partitioned reward model"
+        )
+    index = torch.cat([missing, missing.new_zeros(rows - n)])
+    again = score({key: batch[key][index.to(batch[key].device)] for key in ROLLOUT_KEYS})
+    if n:
+        grad[missing.to(grad.device)] = again[:n].to(grad.device, torch.float32)
+    return n

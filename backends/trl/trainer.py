@@ -52,8 +52,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.trainer.grpo_trainer import GRPOTrainer
 
 from adapters.config import build_direction_model
-from adapters.direction import DirectionModel
+from adapters.direction import AgreeCount, DirectionModel, EmbeddingDirectionModel
 from adapters.grad_path import path_alphas, path_model, path_reward_grad
+from adapters.partitioned import holds_zero3_params
 from adapters.reward_models import SeqClassificationRM
 from backends.trl.capture import HiddenCapture, lm_head
 from backends.trl.config import CreditGRPOConfig
@@ -63,7 +64,7 @@ from backends.trl.credit_samples import (
     compared_signals,
     compared_strategies,
 )
-from backends.trl.reward_pass import GradientRewardModel, completion_reward_grad
+from backends.trl.reward_pass import GradientRewardModel, completion_reward_grad, fill_unmatched
 from backends.trl.version import check_trl_version
 from credit_core import (
     CreditDiagnostics,
@@ -145,6 +146,17 @@ def process_gather(accelerator: Any) -> Gather | None:
     return gather
 
 
+def process_max(accelerator: Any) -> AgreeCount:
+    """The largest of every process's count (one gather of ``accelerator``'s processes per
+    call, on its device: NCCL takes no CPU tensor)."""
+
+    def agree(count: int) -> int:
+        mine = torch.tensor([count], dtype=torch.long, device=accelerator.device)
+        return int(accelerator.gather(mine).max())
+
+    return agree
+
+
 class CreditGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose loss gets (B, T) token advantages from ``args.credit``.
 
@@ -192,6 +204,8 @@ class CreditGRPOTrainer(GRPOTrainer):
             self._check_direction_gives(self.direction)
         #: TRL's reward model giving DATC's gradient from its own reward pass, when shared
         self.reward_pass = self._share_reward_pass(direction_model, args)
+        #: set where the direction model's forwards are collectives (``collective_agreement``)
+        self._agree_count = self.collective_agreement(self.direction)
         #: the path positions of a path-gradient strategy (none for the others)
         self.alphas: list[float] = []
         if self.path:
@@ -312,6 +326,22 @@ class CreditGRPOTrainer(GRPOTrainer):
         shared = GradientRewardModel(func)
         self.reward_funcs[index] = shared
         return shared
+
+    def collective_agreement(self, direction: DirectionModel | None) -> AgreeCount | None:
+        """Where ``direction`` holds ZeRO-3 parameters (built from TRL's reward model under
+        ZeRO-3) and several processes run, each of its forwards is a collective: the count
+        agreement ``process_max`` of this trainer's processes, also set as the direction
+        model's own ``agree_count`` (its prefix passes); None otherwise (a direction model
+        of its own is whole on every process: ``adapters.config.build_direction_model``)."""
+        if (
+            self.accelerator.num_processes == 1
+            or not isinstance(direction, EmbeddingDirectionModel)
+            or not holds_zero3_params(direction.modules)
+        ):
+            return None
+        agree = process_max(self.accelerator)
+        direction.agree_count = agree
+        return agree
 
     def _check_direction_gives(self, direction: DirectionModel) -> None:
         """``CreditError`` naming ``direction`` when the strategy reads the direction model's
@@ -586,14 +616,15 @@ class CreditGRPOTrainer(GRPOTrainer):
         grad, matched = completion_reward_grad(
             self.reward_pass.take(), batch["completion_ids"], batch["completion_mask"], special
         )
-        missing = (~matched).nonzero().squeeze(1)
-        if missing.numel():
-            keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
-            rows = {key: batch[key][missing.to(batch[key].device)] for key in keys}
-            again = self.score_rewards(rows)["reward_grad"]
-            grad[missing.to(grad.device)] = again.to(grad.device, torch.float32)
+        missing = fill_unmatched(
+            grad,
+            matched,
+            batch,
+            lambda rows: self.score_rewards(rows)["reward_grad"],
+            self._agree_count,
+        )
         mode = "train" if self.policy.training else "eval"
-        share = missing.numel() / max(1, matched.numel())
+        share = missing / max(1, matched.numel())
         self._metrics[mode]["credit/reward_grad_second_pass_frac"].append(share)
         return {"reward_grad": grad}
 

@@ -149,6 +149,27 @@ def credit_settings(config: Any) -> CreditSettings:
     return settings
 
 
+#: The actor's Ulysses sequence-parallel size, as verl reads it: the engine's
+#: ``fsdp_config`` key, which the deprecated actor key overrides when it is above 1
+#: (``FSDPActorConfig.__post_init__`` copies it there).
+SEQUENCE_PARALLEL_KEYS = (
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
+)
+
+
+def sequence_parallel_size(config: Any) -> tuple[str, Any]:
+    """The actor engine's Ulysses sequence-parallel size and the key it came from, resolved
+    as verl resolves it (``SEQUENCE_PARALLEL_KEYS``): the deprecated actor key when it is
+    above 1, else ``fsdp_config``'s (1 when neither is set)."""
+    deprecated, engine = SEQUENCE_PARALLEL_KEYS
+    old = _get(config, deprecated)
+    if old is not None and not (isinstance(old, int) and old <= 1):
+        return deprecated, old
+    value = _get(config, engine)
+    return engine, 1 if value is None else value
+
+
 def _check_verl_settings(config: Any, settings: CreditSettings) -> None:
     """The verl settings the strategy's signals need (``CreditError`` naming the key)."""
     name = settings.credit.name
@@ -192,11 +213,12 @@ def _check_verl_settings(config: Any, settings: CreditSettings) -> None:
             "actor_rollout_ref.model.use_fused_kernels: true never materializes the logits "
             f"that credit strategy {name!r}'s W0 is reduced from; set it to false"
         )
-    sp = _get(config, "actor_rollout_ref.actor.ulysses_sequence_parallel_size")
-    if sp not in (None, 1):
+    key, sp = sequence_parallel_size(config)
+    if sp != 1:
         raise CreditError(
-            f"actor_rollout_ref.actor.ulysses_sequence_parallel_size: {sp!r}; the W0 reduction "
-            "needs each sequence's logits on one rank: set it to 1"
+            f"{key}: {sp!r}; Ulysses sequence parallelism splits each sequence's logits over "
+            f"ranks, and credit strategy {name!r}'s W0 reduction needs them on one rank: set "
+            "it to 1"
         )
     strategy_key = _get(config, "actor_rollout_ref.actor.strategy")
     if strategy_key not in (None, "fsdp", "fsdp2"):

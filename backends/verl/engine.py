@@ -167,7 +167,18 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
     def unsigned_work(self, output: Any, micro_batch: TensorDict, request: str) -> torch.Tensor:
         """W0 (N,) float32 at the micro-batch's N packed positions: at the position that
         predicts response token t, W0_t of the forward's logits and g_t; 0 elsewhere. The
-        logits are read one row's response span at a time, as views (no copy)."""
+        logits are read one row's response span at a time, as views (no copy).
+        ``CreditError`` under Ulysses sequence parallelism (verl's ``use_ulysses_sp``): the
+        logits are then sequence-local, the row offsets global."""
+        if getattr(self, "use_ulysses_sp", False):
+            # the forward's logits are this rank's slice of the padded packed sequence, while
+            # the rows' offsets are global: slicing them would give another token's W0
+            raise CreditError(
+                "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size: "
+                f"{self.ulysses_sequence_parallel_size}; under Ulysses sequence parallelism "
+                "each rank holds a slice of every sequence's logits, and W0 is reduced from "
+                "whole sequences: set it to 1"
+            )
         asked = json.loads(request)
         input_ids = micro_batch["input_ids"]
         values, offsets = input_ids.values(), input_ids.offsets()

@@ -1,11 +1,15 @@
 """One reward-model pass for TRL's reward and DATC's gradient (``backends.trl.reward_pass``):
 TRL's reward unchanged, its reward model run once per generation batch, the gradient that of
 TRL's own input moved to the completion tokens, the direction model's own pass only for the
-rows that cannot be placed."""
+rows that cannot be placed; under ZeRO-3 (every reward-model forward a collective) the same
+number of passes on every process."""
 
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,7 +21,10 @@ from adapters.tiny import tiny_seq_classifier
 from backends.trl import CreditGRPOConfig, CreditGRPOTrainer
 from backends.trl.reward_pass import GradientRewardModel, RewardPass, completion_reward_grad
 from backends.trl.tasks import PolicyPreset, TaskData, tiny_policy
+from tests.backends.trl import zero3_worker
 from tests.backends.trl.conftest import BASE
+from tests.helpers.gloo_ranks import run_ranks
+from tests.helpers.zero3 import FakeZero3
 
 SETTINGS: dict[str, Any] = {
     "num_generations": 4,
@@ -239,3 +246,43 @@ def test_completion_reward_grad_places_the_last_run_and_skips_special_tokens() -
         RewardPass(rm_ids[:1], attention[:1], grad[:1]), unmatched, mask[:1], torch.tensor([1])
     )
     assert matched.tolist() == [False] and bool((out == 0).all())
+
+
+def test_processes_whose_rows_differ_enter_the_same_zero3_gathers(
+    tmp_path: Path, tokenizer: Any, rm: torch.nn.Module
+) -> None:
+    """Two gloo processes, a reward model whose every forward and backward is a collective
+    (ZeRO-3's parameter all-gathers, faked and counted: ``zero3_worker.CountingGathers``):
+    rank 0 has two rows TRL's reward pass could not place, rank 1 none; rank 0's prefix
+    rewards need ``prefix_scores``' four chunks (a row at max_length), rank 1's fit in the
+    reward forward. With the count agreement both enter the same gathers (no hang: a
+    mismatch times out and fails) and each gets what it would alone."""
+    rm.save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    run_ranks(zero3_worker.main, tmp_path, (str(tmp_path / "rm"), str(tmp_path)), timeout=90)
+    ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
+    assert ranks[0]["filled"] == 2 and ranks[1]["filled"] == 0
+    for key in ("second_pass_gathers", "prefix_gathers", "gathers"):
+        assert ranks[0][key] == ranks[1][key] > 0, key
+    assert all(rank["grad_ok"] and rank["prefix_ok"] for rank in ranks)
+
+
+def test_a_direction_model_of_zero3_partitions_agrees_on_its_passes(
+    tokenizer: Any, rm: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer turns the count agreement on where the direction model holds ZeRO-3
+    parameters (TRL's reward model under ZeRO-3) and several processes run: the largest
+    count of any process (one gather), also the direction model's own ``agree_count``; a
+    whole direction model, or one process, gets none."""
+    counts = torch.tensor([[1], [3]])
+    accelerator = SimpleNamespace(num_processes=2, device=torch.device("cpu"))
+    accelerator.gather = lambda mine: counts if int(mine) == 1 else None
+    trainer: Any = SimpleNamespace(accelerator=accelerator)
+    whole = SeqClassificationRM(copy.deepcopy(rm), tokenizer, policy_vocab_size=len(tokenizer))
+    assert CreditGRPOTrainer.collective_agreement(trainer, whole) is None
+    FakeZero3(monkeypatch).partition(*rm.parameters())
+    direction = SeqClassificationRM(rm, tokenizer, policy_vocab_size=len(tokenizer))
+    agree = CreditGRPOTrainer.collective_agreement(trainer, direction)
+    assert agree is not None and direction.agree_count is agree and agree(1) == 3
+    accelerator.num_processes = 1
+    assert CreditGRPOTrainer.collective_agreement(trainer, direction) is None

@@ -13,11 +13,12 @@ import verl
 from hydra import compose, initialize_config_dir
 
 from backends.verl.cli import verl_overrides
-from backends.verl.config import credit_settings
+from backends.verl.config import SEQUENCE_PARALLEL_KEYS, credit_settings, sequence_parallel_size
 from credit_core import CreditError
 
 CONFIG_DIR = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
 DIRECTION = "algorithm.direction={kind:seq_classification,path:/models/rm}"
+SP_ACTOR, SP_ENGINE = SEQUENCE_PARALLEL_KEYS
 
 
 def verl_config(*overrides: str):
@@ -89,6 +90,14 @@ def test_entropy_top_needs_no_direction(grpo) -> None:
             ["algorithm.credit=entropy_top", "algorithm.rollout_correction.bypass_mode=true"],
             "algorithm.rollout_correction.bypass_mode",
         ),
+        (  # the key verl's FSDP engine reads (use_ulysses_sp)
+            ["algorithm.credit=datc", DIRECTION, f"{SP_ENGINE}=2"],
+            f"{SP_ENGINE}: 2; Ulysses sequence parallelism",
+        ),
+        (  # the deprecated actor key, copied into fsdp_config by verl
+            ["algorithm.credit=datc", DIRECTION, f"{SP_ACTOR}=4"],
+            f"{SP_ACTOR}: 4; Ulysses sequence parallelism",
+        ),
     ],
 )
 def test_bad_settings_are_refused_naming_the_key(overrides: list[str], message: str) -> None:
@@ -119,3 +128,27 @@ def test_overrides_get_plus_only_for_credit_keys() -> None:
         "algorithm.adv_estimator=grpo",
         "trainer.total_training_steps=2",
     ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ([], (SP_ENGINE, 1)),
+        ([f"{SP_ENGINE}=2"], (SP_ENGINE, 2)),
+        ([f"{SP_ACTOR}=4", f"{SP_ENGINE}=2"], (SP_ACTOR, 4)),
+        ([f"{SP_ACTOR}=1", f"{SP_ENGINE}=2"], (SP_ENGINE, 2)),
+    ],
+)
+def test_the_sequence_parallel_size_is_the_one_verls_actor_config_resolves(
+    overrides: list[str], expected: tuple[str, int]
+) -> None:
+    """verl's own ``FSDPActorConfig`` (built from the same composed config) gives its engine
+    the size that ``sequence_parallel_size`` reads: the deprecated key when above 1."""
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    micro = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"
+    cfg = verl_config("algorithm.adv_estimator=grpo", micro, *overrides)
+    actor = omega_conf_to_dataclass(OmegaConf.to_container(cfg.actor_rollout_ref.actor))
+    assert sequence_parallel_size(cfg) == expected
+    assert actor.fsdp_config.ulysses_sequence_parallel_size == expected[1]

@@ -38,6 +38,7 @@ from adapters.grad_path import path_alphas, path_reward_grad
 from backends.verl.credit import credit_fields
 from backends.verl.engine import WORK_FIELD, CreditFSDPEngine
 from credit_core import (
+    CreditError,
     get_strategy,
     policy_stats_from_logits,
     token_work,
@@ -209,3 +210,23 @@ def test_an_actor_step_with_datc_token_advantages(
         not torch.equal(a, b.detach())
         for a, b in zip(before, engine.module.parameters(), strict=True)
     )
+
+
+def test_ulysses_sequence_parallelism_is_refused_by_the_engine(
+    models: tuple[Path, Path], process_group: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under Ulysses sequence parallelism (verl's ``use_ulysses_sp``, set from the engine
+    config's ``ulysses_sequence_parallel_size``, whichever key the user set) the forward's
+    logits are this rank's slice of the packed sequence, while the rows' offsets are global:
+    the engine refuses to reduce W0 from them, naming the key, instead of reading another
+    token's logits. verl's forward runs here as under SP size 2 (its inputs cut to this
+    rank's half: one rank of the SP group in a one-process group)."""
+    import verl.workers.engine.fsdp.transformer_impl as impl
+
+    _, rm = models
+    engine = build_engine(CreditFSDPEngine, models[0], packed=True)
+    monkeypatch.setattr(engine, "use_ulysses_sp", True)
+    monkeypatch.setattr(engine, "ulysses_sequence_parallel_size", 2)
+    monkeypatch.setattr(impl, "gather_outputs_and_unpad", lambda t, **kw: t)
+    with pytest.raises(CreditError, match=r"fsdp_config.ulysses_sequence_parallel_size: 2"):
+        infer(engine, old_log_prob_batch(engine, work_request(rm)))
