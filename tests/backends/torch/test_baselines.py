@@ -120,7 +120,7 @@ def _count_policy_forwards(
     return forwards[0], asked
 
 
-@pytest.mark.parametrize("credit", ["entropy_top", "random_top", "red"])
+@pytest.mark.parametrize("credit", ["entropy_top", "random_top", "red", "ktae"])
 def test_a_baseline_takes_as_many_policy_forwards_as_grpo_and_only_its_signals(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, credit: str
 ) -> None:
