@@ -107,6 +107,12 @@ class ReportConfig(Section):
         default_factory=list,
         description="labels of the published token-credit baselines the contenders face",
     )
+    reference: str | None = Field(
+        default=None,
+        description="strongest_baselines.json of a reference report (e.g. docs/results/full/"
+        "strongest_baselines.json): the report names the reference's strongest baseline of a "
+        "setting where it did not run here",
+    )
 
 
 class AblateConfig(Section):

@@ -34,7 +34,13 @@ import yaml
 from ablations import figures as figs
 from ablations.ablation_config import AblateConfig, deep_merge
 from ablations.cache import spec_hash
-from ablations.head_to_head import head_to_head, head_to_head_markdown
+from ablations.head_to_head import (
+    STRONGEST_FILE,
+    head_to_head,
+    head_to_head_markdown,
+    read_strongest,
+    strongest_baselines,
+)
 from ablations.pretrain import TOKENIZER_DIR
 from ablations.report import render_report
 from ablations.results import (
@@ -276,6 +282,17 @@ def build_assets(cfg: AblateConfig, setting: str, family: str, log: Log) -> Sett
     return assets
 
 
+def reference_baselines(cfg: AblateConfig) -> dict[str, str] | None:
+    """setting -> strongest baseline of ``report.reference`` (None when unset); raises
+    ``ConfigError`` naming the key where the file is missing or malformed."""
+    if cfg.report.reference is None:
+        return None
+    try:
+        return read_strongest(cfg.report.reference)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"report.reference: {e}") from e
+
+
 def run_ablation(
     cfg: AblateConfig,
     *,
@@ -291,6 +308,7 @@ def run_ablation(
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.output_dir)
     plan = plan_runs(cfg)
+    reference_baselines(cfg)  # a bad reference fails now, not after the runs
     if assets_only:
         pairs = sorted(
             {(r.setting, r.family) for r in _pending(cfg, runs_now(cfg, plan))},
@@ -630,7 +648,11 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
     if cfg.report.contenders and cfg.report.published:
         compared = head_to_head(rows, spec, cfg.report.contenders, cfg.report.published)
         figure = figs.plot_head_to_head(fig_dir / "head_to_head.png", compared)
-        section = head_to_head_markdown(compared, spec.min_pairs)
+        reference = reference_baselines(cfg)
+        (out / STRONGEST_FILE).write_text(json.dumps(strongest_baselines(compared), indent=1))
+        section = head_to_head_markdown(
+            compared, spec.min_pairs, reference, f"`{cfg.report.reference}`"
+        )
         rel = figure.relative_to(out).as_posix()
         sections.append(f"{section}\n\n![head_to_head]({rel})")
         by_setting.setdefault("", []).append(figure)

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from ablations.ablation_config import AblateConfig, deep_merge, load_ablate_config
+from ablations.head_to_head import read_strongest
 from ablations.results import RunKey, parse_shard, shard_runs
 from ablations.runner import plan_runs, run_fingerprint, run_train_config
 from ablations.settings import SettingAssets
@@ -33,13 +34,20 @@ def test_shipped_configs_load_and_have_the_promised_shape() -> None:
     originals = ["target_tokens", "minilm_shared", "minilm_bridge", "verifiable"]
     # the sparse setting where the full report found DATC's gain, one dense setting (a tie)
     assert list(quick.settings) == ["positional_sparse", "target_tokens"]
-    assert [s.label for s in quick.strategies] == ["uniform", "datc", "datc_mid", "entropy_top"]
+    labels = ["uniform", "datc", "datc_mid", "entropy_top", "red"]
+    assert [s.label for s in quick.strategies] == labels
     assert quick.families == ["llama", "gpt2"] and quick.seeds == [0, 1, 2, 3]
     pairs = len(quick.families) * len(quick.seeds)
     assert pairs >= quick.report.min_pairs  # every setting gets a verdict
-    assert len(plan_runs(quick)) == pairs * (4 + 2)
+    assert len(plan_runs(quick)) == pairs * (5 + 3)
     assert quick.report.contenders == ["datc", "datc_mid"]
-    assert quick.report.published == ["entropy_top"]
+    assert quick.report.published == ["entropy_top", "red"]
+    # the full report's strongest baseline of each quick setting runs there (#32)
+    assert quick.report.reference is not None
+    strongest = read_strongest(ROOT / quick.report.reference)
+    for setting in quick.settings:
+        ran = [s.label for s in quick.strategies if s.settings is None or setting in s.settings]
+        assert strongest[setting] in ran
     full = load_ablate_config(FULL)
     assert list(full.settings) == [*originals, "positional_sparse", "keyword_sparse"]
     mid = full.strategy("datc_mid")

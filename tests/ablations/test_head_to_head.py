@@ -5,11 +5,21 @@ differences per setting over all families and per family, a verdict only from
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ablations.figures import is_png, plot_head_to_head
-from ablations.head_to_head import ALL_FAMILIES, head_to_head, head_to_head_markdown
+from ablations.head_to_head import (
+    ALL_FAMILIES,
+    STRONGEST_FILE,
+    head_to_head,
+    head_to_head_markdown,
+    read_strongest,
+    strongest_baselines,
+)
 from ablations.summary import SettingSpec, SummarySpec
 
 SPEC = SummarySpec(
@@ -74,3 +84,41 @@ def test_a_setting_where_no_baseline_ran_has_no_comparison() -> None:
     only_datc = [r for r in rows() if r["strategy"] == "datc"]
     (setting,) = head_to_head(only_datc, SPEC, ["datc"], ["entropy_top", "red"])
     assert setting.best is None and setting.rows == []
+
+
+def test_a_report_whose_only_baseline_is_entropy_top_names_the_missing_stronger_one(
+    tmp_path: Path,
+) -> None:
+    only_entropy = [r for r in rows() if r["strategy"] != "red"]
+    compared = head_to_head(only_entropy, SPEC, ["datc"], ["entropy_top", "red"])
+    (setting,) = compared
+    assert setting.best == "entropy_top" and setting.ran == ["entropy_top"]
+    # the reference report (written beside every report) found red strongest here
+    reference = tmp_path / STRONGEST_FILE
+    reference.write_text(json.dumps({"toy": {"best": "red", "ran": ["entropy_top", "red"]}}))
+    text = head_to_head_markdown(compared, SPEC.min_pairs, read_strongest(reference), "`full`")
+    assert "Baselines that ran here: `entropy_top`." in text
+    assert "**The strongest baseline of `full` for this setting, `red`, did not run here**" in text
+    assert "- `datc` beats the best baseline `entropy_top`" in text
+    # where the reference's strongest baseline ran, no such line
+    full = head_to_head(rows(), SPEC, ["datc"], ["entropy_top", "red"])
+    text = head_to_head_markdown(full, SPEC.min_pairs, {"toy": "red"}, "`full`")
+    assert "did not run here" not in text
+    assert "Baselines that ran here: `entropy_top`, `red`." in text
+
+
+def test_the_strongest_baselines_round_trip_and_a_malformed_file_is_refused(
+    tmp_path: Path,
+) -> None:
+    compared = head_to_head(rows(), SPEC, ["datc"], ["entropy_top", "red"])
+    path = tmp_path / STRONGEST_FILE
+    path.write_text(json.dumps(strongest_baselines(compared)))
+    assert read_strongest(path) == {"toy": "entropy_top"}
+    path.write_text(json.dumps({"toy": ["red"]}))
+    with pytest.raises(ValueError, match="toy: expected"):
+        read_strongest(path)
+
+
+def test_the_committed_full_report_finds_red_strongest_on_the_quick_settings() -> None:
+    strongest = read_strongest(Path(__file__).parents[2] / "docs/results/full" / STRONGEST_FILE)
+    assert strongest["positional_sparse"] == "red" and strongest["target_tokens"] == "red"
