@@ -39,9 +39,9 @@ pytestmark = pytest.mark.slow
 QUICK = REPO / "configs" / "ablate" / "quick.yaml"
 #: The settings of quick.yaml: the sparse setting where DATC gains, one dense setting.
 QUICK_SETTINGS = ("positional_sparse", "target_tokens")
-#: Runs of the tiny quick config: one family x two seeds x (4 strategies in the sparse
-#: setting + 2 in the dense one).
-TINY_RUNS = 1 * 2 * (4 + 2)
+#: Runs of the tiny quick config: one family x two seeds x (5 strategies in the sparse
+#: setting + 3 in the dense one).
+TINY_RUNS = 1 * 2 * (5 + 3)
 TINY_TASK = (
     "{num_train: 16, num_held_out: 4, num_pretrain: 32, pretrain: {steps: 2, batch_size: 4},"
     " rm: {examples: 32, steps: 2, batch_size: 8, hidden: 16}}"
