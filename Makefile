@@ -49,10 +49,10 @@ browser:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "make: chromium not installed (needs apt-get as root): the browser test will skip"
 
-# The quick ablation: GRPO, DATC, datc_mid and the 80/20-rule entropy mask on the sparse
-# setting, GRPO and DATC on one dense setting, 2 families x 4 seeds (configs/ablate/quick.yaml;
-# about 3 minutes on 2 cores, measured with an empty cache); ends with the paths of report.md
-# and the figures.
+# The quick ablation: GRPO, DATC, datc_mid, the 80/20-rule entropy mask and red on the sparse
+# setting, GRPO, DATC and red on one dense setting, 2 families x 4 seeds
+# (configs/ablate/quick.yaml; about 5 minutes on 2 cores with an empty cache, an estimate since
+# red joined it, not yet re-measured); ends with the paths of report.md and the figures.
 demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m ablations configs/ablate/quick.yaml
 
