@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ablations import word_tasks
+from ablations import sparse_tasks, word_tasks
 
 CHAIN_STEPS = 64
 DIGITS: tuple[str, ...] = tuple(str(d) for d in range(10))
@@ -172,11 +172,7 @@ class ChainStepRule:
         self, prompts: Sequence[str], response_ids: torch.Tensor, vocab: int
     ) -> torch.Tensor:
         """V (B, T, vocab) float64 for responses ``response_ids`` (B, T) of ``prompts``."""
-        B, T = response_ids.shape
-        if len(prompts) != B:
-            raise ValueError(f"ChainStepRule: {len(prompts)} prompts for response_ids of {B} rows")
-        if response_ids.numel() and int(response_ids.max()) >= vocab:
-            raise ValueError(f"ChainStepRule: response_ids hold ids >= vocab ({vocab})")
+        B, T = sparse_tasks.checked_shape("ChainStepRule", prompts, response_ids, vocab)
         digit_of = torch.full((vocab,), -1, dtype=torch.long)
         digit_ids = torch.tensor([self.token_ids[d] for d in DIGITS], dtype=torch.long)
         digit_of[digit_ids] = torch.arange(10)

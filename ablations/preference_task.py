@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ablations import word_tasks
+from ablations import sparse_tasks, word_tasks
 
 RESPONSE_WORDS = 24
 HALF = RESPONSE_WORDS // 2
@@ -153,11 +153,7 @@ class PreferenceSwapRule:
         self, prompts: Sequence[str], response_ids: torch.Tensor, vocab: int
     ) -> torch.Tensor:
         """V (B, T, vocab) float64 for responses ``response_ids`` (B, T)."""
-        B, T = response_ids.shape
-        if len(prompts) != B:
-            raise ValueError(
-                f"PreferenceSwapRule: {len(prompts)} prompts for response_ids of {B} rows"
-            )
+        B, T = sparse_tasks.checked_shape("PreferenceSwapRule", prompts, response_ids, vocab)
         is_first = torch.zeros(vocab, dtype=torch.float64)
         is_second = torch.zeros(vocab, dtype=torch.float64)
         is_first[[self.token_ids[w] for w in word_tasks.CATEGORIES[FIRST]]] = 1.0

@@ -31,8 +31,10 @@ folder (``cache.cached_dir``), keyed by everything that determines it; reruns re
    add up over tokens (``preference_task``); the hidden rule is the held-out metric, so
    over-optimisation of the learned RM shows.
 
-Settings 1, 4, 5, 6, 7 and 8 also give the exact per-token decomposition of their score
-(``SettingAssets.token_rule``) for the credit probes; the MiniLM settings have none.
+Settings 1, 4, 5 and 6 also give the exact per-token decomposition of their score
+(``SettingAssets.token_rule``) for the credit probes; settings 7 and 8, whose scores are not
+sums over tokens, give a per-token credit rule instead (the chain's step correctness, the
+hidden rule with one token swapped); the MiniLM settings have none.
 """
 
 from __future__ import annotations
@@ -249,17 +251,28 @@ def _rm(
     cfg: RMTrainConfig,
     examples: Callable[[int, int], list[tuple[str, str, float]]],
 ) -> tuple[Path, dict[str, Any]]:
-    def build(folder: Path) -> None:
-        fit = train_reward_model(
+    def train(folder: Path) -> dict[str, float]:
+        return train_reward_model(
             folder,
             rm_tokenizer=word_tasks.word_tokenizer(words, pair_template=True),
             train_examples=examples(cfg.examples, cfg.seed + 1),
             test_examples=examples(max(64, cfg.examples // 8), cfg.seed + 2),
             cfg=cfg,
         )
-        (folder / "fit.json").write_text(json.dumps(fit))
 
-    folder = cached_dir(cache, "rm", {"setting": setting, **spec, "rm": cfg.model_dump()}, build)
+    return _cached_rm(cache, {"setting": setting, **spec, "rm": cfg.model_dump()}, train)
+
+
+def _cached_rm(
+    cache: Path, spec: dict[str, Any], train: Callable[[Path], dict[str, float]]
+) -> tuple[Path, dict[str, Any]]:
+    """The reward-model folder of ``spec`` (``train(folder)`` saves the model there and
+    returns its fit, kept as ``fit.json``) and that fit."""
+
+    def build(folder: Path) -> None:
+        (folder / "fit.json").write_text(json.dumps(train(folder)))
+
+    folder = cached_dir(cache, "rm", spec, build)
     return folder, json.loads((folder / "fit.json").read_text())
 
 
@@ -388,7 +401,7 @@ def _preference_rm(
     def pairs(n: int, seed: int) -> list[preference_task.PreferencePair]:
         return preference_task.preference_pairs(train_prompts, n, seed, p.temperature)
 
-    def build(folder: Path) -> None:
+    def train(folder: Path) -> dict[str, float]:
         test = pairs(max(64, p.rm.examples // 8), p.rm.seed + 2)
         fit, scores = train_preference_model(
             folder,
@@ -399,12 +412,14 @@ def _preference_rm(
             test_pairs=[(q.prompt, q.chosen, q.rejected) for q in test],
             cfg=p.rm,
         )
-        fit["test_rule_accuracy"] = preference_task.rule_agreement(test, scores)
-        (folder / "fit.json").write_text(json.dumps(fit))
+        return {**fit, "test_rule_accuracy": preference_task.rule_agreement(test, scores)}
 
-    spec = {"setting": "preference", **p.model_dump(exclude={"pretrain"})}
-    folder = cached_dir(cache, "rm", spec, build)
-    return folder, json.loads((folder / "fit.json").read_text())
+    # what the RM depends on: the training prompts (sizes, seed), the labeller, its training
+    spec = {
+        "setting": "preference",
+        **p.model_dump(include={"num_train", "num_held_out", "seed", "temperature", "rm"}),
+    }
+    return _cached_rm(cache, spec, train)
 
 
 def build_preference(p: PreferenceParams, family: str, cache: Path) -> SettingAssets:

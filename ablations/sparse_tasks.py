@@ -89,6 +89,19 @@ class SortTokenRule:
         return out
 
 
+def checked_shape(
+    rule: str, prompts: Sequence[str], response_ids: torch.Tensor, vocab: int
+) -> tuple[int, int]:
+    """(B, T) of ``response_ids`` for a ``TokenRule``'s ``values``; ValueError naming
+    ``rule`` where there is not one prompt per row or an id is not below ``vocab``."""
+    B, T = response_ids.shape
+    if len(prompts) != B:
+        raise ValueError(f"{rule}: {len(prompts)} prompts for response_ids of {B} rows")
+    if response_ids.numel() and int(response_ids.max()) >= vocab:
+        raise ValueError(f"{rule}: response_ids hold ids >= vocab ({vocab})")
+    return B, T
+
+
 def word_ids(words: Sequence[str]) -> dict[str, int]:
     """The ids ``word_tasks.word_tokenizer(words)`` gives each word (specials first)."""
     return {w: i for i, w in enumerate([*word_tasks.SPECIALS, *words])}

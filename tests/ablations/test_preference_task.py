@@ -116,6 +116,8 @@ def test_swap_credit_is_the_hidden_score_with_one_token_replaced() -> None:
                 assert v[b, t, IDS[word]].item() == pytest.approx(_brute_swap(response, t, word))
     with pytest.raises(ValueError, match="2 prompts for response_ids of 3 rows"):
         rule.values(["x :"] * 2, ids, VOCAB)
+    with pytest.raises(ValueError, match="PreferenceSwapRule: response_ids hold ids >= vocab"):
+        rule.values(["x :"] * 3, ids, int(ids.max()))
 
 
 def test_the_setting_builds_offline_and_reports_the_hidden_rule(tmp_path: Path) -> None:
