@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from backends.common.errors import ConfigError
 from backends.torch.config import add_override_argument, check_device
-from backends.torch.errors import ConfigError
 from credit_core.cli import add_debug_argument, run_cli
 from credit_core.preemption import PREEMPTED_EXIT
 

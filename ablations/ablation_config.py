@@ -25,6 +25,7 @@ from ablations.credit_probes import ProbeConfig
 from ablations.settings import SETTINGS
 from ablations.summary import MIN_PAIRS
 from adapters.tiny import Family
+from backends.common.errors import ConfigError, FieldError, format_config_errors
 from backends.torch.config import (
     Section,
     apply_overrides,
@@ -33,7 +34,6 @@ from backends.torch.config import (
     read_yaml_config,
     yaml_key_lines,
 )
-from backends.torch.errors import ConfigError, FieldError, format_config_errors
 from credit_core import CreditConfig, errors
 from credit_core.errors import FieldProblem, validation_messages
 

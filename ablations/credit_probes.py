@@ -53,8 +53,8 @@ from adapters.policy import final_hidden_states, lm_head_of, predictor_positions
 from adapters.policy import response_logprobs_and_stats as logprobs_and_stats
 from adapters.scorers import decode_rows
 from adapters.swap import swap_deltas
+from backends.common.data import Prompt
 from backends.torch.compare import CompareCredit
-from backends.torch.data import Prompt
 from backends.torch.rollout import RolloutBatch
 from credit_core import allocate_weights
 from credit_core.swap import swap_work

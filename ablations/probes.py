@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from adapters.scorers import decode_rows
-from backends.torch.data import Prompt
+from backends.common.data import Prompt
 from backends.torch.rollout import RolloutBatch
 from backends.torch.trainer import GRPORecipe
 

@@ -56,7 +56,7 @@ from ablations.results import (
 )
 from ablations.settings import SETTINGS, SettingAssets
 from ablations.summary import SettingSpec, SummarySpec, group_runs, summarize
-from backends.torch.errors import ConfigError
+from backends.common.errors import ConfigError
 from credit_core.cli import CommandError
 from credit_core.preemption import PreemptionWatch, signal_name
 

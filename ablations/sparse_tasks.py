@@ -6,7 +6,7 @@ and only the words at ``SCORED_POSITIONS`` count: 3 of 24 tokens carry all of th
 (docs/design.md, "When token credit pays off").
 
 - ``positional_sparse`` (setting 5): the reward is the built-in ``positional`` reward model
-  (``backends.torch.tasks.PositionalRM``, a frozen random MLP over a random embedding
+  (``backends.common.tasks.PositionalRM``, a frozen random MLP over a random embedding
   table): r = (1/|S|) sum_{t in S, t < n} f(E[y_t]). It is exact: the direction model is
   the rule. ``positional_reward_model`` is its ``kind: module`` factory.
 - ``keyword_sparse`` (setting 6): the exact score is the fraction of scored positions that
@@ -28,7 +28,7 @@ from typing import Protocol
 import torch
 
 from ablations import word_tasks
-from backends.torch.tasks import PositionalParams, PositionalRM
+from backends.common.tasks import PositionalParams, PositionalRM
 
 SPARSE_WORDS = 24
 SCORED_POSITIONS: tuple[int, ...] = (2, 9, 17)

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from ablations.__main__ import main as ablate_main
+from backends.common.errors import ConfigError
 from backends.openrlhf.launcher import main as openrlhf_main
 from backends.openrlhf.settings import OpenRLHFCreditConfig
 from backends.torch.__main__ import main as train_main
-from backends.torch.errors import ConfigError
 from benchmarks.cli import main as bench_main
 from credit_core import CreditError
 from credit_core.cli import SILENCED, CommandError

@@ -155,6 +155,49 @@ def test_credit_core_imports_no_framework() -> None:
                 assert top in allowed, f"{name} imports {imported}"
 
 
+#: The backends, each of which may import the shared layers but no other backend.
+BACKENDS = ("torch", "trl", "openrlhf", "verl")
+#: The layers below the backends: they import no backend.
+SHARED_LAYERS = ("common", "samples")
+
+
+def backend_of(module: str) -> str | None:
+    """The folder under ``backends`` that holds ``module`` (None outside ``backends``)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "backends" and len(parts) > 1 else None
+
+
+def crossing_imports(graph: Graph) -> list[tuple[str, str]]:
+    """(importer, imported) pairs that break the layering of ``backends``: a backend importing
+    another backend, or a shared layer importing any backend."""
+    bad = []
+    for module, targets in sorted(graph.items()):
+        home = backend_of(module)
+        if home not in BACKENDS and home not in SHARED_LAYERS:
+            continue
+        for target in sorted(targets):
+            there = backend_of(target)
+            if there in BACKENDS and there != home:
+                bad.append((module, target))
+    return bad
+
+
+def test_no_backend_imports_another_and_the_shared_layers_import_none() -> None:
+    assert crossing_imports(import_graph()) == []
+
+
+def test_the_layering_check_finds_a_sibling_import() -> None:
+    graph: Graph = {
+        "backends.trl.tasks": {"backends.torch.tasks", "backends.common.tasks"},
+        "backends.common.tasks": {"backends.verl.config"},
+        "backends.torch.tasks": {"backends.common.tasks", "backends.samples.records"},
+    }
+    assert crossing_imports(graph) == [
+        ("backends.common.tasks", "backends.verl.config"),
+        ("backends.trl.tasks", "backends.torch.tasks"),
+    ]
+
+
 def test_the_checker_finds_a_function_level_cycle(tmp_path: Path) -> None:
     """The check can fail: a cycle closed by an import inside a function is reported."""
     package = tmp_path / "credit_core"

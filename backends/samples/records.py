@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from backends.torch.metrics import read_jsonl, truncate_jsonl
+from backends.common.jsonl import read_jsonl, truncate_jsonl
 
 SAMPLES_FILE = "credit_samples.jsonl"
 

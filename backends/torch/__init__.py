@@ -22,7 +22,7 @@ _EXPORTS = {
     "RunResult": "backends.torch.trainer",
     "GRPORecipe": "backends.torch.trainer",
     "TrainConfig": "backends.torch.config",
-    "ConfigError": "backends.torch.errors",
+    "ConfigError": "backends.common.errors",
     "load_config": "backends.torch.config",
     "config_from_dict": "backends.torch.config",
 }

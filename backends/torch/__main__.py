@@ -15,8 +15,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from backends.common.errors import ConfigError
 from backends.torch.config import add_override_argument, check_device, load_config
-from backends.torch.errors import ConfigError
 from credit_core.cli import add_debug_argument, run_cli
 from credit_core.preemption import PREEMPTED_EXIT
 

@@ -52,8 +52,8 @@ from torch.distributed.checkpoint.hf_storage import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from backends.common.errors import ConfigError
 from backends.torch.distributed import DistContext
-from backends.torch.errors import ConfigError
 from credit_core.cli import CommandError
 
 log = logging.getLogger(__name__)

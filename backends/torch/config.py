@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from adapters.config import RewardSignalsConfig
 from adapters.tiny import Family
-from backends.torch.data import check_shardable
-from backends.torch.errors import ConfigError, FieldError, format_config_errors
-from backends.torch.tasks import task_problems
+from backends.common.data import check_shardable
+from backends.common.errors import ConfigError, FieldError, format_config_errors
+from backends.common.tasks import task_problems
 from credit_core import CreditConfig, CreditError, strategy_class
 
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
@@ -80,7 +80,7 @@ class PolicyConfig(Section):
 class DataConfig(Section):
     """Prompts: a built-in task, or JSONL files with a ``prompt`` field and optional ``label``."""
 
-    task: str | None = Field(default=None, description="a built-in task (backends.torch.tasks)")
+    task: str | None = Field(default=None, description="a built-in task (backends.common.tasks)")
     task_params: dict[str, Any] = Field(default_factory=dict)
     train_file: str | None = None
     eval_file: str | None = None

@@ -24,12 +24,12 @@ from time import perf_counter
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from backends.common.data import Prompt
+from backends.common.errors import ConfigError
 from backends.samples.heatmap import samples_figure
 from backends.samples.records import SamplesWriter, StepSamples, pick_rows, response_samples
 from backends.torch.compare import CompareCredit, compare_credit
 from backends.torch.config import TrainConfig
-from backends.torch.data import Prompt
-from backends.torch.errors import ConfigError
 from backends.torch.metrics import MetricsLogger
 from backends.torch.models import Policy
 from backends.torch.rollout import RolloutBatch, pad_responses

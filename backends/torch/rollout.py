@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from backends.common.response_mask import response_mask_from_eos
 from backends.torch.config import RolloutConfig
 
 
@@ -161,13 +162,6 @@ def encode_prompts(
         prompt_ids[row, P - len(ids) :] = torch.tensor(ids, dtype=torch.long)
         prompt_mask[row, P - len(ids) :] = True
     return prompt_ids, prompt_mask
-
-
-def response_mask_from_eos(response_ids: torch.Tensor, eos_ids: Sequence[int]) -> torch.Tensor:
-    """(B, R) bool: True up to and including the first EOS of each row (all True if none)."""
-    is_eos = torch.isin(response_ids, torch.tensor(list(eos_ids), device=response_ids.device))
-    before = is_eos.long().cumsum(dim=1) - is_eos.long()
-    return before == 0
 
 
 def sampling_config(

@@ -18,11 +18,11 @@ from adapters.direction import DirectionModel, RewardOutput
 from adapters.grad_path import HandedExpectedEmbeddings, with_grad_path
 from adapters.policy import lm_head_of
 from adapters.scorers import ModelScorer, RewardSignals
+from backends.common.data import Prompt, load_jsonl
+from backends.common.errors import ConfigError
+from backends.common.tasks import get_task
 from backends.torch.config import TrainConfig
-from backends.torch.data import Prompt, load_jsonl
-from backends.torch.errors import ConfigError
 from backends.torch.rollout import RolloutBatch, pad_responses
-from backends.torch.tasks import get_task
 
 
 class RolloutRewards:

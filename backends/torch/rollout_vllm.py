@@ -25,10 +25,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from backends.common.errors import ConfigError
+from backends.common.response_mask import response_mask_from_eos
 from backends.torch.config import RolloutConfig
 from backends.torch.distributed import unwrap
-from backends.torch.errors import ConfigError
-from backends.torch.rollout import RolloutBatch, derive_seed, response_mask_from_eos
+from backends.torch.rollout import RolloutBatch, derive_seed
 
 
 class WeightSyncExtension:

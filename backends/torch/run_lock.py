@@ -15,7 +15,7 @@ import os
 import socket
 from pathlib import Path
 
-from backends.torch.errors import ConfigError
+from backends.common.errors import ConfigError
 
 LOCK_FILE = "run.lock"
 

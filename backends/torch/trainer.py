@@ -40,6 +40,8 @@ from adapters.policy import (
     response_logprobs_and_stats,
     response_logprobs_and_work,
 )
+from backends.common.data import Prompt, PromptSampler, shard
+from backends.common.errors import ConfigError
 from backends.torch import checkpoint as ckpt
 from backends.torch.config import (
     TrainConfig,
@@ -49,7 +51,6 @@ from backends.torch.config import (
     load_config,
 )
 from backends.torch.credit_samples import build_recorder
-from backends.torch.data import Prompt, PromptSampler, shard
 from backends.torch.distributed import (
     DistContext,
     full_model_state,
@@ -62,7 +63,6 @@ from backends.torch.distributed import (
     unwrap,
     wrap_model,
 )
-from backends.torch.errors import ConfigError
 from backends.torch.kl import kl_estimate
 from backends.torch.loss import LossNormalizer, aggregate, ppo_clip_loss
 from backends.torch.metrics import METRICS_FILE, MetricsLogger

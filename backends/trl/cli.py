@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from backends.config_values import json_object
+from backends.common.config_values import json_object
 from credit_core import CreditError
 from credit_core.cli import silence_third_party_noise
 from credit_core.preemption import PREEMPTED_EXIT, PreemptionWatch, signal_name

@@ -24,8 +24,8 @@ check_trl_version()  # before importing TRL: an unsupported release is refused h
 from trl.trainer.grpo_config import GRPOConfig  # noqa: E402
 
 from adapters.config import RewardModelConfig  # noqa: E402
-from backends.config_values import parse_credit as parse_config_credit  # noqa: E402
-from backends.config_values import parse_direction as parse_config_direction  # noqa: E402
+from backends.common.config_values import parse_credit as parse_config_credit  # noqa: E402
+from backends.common.config_values import parse_direction as parse_config_direction  # noqa: E402
 from credit_core import CreditConfig, CreditError, strategy_class  # noqa: E402
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE  # noqa: E402
 

@@ -1,5 +1,5 @@
 """Built-in offline runs for TRL: a tiny policy built from a config, and a built-in task
-(``backends.torch.tasks``, e.g. ``positional``) as TRL datasets plus its reward.
+(``backends.common.tasks``, e.g. ``positional``) as TRL datasets plus its reward.
 
 Nothing downloads: the policy is ``adapters.tiny.tiny_causal_lm`` with the in-process BPE
 tokenizer, the task's prompts become ``datasets.Dataset`` rows ``{"prompt": text}``, and its
@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from adapters.direction import DirectionModel
 from adapters.tiny import tiny_causal_lm, train_bpe_tokenizer
-from backends.torch.errors import ConfigError
-from backends.torch.rollout import response_mask_from_eos
-from backends.torch.tasks import get_task
+from backends.common.errors import ConfigError
+from backends.common.response_mask import response_mask_from_eos
+from backends.common.tasks import get_task
 from backends.trl.rewards import DirectionReward
 from credit_core import CreditError
 

@@ -9,7 +9,7 @@ refuses anything else at start-up.
 
 from __future__ import annotations
 
-from backends.release import Release, installed_version
+from backends.common.release import Release, installed_version
 
 #: The supported release series.
 RELEASE = Release(

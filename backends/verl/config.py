@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapters.config import RewardModelConfig
-from backends.config_values import parse_credit as parse_config_credit
-from backends.config_values import parse_direction as parse_config_direction
+from backends.common.config_values import parse_credit as parse_config_credit
+from backends.common.config_values import parse_direction as parse_config_direction
 from credit_core import CreditConfig, CreditError, get_strategy, strategy_class
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
 

@@ -7,7 +7,7 @@ so it accepts exactly one release series and refuses anything else at start-up.
 
 from __future__ import annotations
 
-from backends.release import Release, installed_version
+from backends.common.release import Release, installed_version
 
 #: The supported release series.
 RELEASE = Release(

@@ -13,7 +13,7 @@ from ablations.head_to_head import read_strongest
 from ablations.results import RunKey, parse_shard, shard_runs
 from ablations.runner import plan_runs, run_fingerprint, run_train_config
 from ablations.settings import SettingAssets
-from backends.torch.errors import ConfigError
+from backends.common.errors import ConfigError
 from tests.helpers.paths import REPO as ROOT
 
 QUICK = ROOT / "configs" / "ablate" / "quick.yaml"

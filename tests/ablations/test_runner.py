@@ -233,7 +233,7 @@ def test_shards_and_merge_equal_the_unsharded_run(cache: Path, tmp_path: Path) -
 
 
 def test_merge_names_missing_runs(cache: Path, tmp_path: Path) -> None:
-    from backends.torch.errors import ConfigError
+    from backends.common.errors import ConfigError
 
     cfg = load_ablate_config(
         QUICK, [*TINY, f"cache_dir={cache}", f"output_dir={tmp_path / 'm'}", "workers=1"]

@@ -20,9 +20,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from adapters.direction import EmbeddingDirectionModel
+from backends.common.errors import ConfigError
 from backends.torch.config import config_from_dict
 from backends.torch.distributed import DistContext
-from backends.torch.errors import ConfigError
 from backends.torch.trainer import GRPORecipe, train
 from tests.helpers.torch_tiny import tiny_config
 

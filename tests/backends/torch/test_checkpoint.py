@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from backends.common.errors import ConfigError
 from backends.torch import checkpoint as ckpt
-from backends.torch.errors import ConfigError
 
 SHARD = "state/shard-00001-model-00001-of-00001.safetensors"
 

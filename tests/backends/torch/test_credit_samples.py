@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from backends.common.errors import ConfigError
 from backends.samples.records import SAMPLES_FILE, read_samples
 from backends.torch.config import config_from_dict
 from backends.torch.credit_samples import IMAGE_TAG
-from backends.torch.errors import ConfigError
 from backends.torch.trainer import GRPORecipe, train
 from tests.helpers.torch_tiny import comparable, tiny_config
 

@@ -21,9 +21,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from backends.common.errors import ConfigError
+from backends.common.jsonl import read_jsonl
 from backends.torch.config import load_config
-from backends.torch.errors import ConfigError
-from backends.torch.metrics import read_jsonl
 from backends.torch.trainer import RunResult, train
 from tests.helpers.torch_tiny import RESUMABLE, comparable, tiny_config
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from backends.common.errors import ConfigError
 from backends.torch.config import RolloutConfig, config_from_dict
-from backends.torch.errors import ConfigError
 from backends.torch.rollout_vllm import VLLMRolloutEngine
 from backends.torch.trainer import GRPORecipe
 from tests.helpers.one_rank import join_one_rank_group, one_rank_group

@@ -21,8 +21,8 @@ import yaml
 from safetensors.torch import load_file
 
 import backends.torch.checkpoint as ckpt
+from backends.common.jsonl import read_jsonl
 from backends.torch.__main__ import main as train_main
-from backends.torch.metrics import read_jsonl
 from backends.torch.run_lock import RunFolderBusyError, acquire_run_lock
 from backends.torch.trainer import GRPORecipe, RunResult, train
 from credit_core.preemption import PREEMPTED_EXIT

@@ -27,11 +27,11 @@ from adapters.grad_path import (
     path_reward_grad,
 )
 from adapters.policy import response_logprobs_and_stats, response_logprobs_and_work
+from backends.common.errors import ConfigError
+from backends.common.jsonl import read_jsonl
 from backends.torch.checkpoint import checkpoint_folders
 from backends.torch.config import config_from_dict, load_config
-from backends.torch.errors import ConfigError
 from backends.torch.loss import aggregate, ppo_clip_loss
-from backends.torch.metrics import read_jsonl
 from backends.torch.trainer import GRPORecipe, RunResult, train
 from credit_core import ScoreStrategy, group_advantages, token_work
 from credit_core.builtin_strategies import BUILTIN_STRATEGIES

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.torch.data import PromptSampler, load_jsonl, shard
-from backends.torch.errors import ConfigError
-from backends.torch.tasks import get_task
+from backends.common.data import PromptSampler, load_jsonl, shard
+from backends.common.errors import ConfigError
+from backends.common.tasks import get_task
 
 
 def test_jsonl_prompts_and_labels(tmp_path: Path) -> None:

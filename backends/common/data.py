@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from backends.torch.errors import ConfigError
+from backends.common.errors import ConfigError
 
 
 @dataclass(frozen=True)

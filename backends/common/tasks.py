@@ -25,8 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adapters.direction import DirectionModel
 from adapters.reward_models import ModuleRM
 from adapters.tiny import TINY_CORPUS
-from backends.torch.data import Prompt
-from backends.torch.errors import ConfigError, FieldError
+from backends.common.data import Prompt
+from backends.common.errors import ConfigError, FieldError
 from credit_core.errors import validation_messages
 
 

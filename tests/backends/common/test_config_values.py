@@ -1,11 +1,11 @@
-"""The credit keys as frameworks give them (``backends.config_values``): names, mappings and
+"""The credit keys as frameworks give them (``backends.common.config_values``): names, mappings and
 JSON strings parsed; every problem named by the key the user wrote."""
 
 from __future__ import annotations
 
 import pytest
 
-from backends.config_values import parse_credit, parse_direction
+from backends.common.config_values import parse_credit, parse_direction
 from credit_core import CreditError
 
 

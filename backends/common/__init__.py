@@ -1,0 +1,4 @@
+"""What every backend shares, below all of them: configuration errors and the credit keys'
+parser, the built-in tasks and their prompts, the response mask, JSONL record files, and the
+frameworks' release checks. A backend imports this layer (and ``backends.samples``), never
+a sibling backend."""
