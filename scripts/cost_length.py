@@ -29,7 +29,13 @@ reported beside them (the pretrained policy writes about L words).
 Writes ``results.json`` (every timed step), ``table.md`` and ``cost_length.png`` into
 ``--out``. The strategy list is a parameter (``--strategies``, each a name or a YAML mapping
 as a ``credit:`` entry takes), so strategies added later run the same way. Timings are
-only comparable on a quiet machine (``heavy --both``). Exit status 2 on bad arguments.
+only comparable on a quiet machine; the committed figures come from
+
+    OMP_NUM_THREADS=1 heavy --both python scripts/cost_length.py --steps 8 \
+        --out docs/results/cost_length
+
+(about 5 min with the assets cached; ``--steps 3`` took 3.4 min on a shared machine).
+Exit status 2 on bad arguments.
 """
 
 from __future__ import annotations
