@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ablations.credit_probes import ProbeConfig
-from ablations.settings import SETTINGS
+from ablations.settings import SETTINGS, SettingKind
 from ablations.summary import MIN_PAIRS
 from adapters.tiny import Family
 from backends.common.errors import ConfigError, FieldError, format_config_errors
@@ -74,8 +74,14 @@ class StrategyConfig(Section):
 
 
 class SettingConfig(Section):
-    """One built-in setting with its parameters and training overrides."""
+    """One built-in setting with its parameters and training overrides. ``kind`` names the
+    built-in setting it is an instance of (default: the setting's own name), so that one kind
+    can run under several names with different params (``sweep_24``, ``sweep_192`` of kind
+    ``length_sweep``)."""
 
+    kind: str | None = Field(
+        default=None, description="the built-in setting this is one of; null: its own name"
+    )
     params: dict[str, Any] = Field(default_factory=dict, description="the setting's params")
     train: dict[str, Any] = Field(default_factory=dict, description="trainer overrides")
     threshold: float | None = Field(
@@ -172,10 +178,17 @@ class AblateConfig(Section):
             value = {name: {} for name in value}
         if not isinstance(value, Mapping):
             raise ValueError("expected a mapping (or a list) of setting names")
-        unknown = sorted(set(value) - set(SETTINGS))
+        value = {k: ({} if v is None else v) for k, v in value.items()}
+        kinds = {
+            k: str(v.get("kind") or k) if isinstance(v, Mapping) else k for k, v in value.items()
+        }
+        unknown = sorted({kind for kind in kinds.values() if kind not in SETTINGS})
         if unknown:
-            raise ValueError(f"unknown settings {unknown}; built-in: {list(SETTINGS)}")
-        return {k: ({} if v is None else v) for k, v in value.items()}
+            raise ValueError(
+                f"unknown settings {unknown}; built-in: {list(SETTINGS)} (a setting under "
+                "another name gives its built-in one as 'kind')"
+            )
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> AblateConfig:
@@ -224,7 +237,7 @@ class AblateConfig(Section):
             if label is not None and label not in labels:
                 raise ValueError(f"{role}: {label!r} is not one of the strategies {labels}")
         for name, spec in self.settings.items():
-            model = SETTINGS[name].params
+            model = self.setting_kind(name).params
             try:
                 model.model_validate(spec.params)
             except ValidationError as exc:
@@ -233,9 +246,17 @@ class AblateConfig(Section):
             raise ValueError("seeds and families must not repeat")
         return self
 
+    def setting_kind(self, name: str) -> SettingKind:
+        """The built-in setting that setting ``name`` is one of (its ``kind``, or its name)."""
+        return SETTINGS[self.settings[name].kind or name]
+
     def setting_params(self, name: str) -> Any:
         """The validated parameter model of setting ``name``."""
-        return SETTINGS[name].params.model_validate(self.settings[name].params)
+        return self.setting_kind(name).params.model_validate(self.settings[name].params)
+
+    def setting_title(self, name: str) -> str:
+        """The report title of setting ``name``: its kind's, formatted with its params."""
+        return self.setting_kind(name).title.format(**self.setting_params(name).model_dump())
 
     @property
     def method_label(self) -> str:

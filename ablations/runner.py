@@ -54,7 +54,7 @@ from ablations.results import (
     write_csv,
     write_result,
 )
-from ablations.settings import SETTINGS, SettingAssets
+from ablations.settings import SettingAssets
 from ablations.summary import SettingSpec, SummarySpec, group_runs, summarize
 from backends.common.errors import ConfigError
 from credit_core.cli import CommandError
@@ -250,18 +250,20 @@ def runs_now(cfg: AblateConfig, plan: Sequence[RunKey]) -> list[RunKey]:
 
 def run_fingerprint(cfg: AblateConfig, run: RunKey) -> str:
     """A hash of everything in ``cfg`` that determines ``run``'s result: its training
-    section, the setting's parameters, the strategy's credit config,
+    section, the setting's kind (where given) and parameters, the strategy's credit config,
     the probes, family and seed."""
-    return spec_hash(
-        {
-            "version": RESULT_VERSION,
-            "run": [run.setting, run.family, run.seed],
-            "credit": cfg.strategy(run.strategy).credit.model_dump(mode="json"),
-            "train": deep_merge(cfg.train, cfg.settings[run.setting].train),
-            "params": cfg.setting_params(run.setting).model_dump(mode="json"),
-            "probes": cfg.probes.model_dump(mode="json"),
-        }
-    )
+    spec = {
+        "version": RESULT_VERSION,
+        "run": [run.setting, run.family, run.seed],
+        "credit": cfg.strategy(run.strategy).credit.model_dump(mode="json"),
+        "train": deep_merge(cfg.train, cfg.settings[run.setting].train),
+        "params": cfg.setting_params(run.setting).model_dump(mode="json"),
+        "probes": cfg.probes.model_dump(mode="json"),
+    }
+    kind = cfg.settings[run.setting].kind
+    if kind is not None:  # only then: the fingerprints of settings without one stay as they were
+        spec["kind"] = kind
+    return spec_hash(spec)
 
 
 def fingerprints(cfg: AblateConfig, runs: Sequence[RunKey]) -> dict[RunKey, str]:
@@ -277,7 +279,7 @@ def build_assets(cfg: AblateConfig, setting: str, family: str, log: Log) -> Sett
     """The assets of ``setting`` for ``family`` (built, or read from the cache)."""
     start = time.perf_counter()
     params = cfg.setting_params(setting)
-    assets = SETTINGS[setting].build(params, family, Path(cfg.cache_dir))
+    assets = cfg.setting_kind(setting).build(params, family, Path(cfg.cache_dir))
     log(f"[ablate] assets of {setting}/{family} ready in {time.perf_counter() - start:.1f}s")
     return assets
 
@@ -500,9 +502,9 @@ def summary_spec(cfg: AblateConfig) -> SummarySpec:
         settings=[
             SettingSpec(
                 name,
-                SETTINGS[name].title,
-                SETTINGS[name].primary,
-                SETTINGS[name].metric,
+                cfg.setting_title(name),
+                cfg.setting_kind(name).primary,
+                cfg.setting_kind(name).metric,
                 cfg.settings[name].threshold,
             )
             for name in cfg.settings

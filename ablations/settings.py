@@ -30,11 +30,18 @@ folder (``cache.cached_dir``), keyed by everything that determines it; reruns re
    in-process on noisy preference pairs labelled by a hidden two-span rule that does not
    add up over tokens (``preference_task``); the hidden rule is the held-out metric, so
    over-optimisation of the learned RM shows.
+9. ``length_sweep``: one sparse task at any response length (``response_len``; 24, 96 and
+   192 in configs/ablate/length.yaml): the exact reward is the product of the target-word
+   counts of two spans of decisive positions, which does not decompose over prefixes
+   (``length_task``); the direction model is a tiny BERT trained in-process on that rule.
+   The title is formatted with the params (``{response_len}``), so named settings of this
+   kind (``kind:`` in the config) read apart in the report.
 
 Settings 1, 4, 5 and 6 also give the exact per-token decomposition of their score
 (``SettingAssets.token_rule``) for the credit probes; settings 7 and 8, whose scores are not
 sums over tokens, give a per-token credit rule instead (the chain's step correctness, the
-hidden rule with one token swapped); the MiniLM settings have none.
+hidden rule with one token swapped), and so does setting 9 (its rule with one token
+swapped); the MiniLM settings have none.
 """
 
 from __future__ import annotations
@@ -46,9 +53,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ablations import chain_task, preference_task, sparse_tasks, word_tasks
+from ablations import chain_task, length_task, preference_task, sparse_tasks, word_tasks
 from ablations.cache import cached_dir
 from ablations.corpus import docstring_sentences
 from ablations.pretrain import PretrainConfig, pretrain_policy
@@ -172,6 +179,32 @@ class KeywordSparseParams(_Params):
     rm: RMTrainConfig = RMTrainConfig()
 
 
+class LengthSweepParams(_Params):
+    """Setting 9: the response length, task sizes, the pretrained target-word rate,
+    pretraining (``max_len`` must hold a prompt, the response and EOS) and the direction RM."""
+
+    response_len: int = Field(
+        default=24, ge=length_task.MIN_LENGTH, le=448, description="response words"
+    )
+    num_train: int = Field(default=512, ge=1)
+    num_held_out: int = Field(default=64, ge=1)
+    num_pretrain: int = Field(default=4000, ge=1)
+    target_rate: float = Field(default=0.25, ge=0.0, le=1.0)
+    seed: int = 0
+    pretrain: PretrainConfig = PretrainConfig(steps=150, max_len=256)
+    rm: RMTrainConfig = RMTrainConfig()
+
+    @model_validator(mode="after")
+    def _fits(self) -> LengthSweepParams:
+        need = word_tasks.PROMPT_WORDS + 1 + self.response_len + 1
+        if self.pretrain.max_len < need:
+            raise ValueError(
+                f"pretrain.max_len: {self.pretrain.max_len} cuts the pretraining texts short; "
+                f"a prompt, {self.response_len} response words and EOS need {need}"
+            )
+        return self
+
+
 class MiniLMParams(_Params):
     """Settings 2 and 3: the target description, prompts from the corpus, pretraining."""
 
@@ -286,7 +319,11 @@ class _WordTaskAssets:
 
 def _word_task(
     setting: str,
-    p: TargetTokensParams | VerifiableParams | KeywordSparseParams | ChainParams,
+    p: TargetTokensParams
+    | VerifiableParams
+    | KeywordSparseParams
+    | ChainParams
+    | LengthSweepParams,
     family: str,
     cache: Path,
     data: word_tasks.TaskData,
@@ -531,6 +568,38 @@ def build_keyword_sparse(p: KeywordSparseParams, family: str, cache: Path) -> Se
     )
 
 
+def build_length_sweep(p: LengthSweepParams, family: str, cache: Path) -> SettingAssets:
+    data = length_task.length_task(
+        num_train=p.num_train,
+        num_held_out=p.num_held_out,
+        num_pretrain=p.num_pretrain,
+        target_rate=p.target_rate,
+        response_len=p.response_len,
+        seed=p.seed,
+    )
+
+    def examples(prompts: list[str], n: int, seed: int) -> list[tuple[str, str, float]]:
+        return length_task.span_rm_examples(prompts, n, seed, p.response_len)
+
+    words = word_tasks.target_words()
+    a = _word_task("length_sweep", p, family, cache, data, words, examples)
+    return SettingAssets(
+        policy_dir=a.policy_dir,
+        data=a.data,
+        reward={
+            "direction_model": {"kind": "seq_classification", "path": str(a.rm_dir)},
+            "reward": {
+                "kind": "callable",
+                "function": "ablations.length_task:span_checker",
+                "kwargs": {"response_len": p.response_len},
+            },
+        },
+        train={"rollout": {"max_new_tokens": p.response_len}},
+        info={**a.info, "decisive positions": list(length_task.decisive_positions(p.response_len))},
+        token_rule=length_task.SpanSwapRule(sparse_tasks.word_ids(words), p.response_len),
+    )
+
+
 def minilm_policy_tokenizer() -> Any:
     """MiniLM's WordPiece tokenizer without its ``[CLS] ... [SEP]`` template (a policy must
     not see an end-of-sequence token after its prompt); ``[SEP]`` is the policy's EOS."""
@@ -677,5 +746,12 @@ SETTINGS: dict[str, SettingKind] = {
         "extra_hidden_score_sampled",
         "8. learned preference RM (Bradley-Terry, noisy labels of a hidden two-span rule)",
         "hidden-rule score",
+    ),
+    "length_sweep": SettingKind(
+        LengthSweepParams,
+        build_length_sweep,
+        "eval_reward_sampled",
+        "9. length sweep, {response_len} words: product of two span counts at 4 decisive positions",
+        "span product (exact rule)",
     ),
 }
