@@ -16,7 +16,7 @@ from ablations.ablation_config import AblateConfig
 from ablations.credit_probes import exact_token_credit
 from ablations.settings import SETTINGS
 from adapters.config import build_direction_model
-from backends.torch.errors import ConfigError
+from backends.common.errors import ConfigError
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
