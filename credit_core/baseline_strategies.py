@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from credit_core.allocation import weight_diagnostics
 from credit_core.batch import CreditBatch
-from credit_core.strategy import CreditResult, CreditStrategy, SeededStream
+from credit_core.strategy import CreditResult, CreditStrategy, SeededStream, builtin
 from credit_core.tensor_checks import check_finite_at
 from credit_core.token_rewards import group_return_advantages
 from credit_core.token_selection import top_fraction
@@ -115,6 +115,7 @@ class _TopFractionStrategy(CreditStrategy):
         return _result(batch, weights, int(empty.sum()))
 
 
+@builtin
 class EntropyTopStrategy(_TopFractionStrategy):
     """The 80/20 rule: keep the tokens whose entropy H_t reaches the (1 - rho) quantile of
     H over the step's valid tokens (all processes); ``mode`` says what the selection does."""
@@ -128,6 +129,7 @@ class EntropyTopStrategy(_TopFractionStrategy):
         return entropy
 
 
+@builtin
 class RandomTopStrategy(SeededStream, _TopFractionStrategy):
     """Control of ``entropy_top``: the same rule on uniform random keys, i.e. a uniformly
     random ``rho`` share of the step's tokens. Keys are drawn on the CPU from a generator
@@ -151,6 +153,7 @@ class ABCParams(BaseModel):
     mode: RewardForm = Field("mean", description="mean: mean-preserving weights; paper: reward")
 
 
+@builtin
 class ABCStrategy(CreditStrategy):
     """Attention-based credit with alpha the direction model's attention over the response
     (sum 1 over valid tokens). ``mean``: w_t = (1 - beta) + beta n alpha_t; a row without
@@ -200,6 +203,7 @@ class REDParams(BaseModel):
     mode: RewardForm = Field("mean", description="mean: mean-preserving weights; paper: reward")
 
 
+@builtin
 class REDStrategy(CreditStrategy):
     """Reward redistribution with r_t = s_t - s_{t-1} the direction model's prefix-score
     differences. ``mean``: w_t proportional to max(sign(A) r_t, 0) + eps, rescaled to mean 1
@@ -229,11 +233,3 @@ class REDStrategy(CreditStrategy):
         unaligned = ~torch.where(mask, aligned > 0, False).any(dim=1)
         weights, _ = mean_one(aligned + self.params.eps, mask)
         return _result(batch, weights, int((unaligned & (sign[:, 0] != 0)).sum()))
-
-
-BASELINE_STRATEGIES: tuple[type[CreditStrategy], ...] = (
-    EntropyTopStrategy,
-    RandomTopStrategy,
-    ABCStrategy,
-    REDStrategy,
-)

@@ -8,17 +8,18 @@ from typing import ClassVar
 import torch
 from pydantic import BaseModel, Field
 
+# baseline_strategies and key_tokens are imported for their ``builtin`` registrations.
+from credit_core import baseline_strategies, key_tokens  # noqa: F401
 from credit_core.allocation import CreditDiagnostics
-from credit_core.baseline_strategies import BASELINE_STRATEGIES
 from credit_core.batch import CreditBatch, PolicyStats
 from credit_core.hookspecs import hookimpl
-from credit_core.key_tokens import KTAEStrategy
 from credit_core.strategy import (
     CreditStrategy,
     ScoreParams,
     ScoreStrategy,
     SeededStream,
-    UniformStrategy,
+    builtin,
+    builtin_classes,
 )
 from credit_core.work import token_work
 
@@ -41,6 +42,7 @@ def _work(batch: CreditBatch, signed: bool) -> torch.Tensor:
     return w0 * torch.sign(batch.advantages).to(w0.dtype).unsqueeze(1)
 
 
+@builtin
 class DATCStrategy(ScoreStrategy):
     """DATC: s_t = W_t, the work of the GRPO update direction against the reward gradient."""
 
@@ -52,6 +54,7 @@ class DATCStrategy(ScoreStrategy):
         return _work(batch, signed=True)
 
 
+@builtin
 class DATCMidpointStrategy(DATCStrategy):
     """DATC with the reward gradient taken at the midpoint between the sampled embeddings
     and the policy's expected embeddings (docs/design.md, "Curvature-robust direction");
@@ -70,6 +73,7 @@ class PathParams(ScoreParams):
     points: int = Field(4, ge=2, le=64, description="points of the path (midpoint rule)")
 
 
+@builtin
 class DATCIntegratedStrategy(DATCStrategy):
     """DATC with the reward gradient averaged over ``points`` points of the path from the
     sampled embeddings to the policy's expected embeddings (the midpoint rule of the
@@ -84,6 +88,7 @@ class DATCIntegratedStrategy(DATCStrategy):
         return self.params.points
 
 
+@builtin
 class DATCUnsignedStrategy(ScoreStrategy):
     """Ablation: s_t = |W_t|, magnitude without direction."""
 
@@ -95,6 +100,7 @@ class DATCUnsignedStrategy(ScoreStrategy):
         return _work(batch, signed=True).abs()
 
 
+@builtin
 class DATCNoSignStrategy(ScoreStrategy):
     """Ablation: s_t = W_t without the sign(A) factor."""
 
@@ -106,6 +112,7 @@ class DATCNoSignStrategy(ScoreStrategy):
         return _work(batch, signed=False)
 
 
+@builtin
 class DATCInverseStrategy(ScoreStrategy):
     """Negative control: s_t = -W_t."""
 
@@ -117,6 +124,7 @@ class DATCInverseStrategy(ScoreStrategy):
         return -_work(batch, signed=True)
 
 
+@builtin
 class SaliencyStrategy(ScoreStrategy):
     """RM-gradient saliency: s_t = ||g_t||, no policy direction."""
 
@@ -155,6 +163,7 @@ def permute_within_rows(
     return torch.empty_like(values).scatter_(1, target, values.gather(1, source))
 
 
+@builtin
 class DATCShuffledStrategy(SeededStream, DATCStrategy):
     """Control: DATC's weights permuted among each response's valid tokens (seeded).
 
@@ -171,19 +180,9 @@ class DATCShuffledStrategy(SeededStream, DATCStrategy):
         return permute_within_rows(w, batch.mask, self.generator), diag
 
 
-BUILTIN_STRATEGIES: tuple[type[CreditStrategy], ...] = (
-    UniformStrategy,
-    DATCStrategy,
-    DATCMidpointStrategy,
-    DATCIntegratedStrategy,
-    DATCUnsignedStrategy,
-    DATCNoSignStrategy,
-    DATCShuffledStrategy,
-    DATCInverseStrategy,
-    SaliencyStrategy,
-    *BASELINE_STRATEGIES,
-    KTAEStrategy,
-)
+#: Every built-in strategy: the classes decorated with ``builtin`` here and in the modules
+#: this one imports (the baselines, KTAE), in registration order.
+BUILTIN_STRATEGIES: tuple[type[CreditStrategy], ...] = builtin_classes()
 
 
 @hookimpl

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from credit_core.allocation import weight_diagnostics
 from credit_core.batch import CreditBatch
 from credit_core.errors import CreditError
-from credit_core.strategy import CreditResult, CreditStrategy
+from credit_core.strategy import CreditResult, CreditStrategy, builtin
 
 #: A two-sided p-value at or above 1 - this counts as p = 1 (the observed table is a most
 #: probable one: no association, F = 0); the authors test p != 1.0 in float32.
@@ -255,6 +255,7 @@ def key_token_scores(batch: CreditBatch, params: KTAEParams) -> tuple[torch.Tens
     return per_token, int(one_sided[group].sum())
 
 
+@builtin
 class KTAEStrategy(CreditStrategy):
     """KTAE (module docstring; docs/design.md, "Key tokens (KTAE)"): A_t = A_i + k_{y_t}, the
     response advantage plus the key-token score of the sampled token within its group. Reads

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -162,6 +162,32 @@ class CreditStrategy(ABC):
         return f"{type(self).__name__}(name={self.name!r}, params={self.params!r})"
 
 
+_S = TypeVar("_S", bound=type[CreditStrategy])
+#: The built-in strategy classes by name, in the order their modules registered them.
+_BUILTINS: dict[str, type[CreditStrategy]] = {}
+
+
+def builtin(cls: _S) -> _S:
+    """Class decorator: register ``cls`` as a built-in strategy. The registry serves the
+    built-ins through the same ``credit_core_strategies`` hook as any plugin's
+    (``credit_core.builtin_strategies``). A second class under a registered name is a
+    ``CreditError``."""
+    known = _BUILTINS.get(cls.name)
+    if known is not None and known.__qualname__ != cls.__qualname__:
+        raise CreditError(
+            f"built-in strategy {cls.name!r}: registered by {known.__qualname__} already, "
+            f"not {cls.__qualname__}"
+        )
+    _BUILTINS[cls.name] = cls
+    return cls
+
+
+def builtin_classes() -> tuple[type[CreditStrategy], ...]:
+    """The classes registered with ``builtin``, in registration order."""
+    return tuple(_BUILTINS.values())
+
+
+@builtin
 class UniformStrategy(CreditStrategy):
     """Plain GRPO: every valid token gets the response advantage (w = 1)."""
 
