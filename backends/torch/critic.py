@@ -34,7 +34,7 @@ class CriticModule(torch.nn.Module):
         super().__init__()
         self.module = decoder
         param = next(decoder.parameters())
-        head = torch.nn.utils.skip_init(
+        head = torch.nn.utils.skip_init(  # type: ignore[no-untyped-call]
             torch.nn.Linear, hidden_size, 1, bias=False, device=param.device, dtype=param.dtype
         )
         generator = torch.Generator(device="cpu").manual_seed(seed)
@@ -57,7 +57,7 @@ class CriticModule(torch.nn.Module):
 def build_critic(policy: PreTrainedModel, *, seed: int) -> CriticModule:
     """A critic initialised from ``policy`` (a Hugging Face causal LM): a copy of its
     decoder (``get_decoder()``), trainable, and a value head seeded by ``seed``."""
-    decoder = policy.get_decoder()
+    decoder = policy.get_decoder()  # type: ignore[no-untyped-call]
     if decoder is policy or not isinstance(decoder, torch.nn.Module):
         raise CreditError(
             f"policy: {type(policy).__name__} has no separate decoder (get_decoder()) to copy "

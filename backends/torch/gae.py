@@ -17,6 +17,7 @@ of verl and OpenRLHF for ``gae``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -117,4 +118,4 @@ def whiten(advantages: torch.Tensor, mask: torch.Tensor, reduce_sum: ReduceSum) 
     mean = sums[0].to(a.device) / n
     centered = (a - mean) * m
     var = float(reduce_sum((centered * centered).sum().reshape(1))[0]) / (n - 1)
-    return (centered / (var + WHITEN_EPS) ** 0.5).float()
+    return (centered / math.sqrt(var + WHITEN_EPS)).float()
