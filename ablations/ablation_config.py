@@ -10,7 +10,12 @@ reward, output folder); it is validated by the trainer's ``TrainConfig``.
 plus an optional ``label`` naming the run (default: the strategy name; labels are unique)
 and an optional ``settings`` list: the settings the strategy runs in (default: all; e.g.
 the path gradient of ``datc_mid`` and ``datc_ig`` needs a reward model that reads the
-policy's token ids, not the vocabulary bridge of ``minilm_bridge``).
+policy's token ids, not the vocabulary bridge of ``minilm_bridge``), and an optional
+``train``: trainer overrides of that row's runs, applied after the setting's. PPO with a
+critic is such a row, at the same rollout budget (prompts_per_step x group_size samples per
+step, group_size unchanged) as every other row::
+
+    - {label: ppo_gae, name: uniform, train: {algorithm: {estimator: gae}}}
 """
 
 from __future__ import annotations
@@ -52,6 +57,11 @@ class StrategyConfig(Section):
     settings: list[str] | None = Field(
         default=None, description="the settings this strategy runs in; null: all"
     )
+    train: dict[str, Any] = Field(
+        default_factory=dict,
+        description="trainer overrides of this strategy's runs (after the setting's), e.g. "
+        "{algorithm: {estimator: gae}} for PPO with a critic",
+    )
 
     def runs_in(self, setting: str) -> bool:
         return self.settings is None or setting in self.settings
@@ -63,12 +73,13 @@ class StrategyConfig(Section):
         if isinstance(value, str):
             return cls(label=value, credit=CreditConfig.parse(value))
         if isinstance(value, Mapping):
-            own = ("label", "settings")
+            own = ("label", "settings", "train")
             credit = CreditConfig.parse({k: v for k, v in value.items() if k not in own})
             return cls(
                 label=str(value.get("label", credit.name)),
                 credit=credit,
                 settings=value.get("settings"),
+                train=value.get("train") or {},
             )
         raise ValueError(f"expected a strategy name or mapping, got {type(value).__name__}")
 
@@ -194,6 +205,7 @@ class AblateConfig(Section):
     def _consistent(self) -> AblateConfig:
         sections = [("train", self.train)]
         sections += [(f"settings.{n}.train", s.train) for n, s in self.settings.items()]
+        sections += [(f"strategies.{s.label}.train", s.train) for s in self.strategies]
         for where, section in sections:
             owned = sorted(set(section) & RUN_OWNED_KEYS)
             if owned:
@@ -209,6 +221,12 @@ class AblateConfig(Section):
         if unknown_compare:
             raise ValueError(
                 f"probes.compare: {unknown_compare} are not labels of the strategies {labels}"
+            )
+        trained = sorted(x for x in self.probes.compare if self.strategy(x).train)
+        if trained:
+            raise ValueError(
+                f"probes.compare: {trained} have their own trainer overrides ('train'), which a "
+                "credit judged on another run's batches cannot carry; compare credit strategies"
             )
         for strategy in self.strategies:
             unknown = sorted(set(strategy.settings or []) - set(self.settings))
@@ -278,6 +296,7 @@ class AblateConfig(Section):
                 "name": s.credit.name,
                 **s.credit.params,
                 **({} if s.settings is None else {"settings": list(s.settings)}),
+                **({"train": s.train} if s.train else {}),
             }
             for s in self.strategies
         ]
@@ -338,4 +357,12 @@ def load_ablate_config(path: str | Path, overrides: Sequence[str] = ()) -> Ablat
             {"policy": {"preset": {"family": "llama"}}, "data": {"task": "positional"}},
         )
         config_from_dict(stand_in, source=f"{file} (train + settings.{name}.train)")
+        for strategy in (s for s in cfg.strategies if s.train and s.runs_in(name)):
+            config_from_dict(
+                deep_merge(
+                    deep_merge(stand_in, strategy.train),
+                    {"credit": strategy.credit.model_dump()},
+                ),
+                source=f"{file} (settings.{name} + strategies.{strategy.label}.train)",
+            )
     return cfg

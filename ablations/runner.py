@@ -110,6 +110,7 @@ def run_train_config(
 ) -> dict[str, Any]:
     """The trainer config (a mapping for ``backends.torch.config``) of one run."""
     merged = deep_merge(deep_merge(cfg.train, assets.train), cfg.settings[run.setting].train)
+    merged = deep_merge(merged, cfg.strategy(run.strategy).train)
     own = {
         "seed": run.seed,
         "output_dir": str(run_dir / TRAIN_DIR),
@@ -250,19 +251,23 @@ def runs_now(cfg: AblateConfig, plan: Sequence[RunKey]) -> list[RunKey]:
 
 def run_fingerprint(cfg: AblateConfig, run: RunKey) -> str:
     """A hash of everything in ``cfg`` that determines ``run``'s result: its training
-    section, the setting's kind (where given) and parameters, the strategy's credit config,
-    the probes, family and seed."""
+    section, the setting's kind (where given) and parameters, the strategy's credit config
+    (and its own trainer overrides, where it has them), the probes, family and seed."""
+    strategy = cfg.strategy(run.strategy)
     spec = {
         "version": RESULT_VERSION,
         "run": [run.setting, run.family, run.seed],
-        "credit": cfg.strategy(run.strategy).credit.model_dump(mode="json"),
+        "credit": strategy.credit.model_dump(mode="json"),
         "train": deep_merge(cfg.train, cfg.settings[run.setting].train),
         "params": cfg.setting_params(run.setting).model_dump(mode="json"),
         "probes": cfg.probes.model_dump(mode="json"),
     }
+    # Only where given: the fingerprints of settings and rows without them stay as they were.
     kind = cfg.settings[run.setting].kind
-    if kind is not None:  # only then: the fingerprints of settings without one stay as they were
+    if kind is not None:
         spec["kind"] = kind
+    if strategy.train:
+        spec["strategy_train"] = strategy.train
     return spec_hash(spec)
 
 

@@ -150,9 +150,17 @@ class RolloutConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    """Advantages, PPO epochs and the clipped loss with KL against a frozen reference."""
+    """Advantages, PPO epochs and the clipped loss with KL against a frozen reference.
 
-    estimator: Literal["group_norm", "dr_grpo", "rloo"] = "group_norm"
+    ``estimator``: a group estimator (``credit_core.group_advantages``), or ``gae``: PPO with
+    a learned critic (``critic`` section), token advantages by GAE with ``gamma`` and
+    ``lam`` (docs/design.md, "PPO with a critic (GAE)"); ``gamma``/``lam`` are read only
+    by ``gae``.
+    """
+
+    estimator: Literal["group_norm", "dr_grpo", "rloo", "gae"] = "group_norm"
+    gamma: float = Field(default=1.0, ge=0.0, le=1.0, description="GAE discount (gae only)")
+    lam: float = Field(default=0.95, ge=0.0, le=1.0, description="GAE lambda (gae only)")
     adv_eps: float = Field(default=1e-6, ge=0.0)
     ppo_epochs: int = Field(default=1, ge=1)
     updates_per_epoch: int = Field(
@@ -164,6 +172,29 @@ class AlgorithmConfig(Section):
     kl_coef: float = Field(default=0.0, ge=0.0)
     kl_estimator: KLEstimator = "k3"
     loss_agg: LossAgg = "token_mean"
+
+
+class CriticConfig(Section):
+    """The critic of ``algorithm.estimator: gae``: a copy of the policy's decoder with a
+    scalar value head (``backends.torch.critic``), trained by the clipped value loss with
+    its own AdamW (``optim``'s settings and schedule, its own learning rate)."""
+
+    lr: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="critic learning rate; null: 10 x optim.lr (the critic/actor ratio of "
+        "verl's defaults, 1e-5 / 1e-6; OpenRLHF's is 9e-6 / 1e-6)",
+    )
+    value_clip: float = Field(
+        default=0.5,
+        gt=0.0,
+        description="PPO value clip: new values are clipped to old +- value_clip in the "
+        "loss (verl critic.cliprange_value and OpenRLHF --critic.value_clip, both 0.5)",
+    )
+
+    def learning_rate(self, policy_lr: float) -> float:
+        """``lr``, or 10 x the policy's learning rate when unset."""
+        return self.lr if self.lr is not None else 10.0 * policy_lr
 
 
 class OptimConfig(Section):
@@ -263,6 +294,7 @@ class TrainConfig(Section):
     data: DataConfig
     rollout: RolloutConfig = RolloutConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
+    critic: CriticConfig = CriticConfig()
     optim: OptimConfig = OptimConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -293,6 +325,17 @@ class TrainConfig(Section):
                     f"{credit.name!r} needs the distribution actually sampled from "
                     "(policy_stats); set rollout.top_k=0 and rollout.top_p=1.0",
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _gae_credit_is_uniform(self) -> TrainConfig:
+        if self.algorithm.estimator == "gae" and self.credit.name != "uniform":
+            raise FieldError(
+                "credit",
+                f"algorithm.estimator='gae' takes its token advantages from the critic (GAE), "
+                f"so credit must be 'uniform', got {self.credit.name!r}; use a group estimator "
+                "(algorithm.estimator: group_norm, dr_grpo or rloo) with this credit strategy",
+            )
         return self
 
     @model_validator(mode="after")

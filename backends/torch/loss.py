@@ -16,6 +16,14 @@ totals (``LossNormalizer``) and the micro-batch losses add up to the step's loss
 - ``seq_mean_token_sum_norm``: (1/B) sum_i sum_t m l / L, L a constant (max_new_tokens)
   (Dr. GRPO). verl's "seq-mean-token-sum-norm" computes sum_{i,t} m l / T_pad per
   micro-batch, i.e. B_micro times this value when T_pad = L, with the 1/B folded elsewhere.
+
+The critic's clipped value loss (``algorithm.estimator: gae``; verl ``compute_value_loss``,
+OpenRLHF ``ValueLoss``), per token, with new values V, old values V_old, returns R and
+clip c:
+
+    loss_t = 0.5 * max((V_t - R_t)^2, (clip(V_t, V_old_t - c, V_old_t + c) - R_t)^2)
+
+aggregated like the policy loss.
 """
 
 from __future__ import annotations
@@ -97,3 +105,33 @@ def ppo_clip_loss(
     return PPOTerms(
         loss=-torch.minimum(surr1, surr2), clipped=surr2 < surr1, log_ratio=log_ratio.detach()
     )
+
+
+@dataclass(frozen=True)
+class ValueTerms:
+    """Per-token outputs of ``clipped_value_loss``, all (B, T)."""
+
+    loss: torch.Tensor
+    clipped: torch.Tensor  # bool: the clipped value's error was the larger (active) one
+
+
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, *, clip: float
+) -> ValueTerms:
+    """Per-token clipped value loss (module docstring); differentiable in ``values``.
+
+    ``values``, ``old_values`` (the critic's before this step's updates) and ``returns``
+    (B, T) floating; ``clip`` > 0.
+    """
+    for name, tensor in (("old_values", old_values), ("returns", returns)):
+        if tensor.shape != values.shape:
+            raise ValueError(
+                f"{name}: expected shape {tuple(values.shape)} (as values), "
+                f"got {tuple(tensor.shape)}"
+            )
+    if not clip > 0:
+        raise ValueError(f"clip: expected a value > 0, got {clip!r}")
+    clipped_values = torch.maximum(torch.minimum(values, old_values + clip), old_values - clip)
+    plain = (values - returns) ** 2
+    clipped = (clipped_values - returns) ** 2
+    return ValueTerms(loss=0.5 * torch.maximum(plain, clipped), clipped=clipped > plain)

@@ -38,6 +38,11 @@ class StepSignals:
     - ``reward_seconds``: this rank's wall time of the reward-model side of the phase (the
       rewards and every reward-side signal: gradient, attention, prefix rewards), a part of
       the phase's time.
+    - ``values`` and ``returns`` (B, R) float32, 0 at padding, or None: with
+      ``algorithm.estimator: gae``, the critic's no-grad values of this batch and the GAE
+      returns it regresses on (``backends.torch.gae``); ``advantages`` is then the whitened
+      GAE advantage of each response's first token (its advantage against the critic's
+      value of the prompt), and ``credit``'s token advantages are the whitened GAE ones.
     """
 
     batch: RolloutBatch
@@ -51,6 +56,8 @@ class StepSignals:
     reward_grad_rows: int
     policy_stats_rows: int
     reward_seconds: float
+    values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
 
     @property
     def token_advantages(self) -> torch.Tensor:
@@ -98,8 +105,29 @@ class StepSignals:
         }
         if self.kl_ref is not None:
             out["kl/ref"] = kl / tokens
+        if self.values is not None and self.returns is not None:
+            out.update(self._critic_metrics(ctx, tokens))
         out.update(self._credit_metrics(ctx, float(lengths.sum())))
         return out
+
+    def _critic_metrics(self, ctx: DistContext, n_tok: float) -> dict[str, float]:
+        """Token means of the critic's values and of the GAE returns, and the fraction of
+        the returns' variance the values explain, over the whole step."""
+        assert self.values is not None and self.returns is not None
+        m = self.batch.response_mask
+        v, r = self.values.double() * m, self.returns.double() * m
+        sums = ctx.all_reduce_sum(
+            torch.stack([v.sum(), r.sum(), (r * r).sum(), ((r - v) ** 2).sum()]).to(
+                ctx.collective_device
+            )
+        )
+        v_sum, r_sum, r_sq, err_sq = (float(x) for x in sums)
+        r_var = r_sq / n_tok - (r_sum / n_tok) ** 2
+        return {
+            "critic/value_mean": v_sum / n_tok,
+            "critic/return_mean": r_sum / n_tok,
+            "critic/explained_var": 1.0 - err_sq / n_tok / r_var if r_var > 0 else float("nan"),
+        }
 
     def _credit_metrics(self, ctx: DistContext, n_tok: float) -> dict[str, float]:
         """``CreditDiagnostics`` of the whole step: each rank's summary combined exactly
@@ -141,8 +169,9 @@ class StepSignals:
 class UpdateTerms:
     """One micro-step's loss terms and token counts (this rank); they add up over a step.
 
-    ``policy_loss`` and ``kl_loss`` are already divided by the update's global normalizer,
-    so their sum over micro-steps and ranks is the update's loss.
+    ``policy_loss``, ``kl_loss`` and the critic's ``value_loss`` (0 without a critic) are
+    already divided by the update's global normalizer, so their sum over micro-steps and
+    ranks is the update's loss.
     """
 
     policy_loss: float = 0.0
@@ -150,6 +179,8 @@ class UpdateTerms:
     clipped_tokens: float = 0.0
     tokens: float = 0.0
     neg_log_ratio: float = 0.0
+    value_loss: float = 0.0
+    value_clipped_tokens: float = 0.0
 
     def __add__(self, other: UpdateTerms) -> UpdateTerms:
         return UpdateTerms(
@@ -170,16 +201,19 @@ class UpdateTerms:
 class UpdateResult:
     """The update phase: its terms summed over all optimizer updates, this rank's summed
     gradient norms (identical on every rank), the number of updates and the learning rate
-    they used."""
+    they used; with a critic (``algorithm.estimator: gae``) its summed gradient norms and
+    learning rate too (None without one)."""
 
     terms: UpdateTerms
     grad_norm_sum: float
     n_updates: int
     lr: float
+    critic_grad_norm_sum: float | None = None
+    critic_lr: float | None = None
 
     def metrics(self, ctx: DistContext, kl_coef: float) -> dict[str, float]:
         g, n = self.terms.reduced(ctx), self.n_updates
-        return {
+        out = {
             "loss/policy": g.policy_loss / n,
             "loss/kl": g.kl_loss / n,
             "loss/total": (g.policy_loss + kl_coef * g.kl_loss) / n,
@@ -188,6 +222,16 @@ class UpdateResult:
             "optim/grad_norm": self.grad_norm_sum / n,
             "optim/lr": self.lr,
         }
+        if self.critic_grad_norm_sum is not None and self.critic_lr is not None:
+            out.update(
+                {
+                    "loss/value": g.value_loss / n,
+                    "critic/clip_frac": g.value_clipped_tokens / g.tokens,
+                    "critic/grad_norm": self.critic_grad_norm_sum / n,
+                    "critic/lr": self.critic_lr,
+                }
+            )
+        return out
 
 
 class PhaseClock:

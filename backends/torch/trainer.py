@@ -51,6 +51,7 @@ from backends.torch.config import (
     load_config,
 )
 from backends.torch.credit_samples import build_recorder
+from backends.torch.critic import build_critic, response_values
 from backends.torch.distributed import (
     DistContext,
     full_model_state,
@@ -63,8 +64,9 @@ from backends.torch.distributed import (
     unwrap,
     wrap_model,
 )
+from backends.torch.gae import gae_advantages_and_returns, outcome_token_rewards, whiten
 from backends.torch.kl import kl_estimate
-from backends.torch.loss import LossNormalizer, aggregate, ppo_clip_loss
+from backends.torch.loss import LossNormalizer, aggregate, clipped_value_loss, ppo_clip_loss
 from backends.torch.metrics import METRICS_FILE, MetricsLogger
 from backends.torch.models import (
     Policy,
@@ -94,6 +96,7 @@ from backends.torch.step import (
 )
 from credit_core import (
     DIRECTION_SIGNALS,
+    CreditResult,
     CreditSignals,
     CreditStrategy,
     PolicyStats,
@@ -101,6 +104,7 @@ from credit_core import (
     get_strategy,
     group_advantages,
 )
+from credit_core.allocation import UNIFORM_DIAGNOSTICS
 from credit_core.preemption import PreemptionWatch, signal_name
 
 CONFIG_FILE = "config.yaml"
@@ -241,9 +245,21 @@ class GRPORecipe:
                 f"but the direction model ({type(direction).__name__}) has none; use a "
                 "transformer reward model (seq_classification or encoder_similarity)"
             )
+        # algorithm.estimator gae: the critic, copied from the policy before FSDP shards it
+        critic = build_critic(self.policy.model, seed=cfg.seed) if self._gae else None
         self.model = wrap_model(PolicyModule(self.policy.model), self.ctx, cfg.distributed.strategy)
         self.checkpointed = checkpointed_layers(self.model)  # policy.gradient_checkpointing
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, cfg.steps)
+        self.critic: torch.nn.Module | None = None
+        if critic is not None:
+            self.critic = wrap_model(critic, self.ctx, cfg.distributed.strategy)
+            self.critic_checkpointed = checkpointed_layers(self.critic)
+            critic_optim = cfg.optim.model_copy(
+                update={"lr": cfg.critic.learning_rate(cfg.optim.lr)}
+            )
+            self.critic_optimizer, self.critic_scheduler = build_optimizer(
+                self.critic, critic_optim, cfg.steps
+            )
         self.sampler = PromptSampler(
             len(self.train_prompts),
             cfg.rollout.prompts_per_step,
@@ -275,6 +291,11 @@ class GRPORecipe:
             is_main=self.ctx.is_main,
             logger=self.logger,
         )
+
+    @property
+    def _gae(self) -> bool:
+        """PPO with a critic (``algorithm.estimator: gae``)."""
+        return self.cfg.algorithm.estimator == "gae"
 
     # ------------------------------------------------------------------------------ setup
 
@@ -361,13 +382,31 @@ class GRPORecipe:
         if latest is None:
             return
         model_state, optim_state = sharded_state(self.model, self.optimizer)
-        state = ckpt.load_checkpoint(latest, model_state, optim_state, self.ctx)
+        critic_state = self._critic_state()
+        state = ckpt.load_checkpoint(
+            latest, model_state, optim_state, self.ctx, critic=critic_state
+        )
         load_sharded_state(self.model, self.optimizer, state.model, state.optimizer)
         self.scheduler.load_state_dict(state.scheduler)
+        if self.critic is not None and state.critic is not None:
+            load_sharded_state(
+                self.critic,
+                self.critic_optimizer,
+                state.critic["model"],
+                state.critic["optimizer"],
+            )
+            self.critic_scheduler.load_state_dict(state.trainer["critic_scheduler"])
         self.sampler.load_state_dict(state.trainer["sampler"])
         self.strategy.load_state_dict(state.rank["strategy"])
         ckpt.restore_rng(state.rank["rng"], self.ctx.device)
         self.step = state.step
+
+    def _critic_state(self) -> dict[str, dict[str, Any]] | None:
+        """The critic's DCP model and optimizer state dicts (``sharded_state``), if any."""
+        if self.critic is None:
+            return None
+        model_state, optim_state = sharded_state(self.critic, self.critic_optimizer)
+        return {"model": model_state, "optimizer": optim_state}
 
     def save(self) -> Path:
         """Write a checkpoint of the current step (collective; every rank writes its shards);
@@ -387,8 +426,16 @@ class GRPORecipe:
             model=model_state,
             optimizer=optim_state,
             scheduler=self.scheduler.state_dict(),
-            trainer={"sampler": self.sampler.state_dict()},
+            trainer={
+                "sampler": self.sampler.state_dict(),
+                **(
+                    {"critic_scheduler": self.critic_scheduler.state_dict()}
+                    if self.critic is not None
+                    else {}
+                ),
+            },
             rank={"rng": ckpt.capture_rng(self.ctx.device), "strategy": self.strategy.state_dict()},
+            critic=self._critic_state(),
         )
         return ckpt.save_checkpoint(
             self.run_dir / CHECKPOINT_DIR,
@@ -520,8 +567,14 @@ class GRPORecipe:
         Used by training, and by anything that wants the trainer's own credit for a batch
         (the ablation probes, ``benchmarks/step.py``). ``strategy`` and ``rewards`` replace
         the run's own for this call (the probes judge other credits on the same batch).
+
+        With ``algorithm.estimator: gae`` the run's own credit is PPO's (``_gae_credit``:
+        the critic's values, GAE, whitened); another ``strategy`` judged on the batch gets
+        GRPO's ``group_norm`` response advantages, the estimator the strategies are
+        defined with (docs/design.md, "PPO with a critic (GAE)").
         """
         cfg = self.cfg
+        own_gae = self._gae and strategy in (None, self.strategy)
         strategy = strategy or self.strategy
         side = rewards or self.reward
         reads = _reads(strategy)
@@ -543,8 +596,9 @@ class GRPORecipe:
             with_prefix_rewards="prefix_rewards" in reads,
         )
         reward_seconds = clock.lap()
+        estimator = "group_norm" if self._gae else cfg.algorithm.estimator
         advantages = group_advantages(
-            reward.rewards, cfg.rollout.group_size, cfg.algorithm.estimator, cfg.algorithm.adv_eps
+            reward.rewards, cfg.rollout.group_size, estimator, cfg.algorithm.adv_eps
         )
         if not path:
             old = self._old_policy_pass(
@@ -559,6 +613,16 @@ class GRPORecipe:
         if self.ref_model is not None:
             ref_logp = self._old_policy_pass(self.ref_model, batch).logp
             kl_ref = kl_estimate(old.logp, ref_logp, cfg.algorithm.kl_estimator)
+        if own_gae:
+            return self._gae_credit(
+                batch,
+                reward.rewards,
+                old.logp,
+                ref_logp,
+                kl_ref,
+                reward.diagnostics,
+                reward_seconds,
+            )
         credit = assign_credit(
             strategy,
             advantages,
@@ -590,6 +654,53 @@ class GRPORecipe:
             reward_seconds=reward_seconds,
         )
 
+    def _gae_credit(
+        self,
+        batch: RolloutBatch,
+        rewards: torch.Tensor,
+        old_logp: torch.Tensor,
+        ref_logp: torch.Tensor | None,
+        kl_ref: torch.Tensor | None,
+        reward_diagnostics: dict[str, float],
+        reward_seconds: float,
+    ) -> StepSignals:
+        """PPO's signals of ``batch``: the outcome reward at each response's last token, the
+        critic's values (one no-grad pass), GAE advantages and returns, the advantages
+        whitened over the step's valid tokens on all ranks (docs/design.md, "PPO with a
+        critic (GAE)"). The KL term, if any, stays in the loss (``micro_step``)."""
+        alg = self.cfg.algorithm
+        mask = batch.response_mask
+        values = self._critic_values(batch)
+        adv, returns = gae_advantages_and_returns(
+            outcome_token_rewards(rewards, mask), values, mask, gamma=alg.gamma, lam=alg.lam
+        )
+        token_adv = whiten(adv, mask, self.ctx.all_reduce_sum)
+        return StepSignals(
+            batch=batch,
+            rewards=rewards,
+            advantages=token_adv[:, 0],
+            old_logp=old_logp,
+            ref_logp=ref_logp,
+            credit=CreditResult(token_adv, UNIFORM_DIAGNOSTICS),
+            kl_ref=kl_ref,
+            reward_diagnostics=reward_diagnostics,
+            reward_grad_rows=0,
+            policy_stats_rows=0,
+            reward_seconds=reward_seconds,
+            values=values,
+            returns=returns,
+        )
+
+    def _critic_values(self, batch: RolloutBatch) -> torch.Tensor:
+        """The critic's no-grad values (B, R) of ``batch``, micro-batched, 0 at padding."""
+        assert self.critic is not None
+        parts = []
+        with torch.no_grad():
+            for _rows, mb in batch.micro_batches(self.cfg.algorithm.micro_batch_size):
+                v = response_values(self.critic, mb.input_ids, mb.attention_mask, mb.response_len)
+                parts.append(pad_responses(v, batch.response_len))
+        return torch.cat(parts)
+
     def _group_ids(self, batch: RolloutBatch) -> torch.Tensor:
         """(B,) int64: the group of each row (rows are ordered group by group on a rank)."""
         rows = torch.arange(batch.size, device=batch.response_ids.device)
@@ -598,11 +709,13 @@ class GRPORecipe:
     # ----------------------------------------------------------------------------- update
 
     def update(self, signals: StepSignals) -> UpdateResult:
-        """All optimizer updates of one step on ``signals`` (see the module docstring)."""
+        """All optimizer updates of one step on ``signals`` (see the module docstring);
+        with a critic, its updates on the same micro-batches, beside the policy's."""
         cfg, alg = self.cfg, self.cfg.algorithm
         batch = signals.batch
         per_update = batch.size // alg.updates_per_epoch
         terms, grad_norm_sum, n_updates = UpdateTerms(), 0.0, 0
+        critic_norm_sum = 0.0
         for _epoch in range(alg.ppo_epochs):
             for u in range(alg.updates_per_epoch):
                 rows = slice(u * per_update, (u + 1) * per_update)
@@ -618,14 +731,25 @@ class GRPORecipe:
                     float(totals[0]), float(totals[1]), cfg.rollout.max_new_tokens
                 )
                 self.optimizer.zero_grad(set_to_none=True)
+                if self.critic is not None:
+                    self.critic_optimizer.zero_grad(set_to_none=True)
                 micro = list(_chunks(per_update, alg.micro_batch_size))
                 for i, sl in enumerate(micro):
                     idx = slice(rows.start + sl.start, rows.start + sl.stop)
                     with grad_sync(self.model, i == len(micro) - 1):
                         terms = terms + self.micro_step(signals, idx, norm)
+                    if self.critic is not None:
+                        with grad_sync(self.critic, i == len(micro) - 1):
+                            terms = terms + self.critic_micro_step(signals, idx, norm)
                 grad_norm_sum += self._optimizer_step()
+                if self.critic is not None:
+                    critic_norm_sum += self._critic_optimizer_step()
                 n_updates += 1
-        return UpdateResult(terms, grad_norm_sum, n_updates, float(self.scheduler.get_last_lr()[0]))
+        lr = float(self.scheduler.get_last_lr()[0])
+        if self.critic is None:
+            return UpdateResult(terms, grad_norm_sum, n_updates, lr)
+        critic_lr = float(self.critic_scheduler.get_last_lr()[0])
+        return UpdateResult(terms, grad_norm_sum, n_updates, lr, critic_norm_sum, critic_lr)
 
     def micro_step(self, signals: StepSignals, idx: slice, norm: LossNormalizer) -> UpdateTerms:
         """Forward and backward of the loss on rows ``idx``; its terms on this rank."""
@@ -670,13 +794,54 @@ class GRPORecipe:
             neg_log_ratio=float((-terms.log_ratio * mask).sum()),
         )
 
+    def critic_micro_step(
+        self, signals: StepSignals, idx: slice, norm: LossNormalizer
+    ) -> UpdateTerms:
+        """Forward and backward of the critic's clipped value loss on rows ``idx``
+        (aggregated as the policy loss, ``algorithm.loss_agg``); its terms on this rank."""
+        assert self.critic is not None
+        assert signals.values is not None and signals.returns is not None
+        alg = self.cfg.algorithm
+        mb = signals.batch.select(idx)
+        R = mb.response_len
+        mask = mb.response_mask
+        with activation_checkpointing(self.critic_checkpointed):
+            values = response_values(self.critic, mb.input_ids, mb.attention_mask, R)
+        terms = clipped_value_loss(
+            values,
+            signals.values[idx, :R],
+            signals.returns[idx, :R],
+            clip=self.cfg.critic.value_clip,
+        )
+        loss = aggregate(terms.loss, mask, alg.loss_agg, norm)
+        if not bool(torch.isfinite(loss)):
+            raise FloatingPointError(
+                f"step {self.step}: non-finite value loss ({float(loss)}); lower critic.lr"
+            )
+        (loss * self.ctx.world_size).backward()  # type: ignore[no-untyped-call]
+        return UpdateTerms(
+            value_loss=float(loss.detach()),
+            value_clipped_tokens=float((terms.clipped & mask).sum()),
+        )
+
     def _optimizer_step(self) -> float:
-        clip = self.cfg.optim.grad_clip
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf)
-        full = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        norm = self._clip_grads(self.model)
         self.optimizer.step()
         self._weights_version += 1
+        return norm
+
+    def _critic_optimizer_step(self) -> float:
+        assert self.critic is not None
+        norm = self._clip_grads(self.critic)
+        self.critic_optimizer.step()
+        return norm
+
+    def _clip_grads(self, model: torch.nn.Module) -> float:
+        """Clip ``model``'s gradient norm to ``optim.grad_clip``; its norm before clipping."""
+        clip = self.cfg.optim.grad_clip
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else math.inf)
+        full = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         return float(full)
 
     # ------------------------------------------------------------------------------- step
@@ -710,6 +875,8 @@ class GRPORecipe:
         clock.lap()
         update = self.update(signals)
         self.scheduler.step()
+        if self.critic is not None:
+            self.critic_scheduler.step()
         timing = StepTiming(
             t_rollout,
             t_signals,
@@ -825,7 +992,17 @@ class GRPORecipe:
         free the last tensors of a finished collective: the process then never exits."""
         if clean and self.ctx.active:
             self.ctx.barrier()
-        for name in ("model", "optimizer", "scheduler", "engine", "policy", "ref_model"):
+        for name in (
+            "model",
+            "optimizer",
+            "scheduler",
+            "critic",
+            "critic_optimizer",
+            "critic_scheduler",
+            "engine",
+            "policy",
+            "ref_model",
+        ):
             self.__dict__.pop(name, None)
         gc.collect()
         shutdown(self.ctx, barrier=clean)

@@ -217,3 +217,59 @@ def test_deep_merge_merges_mappings_and_replaces_the_rest() -> None:
     base = {"a": {"b": 1, "c": [1]}, "d": 1}
     assert deep_merge(base, {"a": {"c": [2]}, "e": 3}) == {"a": {"b": 1, "c": [2]}, "d": 1, "e": 3}
     assert base == {"a": {"b": 1, "c": [1]}, "d": 1}
+
+
+PPO_GAE = {"label": "ppo_gae", "name": "uniform", "train": {"algorithm": {"estimator": "gae"}}}
+
+
+def test_a_ppo_gae_row_trains_with_a_critic_at_the_same_rollout_budget(tmp_path: Path) -> None:
+    data = {
+        **BASE,
+        "strategies": ["uniform", "datc", PPO_GAE],
+        "train": {"rollout": {"group_size": 8, "prompts_per_step": 4}},
+        "settings": {"target_tokens": {"train": {"optim": {"lr": 0.01}}}},
+    }
+    cfg = load_ablate_config(_write(tmp_path, data))
+    assert [r.strategy for r in plan_runs(cfg)].count("ppo_gae") == 2
+    assets = SettingAssets(policy_dir=tmp_path, data={}, reward={})
+    runs = {
+        label: run_train_config(cfg, RunKey("target_tokens", "llama", label, 0), assets, tmp_path)
+        for label in ("uniform", "ppo_gae")
+    }
+    ppo, grpo = runs["ppo_gae"], runs["uniform"]
+    assert ppo["credit"] == {"name": "uniform"} and ppo["algorithm"] == {"estimator": "gae"}
+    assert ppo["rollout"] == grpo["rollout"] == {"group_size": 8, "prompts_per_step": 4}
+    assert ppo["optim"] == grpo["optim"] == {"lr": 0.01}
+
+    # the row's overrides are part of its runs' identity; rows without them keep theirs
+    def key(label: str) -> RunKey:
+        return RunKey("target_tokens", "llama", label, 0)
+
+    assert run_fingerprint(cfg, key("ppo_gae")) != run_fingerprint(cfg, key("uniform"))
+    plain = load_ablate_config(_write(tmp_path, {**data, "strategies": ["uniform", "datc"]}))
+    for label in ("uniform", "datc"):
+        assert run_fingerprint(cfg, key(label)) == run_fingerprint(plain, key(label))
+    assert load_ablate_config(_write(tmp_path, cfg.to_yaml_dict())) == cfg
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        (
+            {**PPO_GAE, "name": "datc"},
+            r"(?s)strategies\.ppo_gae\.train\).*credit must be 'uniform', got 'datc'",
+        ),
+        ({**PPO_GAE, "train": {"seed": 1}}, r"strategies\.ppo_gae\.train: \['seed'\] are set"),
+    ],
+)
+def test_a_rows_trainer_overrides_are_checked_with_its_credit(
+    tmp_path: Path, row: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_ablate_config(_write(tmp_path, {**BASE, "strategies": ["uniform", "datc", row]}))
+
+
+def test_a_row_with_trainer_overrides_cannot_be_a_compared_credit(tmp_path: Path) -> None:
+    data = {**BASE, "strategies": ["uniform", "datc", PPO_GAE], "probes": {"compare": ["ppo_gae"]}}
+    with pytest.raises(ConfigError, match=r"probes\.compare: \['ppo_gae'\] have their own"):
+        load_ablate_config(_write(tmp_path, data))

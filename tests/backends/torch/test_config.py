@@ -92,6 +92,23 @@ def test_truncated_sampling_is_fine_without_policy_stats(tmp_path: Path, strateg
     assert cfg.rollout.top_p == 0.9
 
 
+def test_gae_defaults_follow_the_ppo_recipes(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, BASE), ["credit=uniform", "algorithm.estimator=gae"])
+    assert (cfg.algorithm.gamma, cfg.algorithm.lam) == (1.0, 0.95)
+    assert cfg.critic.value_clip == 0.5  # verl critic.cliprange_value, OpenRLHF value_clip
+    assert cfg.critic.learning_rate(cfg.optim.lr) == 10 * cfg.optim.lr
+    assert load_config(write(tmp_path, BASE), ["critic.lr=0.002"]).critic.learning_rate(1.0) == 2e-3
+
+
+@pytest.mark.parametrize("strategy", ["datc", "red"])
+def test_gae_with_a_credit_strategy_other_than_uniform_is_refused(
+    tmp_path: Path, strategy: str
+) -> None:
+    msg = error_of(write(tmp_path, BASE), [f"credit={strategy}", "algorithm.estimator=gae"])
+    assert "credit:" in msg and "algorithm.estimator='gae'" in msg
+    assert f"credit must be 'uniform', got {strategy!r}" in msg
+
+
 def test_credit_short_and_long_forms(tmp_path: Path) -> None:
     short = load_config(write(tmp_path, BASE))
     long = load_config(

@@ -31,9 +31,11 @@ from backends.common.errors import ConfigError
 from backends.common.jsonl import read_jsonl
 from backends.torch.checkpoint import checkpoint_folders
 from backends.torch.config import config_from_dict, load_config
+from backends.torch.critic import response_values
+from backends.torch.gae import gae_advantages_and_returns, outcome_token_rewards, whiten
 from backends.torch.loss import aggregate, ppo_clip_loss
 from backends.torch.trainer import GRPORecipe, RunResult, train
-from credit_core import ScoreStrategy, group_advantages, token_work
+from credit_core import CreditConfig, ScoreStrategy, get_strategy, group_advantages, token_work
 from credit_core.builtin_strategies import BUILTIN_STRATEGIES
 from tests.helpers.one_rank import join_one_rank_group
 from tests.helpers.paths import REPO
@@ -407,6 +409,103 @@ def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
     changed = {**cfg, "optim": {**cfg["optim"], "lr": 1e-2}, "steps": 2}
     with pytest.raises(ConfigError, match=r"differs .* in \['optim'\]"):
         train(changed, resume=True)
+
+
+# ------------------------------------------------------------- PPO with a critic (GAE)
+
+GAE_UPDATES: dict[str, Any] = {
+    "algorithm": {
+        "estimator": "gae",
+        "kl_coef": 0.05,
+        "ppo_epochs": 2,
+        "updates_per_epoch": 2,
+        "micro_batch_size": 3,
+    },
+    "critic": {"lr": 1e-3},
+}
+
+
+def test_a_gae_step_credits_by_the_critic_and_updates_it_beside_the_policy(
+    tmp_path: Path,
+) -> None:
+    recipe = GRPORecipe(config_from_dict(tiny_config(tmp_path / "run", **GAE_UPDATES)))
+    try:
+        assert recipe.critic is not None
+        decoder = recipe.policy.model.get_decoder().state_dict()
+        critic = {k: v.clone() for k, v in recipe.critic.state_dict().items()}
+        # initialised from the policy's weights, plus a value head
+        assert all(torch.equal(critic[f"module.{k}"], v) for k, v in decoder.items())
+        assert set(critic) - {f"module.{k}" for k in decoder} == {"value_head.weight"}
+        policy = {k: v.clone() for k, v in recipe.model.state_dict().items()}
+
+        prompts, positions, groups = recipe._my_prompts([0, 1], recipe.train_prompts)
+        batch = recipe.rollout(
+            prompts, positions, groups, group_size=4, greedy=False, tag="rollout"
+        )
+        signals = recipe.signals(batch, recipe.train_prompts)
+        mask = batch.response_mask
+        assert signals.values is not None and signals.returns is not None
+        values = response_values(
+            recipe.critic, batch.input_ids, batch.attention_mask, mask.shape[1]
+        )
+        torch.testing.assert_close(signals.values, values)
+        adv, returns = gae_advantages_and_returns(
+            outcome_token_rewards(signals.rewards, mask), values, mask, gamma=1.0, lam=0.95
+        )
+        torch.testing.assert_close(signals.returns, returns)
+        want = whiten(adv, mask, lambda t: t)
+        torch.testing.assert_close(signals.token_advantages, want)
+        assert float(want[mask].mean()) == pytest.approx(0.0, abs=1e-5)
+        # the comparison credits of a gae run keep GRPO's response advantages
+        datc = get_strategy(CreditConfig(name="datc"))
+        theirs = recipe.signals(batch, recipe.train_prompts, strategy=datc, rewards=recipe.reward)
+        assert theirs.values is None
+        torch.testing.assert_close(theirs.advantages, group_advantages(signals.rewards, 4))
+
+        update = recipe.update(signals)
+        metrics = update.metrics(recipe.ctx, 0.05)
+        assert metrics["loss/value"] > 0 and metrics["critic/lr"] == 1e-3
+        assert metrics["critic/grad_norm"] > 0 and update.n_updates == 4
+        after = recipe.critic.state_dict()
+        assert all(not torch.equal(after[k], critic[k]) for k in critic), "a critic tensor froze"
+        assert any(not torch.equal(v, policy[k]) for k, v in recipe.model.state_dict().items())
+    finally:
+        recipe.close()
+
+
+def test_a_gae_run_logs_the_critic_and_resumes_it_bit_for_bit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    updates = {
+        **GAE_UPDATES,
+        "steps": 4,
+        "optim": {"lr": 3e-3, "schedule": "linear", "warmup_steps": 1},
+        "checkpoint": {"interval": 1, "keep_last": 3, "hf_export": "every"},
+    }
+    whole = train(tiny_config(tmp_path / "whole", **updates))
+    keys = {"loss/value", "critic/clip_frac", "critic/explained_var", "critic/value_mean"}
+    assert all(keys <= set(r) for r in whole.history)
+    for record in whole.history:  # the critic's own lr, on the policy's schedule
+        assert record["critic/lr"] == pytest.approx(record["optim/lr"] * 1e-3 / 3e-3)
+
+    run = tmp_path / "run"
+    cfg = tiny_config(run, **updates)
+    real_step = GRPORecipe.train_step
+
+    def crash_in_step_3(self: GRPORecipe) -> dict[str, float]:
+        if self.step == 2:
+            raise RuntimeError("simulated crash")
+        return real_step(self)
+
+    monkeypatch.setattr(GRPORecipe, "train_step", crash_in_step_3)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(cfg)
+    monkeypatch.setattr(GRPORecipe, "train_step", real_step)
+    resumed = train(cfg, resume=True)
+    assert steps_of(resumed.history) == [3, 4]
+    # values, value loss and the policy of steps 3-4 depend on the critic's weights and
+    # Adam state: equal metrics and weights mean both were restored
+    assert_same_run(run, whole)
 
 
 # -------------------------------------------------------------------------- learning
