@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from ablations.results import read_csv
 from scipy import stats as scipy_stats
 
+from ablations.results import read_csv
 from ablations.stats import decide, holm, mean_interval, paired_difference, t_quantile
 from ablations.summary import (
     SettingSpec,
