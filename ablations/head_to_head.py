@@ -256,12 +256,14 @@ def best_line(setting: SettingHeadToHead, b: BestBaseline, min_pairs: int) -> st
             f"- `{b.contender}` {verdict} the best baseline {best} ({picked}): "
             f"{_iv(b.judged)} on the judging seeds, Holm-adjusted p = {fmt(b.p_holm)}"
         )
+    gap = b.judged.mean - b.picking.mean
     return (
         f"- `{b.contender}` vs the best baseline {best} ({picked}): too few pairs on the judging "
         f"seeds for a verdict (n={b.judged.n} < {min_pairs}). Selection effect: {best} was "
         f"picked as the best on the picking seeds, where `{b.contender}` minus it is "
-        f"{_iv(b.picking)}; on the seeds not used to pick it {_iv(b.judged)}; over all pairs "
-        f"{_iv(b.pooled)}, a difference that favours {best} by the way it was picked"
+        f"{_iv(b.picking)}; on the seeds not used to pick it {_iv(b.judged)}; the gap "
+        f"{fmt(gap, signed=True)} estimates the selection effect (positive: the pick flattered "
+        f"{best}); over all pairs, which include the picking ones, {_iv(b.pooled)}"
     )
 
 

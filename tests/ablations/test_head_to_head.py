@@ -213,6 +213,9 @@ def test_too_few_judging_pairs_states_the_selection_effect() -> None:
     assert "too few pairs on the judging seeds for a verdict (n=4 < 6)" in text
     assert "Selection effect: `abc` was picked as the best on the picking seeds" in text
     assert f"on the seeds not used to pick it {b.judged.mean:+.3f}" in text
+    gap = b.judged.mean - b.picking.mean  # abc 0.60 on the picking seeds, 0.10 on the others
+    assert gap == pytest.approx(0.5 + (0.020 - 0.010) / 2 - (0.010 - 0.020) / 2, abs=1e-12)
+    assert f"the gap {gap:+.3f} estimates the selection effect (positive: the pick" in text
     assert "beats the best baseline" not in text
 
 
