@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ablations.credit_probes import ProbeConfig
-from ablations.settings import SETTINGS, SettingKind
+from ablations.settings import SETTINGS, SettingKind, seeded
 from ablations.summary import MIN_PAIRS
 from adapters.tiny import Family
 from backends.common.errors import ConfigError, FieldError, format_config_errors
@@ -99,6 +99,11 @@ class SettingConfig(Section):
         default=None,
         description="train reward for 'steps to threshold'; null = automatic (report.py)",
     )
+    primary: str | None = Field(
+        default=None,
+        description="the held-out metric (a results.csv column the setting records) that the "
+        "verdicts judge, named before the runs; null = the setting's default (settings.py)",
+    )
 
 
 class ReportConfig(Section):
@@ -140,6 +145,12 @@ class AblateConfig(Section):
     cache_dir: str = Field(default=".cache/ablate", description="pretrained policies, RMs, data")
     families: list[Family] = Field(default_factory=lambda: list[Family](["llama"]), min_length=1)
     seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
+    model_seeds: bool = Field(
+        default=False,
+        description="a run's seed also sets its policy's pretraining and its reward model's "
+        "training (settings.seeded: one pretrained policy and RM per seed, so the pairs hold "
+        "model variance); false: one per (setting, family), shared by every seed",
+    )
     strategies: list[StrategyConfig] = Field(min_length=1)
     baseline: str = Field(
         default="uniform", description="label of the strategy differences refer to"
@@ -255,6 +266,19 @@ class AblateConfig(Section):
             if label is not None and label not in labels:
                 raise ValueError(f"{role}: {label!r} is not one of the strategies {labels}")
         for name, spec in self.settings.items():
+            recorded = self.setting_kind(name).metrics()
+            if spec.primary is not None and spec.primary not in recorded:
+                raise FieldError(
+                    f"settings.{name}.primary",
+                    f"{spec.primary!r} is not a held-out metric setting {name!r} records; "
+                    f"expected one of {sorted(recorded)}",
+                )
+            greedy = deep_merge(self.train, spec.train).get("eval", {}).get("greedy", True)
+            if self.primary(name) == "eval_reward_greedy" and greedy is False:
+                raise FieldError(
+                    f"settings.{name}.primary",
+                    "'eval_reward_greedy' is recorded only with train.eval.greedy: true",
+                )
             model = self.setting_kind(name).params
             try:
                 model.model_validate(spec.params)
@@ -268,13 +292,25 @@ class AblateConfig(Section):
         """The built-in setting that setting ``name`` is one of (its ``kind``, or its name)."""
         return SETTINGS[self.settings[name].kind or name]
 
-    def setting_params(self, name: str) -> Any:
-        """The validated parameter model of setting ``name``."""
-        return self.setting_kind(name).params.model_validate(self.settings[name].params)
+    def setting_params(self, name: str, seed: int | None = None) -> Any:
+        """The validated parameter model of setting ``name``; with ``model_seeds`` and a
+        run's ``seed``, its pretraining and reward-model seeds set by it (``seeded``)."""
+        params = self.setting_kind(name).params.model_validate(self.settings[name].params)
+        if self.model_seeds and seed is not None:
+            return seeded(params, seed)
+        return params
 
     def setting_title(self, name: str) -> str:
         """The report title of setting ``name``: its kind's, formatted with its params."""
         return self.setting_kind(name).title.format(**self.setting_params(name).model_dump())
+
+    def primary(self, name: str) -> str:
+        """Setting ``name``'s primary held-out metric: its ``primary``, or the default."""
+        return self.settings[name].primary or self.setting_kind(name).primary
+
+    def primary_label(self, name: str) -> str:
+        """What setting ``name``'s primary metric measures."""
+        return self.setting_kind(name).metrics()[self.primary(name)]
 
     @property
     def method_label(self) -> str:

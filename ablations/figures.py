@@ -244,7 +244,8 @@ def plot_head_to_head(path: Path, comparisons: Sequence[SettingHeadToHead]) -> P
         ax.grid(alpha=0.3, axis="x")
     axes[0][0].invert_yaxis()  # the axes share y: invert once, settings in config order
     fig.suptitle(
-        "Against the published baselines: mean over (family, seed) pairs, 95% interval",
+        "Against the published baselines: mean over (family, seed) pairs, 95% interval "
+        "(unadjusted)",
         fontsize=10,
     )
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -209,8 +209,13 @@ def render_report(
         "## Verdicts",
         "",
         f"The method (`{spec.method}`) against the baseline (`{spec.baseline}`, plain GRPO) on "
-        "each setting's held-out metric, paired over all (family, seed) pairs; an interval "
-        "that contains 0 is reported as no significant difference.",
+        "each setting's primary held-out metric (named in the config before the runs, "
+        "`settings.<name>.primary`; each line names it), paired over all (family, seed) "
+        "pairs. A verdict is the paired t-test of the differences at "
+        f"{round((1 - spec.confidence) * 100)}%, Holm-corrected over every contrast the "
+        "report draws a verdict from in that setting (this one, the control, and the "
+        "contrasts against the published baselines; each line gives the count); the "
+        f"{pct} intervals are unadjusted.",
         "",
         *(f"- {v.text}" for v in verdicts),
         "",

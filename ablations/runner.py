@@ -34,6 +34,7 @@ import yaml
 from ablations import figures as figs
 from ablations.ablation_config import AblateConfig, deep_merge
 from ablations.cache import spec_hash
+from ablations.contrasts import judge
 from ablations.head_to_head import (
     STRONGEST_FILE,
     head_to_head,
@@ -259,7 +260,7 @@ def run_fingerprint(cfg: AblateConfig, run: RunKey) -> str:
         "run": [run.setting, run.family, run.seed],
         "credit": strategy.credit.model_dump(mode="json"),
         "train": deep_merge(cfg.train, cfg.settings[run.setting].train),
-        "params": cfg.setting_params(run.setting).model_dump(mode="json"),
+        "params": cfg.setting_params(run.setting, run.seed).model_dump(mode="json"),
         "probes": cfg.probes.model_dump(mode="json"),
     }
     # Only where given: the fingerprints of settings and rows without them stay as they were.
@@ -280,12 +281,30 @@ def _pending(cfg: AblateConfig, runs: Sequence[RunKey]) -> list[RunKey]:
     return [r for r in runs if read_result(r.folder(out), run_fingerprint(cfg, r)) is None]
 
 
-def build_assets(cfg: AblateConfig, setting: str, family: str, log: Log) -> SettingAssets:
-    """The assets of ``setting`` for ``family`` (built, or read from the cache)."""
+AssetKey = tuple[str, str, int | None]
+
+
+def asset_key(cfg: AblateConfig, run: RunKey) -> AssetKey:
+    """Which assets ``run`` uses: its setting's and family's, and with ``model_seeds`` its
+    seed's (None: shared by every seed)."""
+    return (run.setting, run.family, run.seed if cfg.model_seeds else None)
+
+
+def build_assets(cfg: AblateConfig, key: AssetKey, log: Log) -> SettingAssets:
+    """The assets of ``key`` (setting, family, model seed or None), built or read from the
+    cache. Raises ``ConfigError`` if the setting's exact scorers are not the ones its
+    ``SettingKind.extra`` declares (the primary metrics a config may name)."""
+    setting, family, seed = key
     start = time.perf_counter()
-    params = cfg.setting_params(setting)
-    assets = cfg.setting_kind(setting).build(params, family, Path(cfg.cache_dir))
-    log(f"[ablate] assets of {setting}/{family} ready in {time.perf_counter() - start:.1f}s")
+    kind = cfg.setting_kind(setting)
+    assets = kind.build(cfg.setting_params(setting, seed), family, Path(cfg.cache_dir))
+    if sorted(assets.extra_eval) != sorted(kind.extra):
+        raise ConfigError(
+            f"setting {setting}: its assets score {sorted(assets.extra_eval)} but its "
+            f"SettingKind.extra declares {sorted(kind.extra)}"
+        )
+    which = f"{setting}/{family}" + ("" if seed is None else f"/seed {seed}")
+    log(f"[ablate] assets of {which} ready in {time.perf_counter() - start:.1f}s")
     return assets
 
 
@@ -317,13 +336,13 @@ def run_ablation(
     plan = plan_runs(cfg)
     reference_baselines(cfg)  # a bad reference fails now, not after the runs
     if assets_only:
-        pairs = sorted(
-            {(r.setting, r.family) for r in _pending(cfg, runs_now(cfg, plan))},
-            key=lambda p: (-_ASSET_COST.get(p[0], 0), p),
+        keys = sorted(
+            {asset_key(cfg, r) for r in _pending(cfg, runs_now(cfg, plan))},
+            key=lambda k: (-_ASSET_COST.get(k[0], 0), k[0], k[1], k[2] or 0),
         )
-        for setting, family in pairs[shard_index::shard_count]:
-            _set_status(out, shard_index, f"assets of {setting}/{family}")
-            build_assets(cfg, setting, family, log)
+        for key in keys[shard_index::shard_count]:
+            _set_status(out, shard_index, f"assets of {'/'.join(map(str, key))}")
+            build_assets(cfg, key, log)
         return None
     mine = shard_runs(runs_now(cfg, plan), shard_index, shard_count)
     pending = _pending(cfg, mine)
@@ -333,14 +352,14 @@ def run_ablation(
         f"{len(mine)}, {len(mine) - len(pending)} already done, {len(pending)} to run"
         + (f" ({stale} of them done before with another config)" if stale else "")
     )
-    assets: dict[tuple[str, str], SettingAssets] = {}
+    assets: dict[AssetKey, SettingAssets] = {}
     method = cfg.method_label
     t0 = time.perf_counter()
     for i, run in enumerate(pending, start=1):
-        key = (run.setting, run.family)
+        key = asset_key(cfg, run)
         if key not in assets:
-            _set_status(out, shard_index, f"assets of {run.setting}/{run.family}")
-            assets[key] = build_assets(cfg, run.setting, run.family, log)
+            _set_status(out, shard_index, f"assets of {'/'.join(map(str, key))}")
+            assets[key] = build_assets(cfg, key, log)
         _set_status(
             out, shard_index, f"run {run.relpath}", run.folder(out) / TRAIN_DIR / "metrics.jsonl"
         )
@@ -508,8 +527,8 @@ def summary_spec(cfg: AblateConfig) -> SummarySpec:
             SettingSpec(
                 name,
                 cfg.setting_title(name),
-                cfg.setting_kind(name).primary,
-                cfg.setting_kind(name).metric,
+                cfg.primary(name),
+                cfg.primary_label(name),
                 cfg.settings[name].threshold,
             )
             for name in cfg.settings
@@ -526,30 +545,54 @@ def summary_spec(cfg: AblateConfig) -> SummarySpec:
 
 
 def _setting_info(results: dict[RunKey, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Facts about each setting's models for the report; with one model per seed
+    (``model_seeds``), each figure is the mean over the distinct models with its range."""
+    numbers: dict[str, dict[str, dict[tuple[float, ...], None]]] = {}  # distinct models
     info: dict[str, dict[str, Any]] = {}
     for run, result in results.items():
         facts = info.setdefault(run.setting, {})
+        found = numbers.setdefault(run.setting, {})
         raw = result.get("info", {})
         pre = raw.get("pretrain")
         if pre:
-            facts[f"pretraining loss ({run.family})"] = (
-                f"{pre['first_loss']:.2f} -> {pre['final_loss']:.2f} in {pre['steps']} steps"
-            )
+            figures = (pre["first_loss"], pre["final_loss"], pre["steps"])
+            found.setdefault(f"pretraining loss ({run.family})", {})[figures] = None
         fit = raw.get("rm_fit")
         if fit:
-            facts["reward model fit (held-out MSE / correlation)"] = (
-                f"{fit['test_mse']:.4f} / {fit['test_corr']:.3f}"
+            fit_figures = (fit["test_mse"], fit["test_corr"])
+            found.setdefault("reward model fit (held-out MSE / correlation)", {})[fit_figures] = (
+                None
             )
         pref = raw.get("preference_fit")
         if pref:
-            facts["reward model fit (held-out pair accuracy: labels / hidden rule)"] = (
-                f"{pref['test_label_accuracy']:.3f} / {pref['test_rule_accuracy']:.3f}"
+            key = "reward model fit (held-out pair accuracy: labels / hidden rule)"
+            found.setdefault(key, {})[(pref["test_label_accuracy"], pref["test_rule_accuracy"])] = (
+                None
             )
         if "target_text" in raw:
             facts["target text"] = repr(raw["target_text"])
         if "scored positions" in raw:
             facts["scored response positions"] = raw["scored positions"]
+    for setting, found in numbers.items():
+        for name, models in found.items():
+            info[setting][name] = _fact(name, list(models))
     return info
+
+
+def _fact(name: str, values: list[tuple[float, ...]]) -> str:
+    """One model's figures, or the mean over several models with the last figure's range."""
+    mean = [sum(v[i] for v in values) / len(values) for i in range(len(values[0]))]
+    if name.startswith("pretraining"):
+        text = f"{mean[0]:.2f} -> {mean[1]:.2f} in {round(mean[2])} steps"
+    elif "MSE" in name:
+        text = f"{mean[0]:.4f} / {mean[1]:.3f}"
+    else:
+        text = f"{mean[0]:.3f} / {mean[1]:.3f}"
+    if len(values) == 1:
+        return text
+    last = [v[1] for v in values]
+    spread = f"{min(last):.3f} to {max(last):.3f}"
+    return f"mean over {len(values)} models {text} (the second from {spread})"
 
 
 def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = ()) -> Outputs:
@@ -585,6 +628,12 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
     rows = read_csv(csv_path)
     spec = summary_spec(cfg)
     tables, verdicts = summarize(rows, spec)
+    compared = (
+        head_to_head(rows, spec, cfg.report.contenders, cfg.report.published)
+        if cfg.report.contenders and cfg.report.published
+        else []
+    )
+    verdicts, compared = judge(verdicts, compared, spec)
     fig_dir = out / FIGURES_DIR
     by_setting: dict[str, list[Path]] = {}
     for s in spec.settings:
@@ -644,6 +693,16 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
         + f"; training wall time summed over runs "
         f"{total / 60:.1f} min on {', '.join(map(str, threads))} torch thread(s) "
         "(pretraining and reward-model training not included; they are cached).",
+        "Seeds: "
+        + (
+            "each seed sets the RL sampling, the policy's pretraining and the reward model's "
+            "training (`model_seeds`): every (family, seed) pair has its own pretrained "
+            "policy and reward model."
+            if cfg.model_seeds
+            else "a seed sets the RL sampling only; every seed of a (setting, family) starts "
+            "from the same pretrained policy and reward model, so the intervals leave out "
+            "their variance (`model_seeds: false`)."
+        ),
     ]
     if adopted:
         sources = ", ".join(f"`{p}`" for p in earlier)
@@ -652,8 +711,7 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
             f"written from the results of an earlier run of this config ({sources})."
         )
     sections = []
-    if cfg.report.contenders and cfg.report.published:
-        compared = head_to_head(rows, spec, cfg.report.contenders, cfg.report.published)
+    if compared:
         figure = figs.plot_head_to_head(fig_dir / "head_to_head.png", compared)
         reference = reference_baselines(cfg)
         (out / STRONGEST_FILE).write_text(json.dumps(strongest_baselines(compared), indent=1))

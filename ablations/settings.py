@@ -677,15 +677,57 @@ def build_minilm_bridge(p: MiniLMParams, family: str, cache: Path) -> SettingAss
     return _build_minilm(p, family, cache, bridged=True)
 
 
+#: The held-out metrics every setting records (results.csv columns): the trainer's reward
+#: of sampled responses and, with ``train.eval.greedy``, of greedy ones.
+REWARD_METRICS = {
+    "eval_reward_sampled": "reward (sampled)",
+    "eval_reward_greedy": "reward (greedy)",
+}
+
+
 @dataclass(frozen=True)
 class SettingKind:
-    """A built-in setting: its parameter model, builder, primary held-out metric, title."""
+    """A built-in setting: its parameter model, builder, default primary held-out metric
+    (``primary``, described by ``metric``), title, and the names of its exact held-out
+    scorers (``extra``: the keys of its assets' ``extra_eval``)."""
 
     params: type[_Params]
     build: Callable[[Any, str, Path], SettingAssets]
     primary: str
     title: str
     metric: str
+    extra: tuple[str, ...] = ()
+
+    def metrics(self) -> dict[str, str]:
+        """The held-out metrics the setting records: results.csv column -> what it
+        measures (the trainer's rewards, and ``extra_<name>_{sampled,greedy}`` of every
+        exact scorer)."""
+        out = dict(REWARD_METRICS)
+        for name in self.extra:
+            out[f"extra_{name}_sampled"] = f"{name.replace('_', ' ')} (sampled)"
+            out[f"extra_{name}_greedy"] = f"{name.replace('_', ' ')} (greedy)"
+        out[self.primary] = self.metric
+        return out
+
+
+#: The spacing of the model seeds of ``seeded`` (larger than any offset a build adds to
+#: its seed, so that two run seeds never share a random stream).
+MODEL_SEED_STRIDE = 1000
+
+
+def seeded(params: Any, seed: int) -> Any:
+    """``params`` with the run's ``seed`` also setting the policy pretraining and the
+    reward-model training: ``pretrain.seed`` and ``rm.seed`` (where the setting has them)
+    become their configured value + ``MODEL_SEED_STRIDE * seed`` (seed 0: the configured
+    models). The task data, the frozen positional RM and MiniLM are not seeded by it."""
+    update = {
+        key: getattr(params, key).model_copy(
+            update={"seed": getattr(params, key).seed + MODEL_SEED_STRIDE * seed}
+        )
+        for key in ("pretrain", "rm")
+        if hasattr(params, key)
+    }
+    return params.model_copy(update=update)
 
 
 #: The built-in settings, in report order. ``primary`` names the held-out metric that the
@@ -697,6 +739,7 @@ SETTINGS: dict[str, SettingKind] = {
         "extra_task_score_sampled",
         "1. target tokens, in-process RM",
         "task score (exact rule)",
+        ("task_score",),
     ),
     "minilm_shared": SettingKind(
         MiniLMParams,
@@ -732,6 +775,7 @@ SETTINGS: dict[str, SettingKind] = {
         "extra_task_score_sampled",
         "6. sparse: target words at 3 of 24 positions, in-process RM",
         "keyword score (exact rule)",
+        ("task_score",),
     ),
     "outcome_chain": SettingKind(
         ChainParams,
@@ -746,6 +790,7 @@ SETTINGS: dict[str, SettingKind] = {
         "extra_hidden_score_sampled",
         "8. learned preference RM (Bradley-Terry, noisy labels of a hidden two-span rule)",
         "hidden-rule score",
+        ("hidden_score",),
     ),
     "length_sweep": SettingKind(
         LengthSweepParams,

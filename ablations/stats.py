@@ -1,18 +1,22 @@
-"""Statistics over seeds: mean with a Student-t 95% interval, and paired differences.
+"""Statistics over seeds: mean with a Student-t 95% interval, paired differences, and the
+Holm correction of a family of tests.
 
-Student-t quantiles come from ``scipy.stats.t``.
+Student-t quantiles and tail probabilities come from ``scipy.stats.t``.
 
 - ``mean_interval(values)``: mean +- t_{(1+c)/2, n-1} * s / sqrt(n), s the sample standard
-  deviation (n - 1 in the denominator). With n = 1 the interval is undefined (NaN bounds);
-  with n = 0 everything is NaN.
-- ``paired_difference(a, b)``: the same interval over the per-seed differences a[s] - b[s],
-  on the seeds present in both.
+  deviation (n - 1 in the denominator), and the two-sided p-value of the one-sample t-test
+  of mean 0, p = 2 P(T_{n-1} >= |mean| / (s / sqrt(n))) (so p < 1 - c exactly when the
+  interval excludes 0). With n = 1 the interval and p are undefined (NaN); with n = 0
+  everything is NaN. With s = 0 (n >= 2) p is 0 for a nonzero mean and 1 for mean 0.
+- ``paired_difference(a, b)``: the same over the per-seed differences a[s] - b[s], on the
+  seeds present in both: its p is the paired t-test's.
+- ``holm(p_values)``: Holm's step-down adjusted p-values (docs/design.md, "Evaluation").
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from scipy import stats
@@ -28,6 +32,7 @@ class Interval:
     low: float
     high: float
     n: int
+    p: float = _NAN
 
     @property
     def half_width(self) -> float:
@@ -68,8 +73,10 @@ def mean_interval(values: Iterable[float], confidence: float = 0.95) -> Interval
     if n == 1:
         return Interval(mean, _NAN, _NAN, 1)
     sd = math.sqrt(math.fsum((v - mean) ** 2 for v in xs) / (n - 1))
-    half = t_quantile((1.0 + confidence) / 2.0, n - 1) * sd / math.sqrt(n)
-    return Interval(mean, mean - half, mean + half, n)
+    se = sd / math.sqrt(n)
+    half = t_quantile((1.0 + confidence) / 2.0, n - 1) * se
+    p = float(2.0 * stats.t.sf(abs(mean) / se, n - 1)) if se > 0 else float(mean == 0)
+    return Interval(mean, mean - half, mean + half, n, p)
 
 
 def paired_difference(
@@ -78,3 +85,54 @@ def paired_difference(
     """Interval of the mean of a[s] - b[s] over the seeds ``s`` present in both mappings."""
     seeds = sorted(set(a) & set(b))
     return mean_interval((a[s] - b[s] for s in seeds), confidence)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's adjusted p-values of a family of m tests, in the order given.
+
+    With the p-values sorted p_(1) <= ... <= p_(m): adj_(i) = max_{j <= i} min(1,
+    (m - j + 1) p_(j)). Rejecting where adj < alpha controls the family-wise error rate at
+    alpha under any dependence between the tests. NaN p-values are an error (a test without
+    a p-value is left out of the family by the caller)."""
+    ps = [float(p) for p in p_values]
+    if any(math.isnan(p) or not 0.0 <= p <= 1.0 for p in ps):
+        raise ValueError(f"p_values: expected probabilities in [0, 1], got {ps}")
+    m = len(ps)
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda k: ps[k])):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict on one contrast of a family: ``sign`` +1 / -1 (the mean difference is
+    above / below 0 at Holm-adjusted p < alpha), 0 (not distinguishable), or None (fewer
+    than ``min_pairs`` pairs: no verdict, and not part of the family); ``p_holm`` its
+    adjusted p (NaN without a verdict); ``family`` the number of contrasts decided together."""
+
+    sign: int | None
+    p_holm: float
+    family: int
+
+
+def decide(diffs: Sequence[Interval], min_pairs: int, alpha: float) -> list[Decision]:
+    """Decide the paired differences ``diffs`` of one family together: those over at least
+    ``min_pairs`` (>= 2) pairs by their paired t-test's p (``Interval.p``), Holm-corrected
+    over them (``holm``); the others get no verdict. In the order given."""
+    if min_pairs < 2:
+        raise ValueError(f"min_pairs: expected >= 2 (a t-test needs two pairs), got {min_pairs}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha: expected a level in (0, 1), got {alpha}")
+    members = [i for i, d in enumerate(diffs) if d.n >= min_pairs]
+    adjusted = dict(zip(members, holm([diffs[i].p for i in members]), strict=True))
+    out = []
+    for i, d in enumerate(diffs):
+        if i not in adjusted:
+            out.append(Decision(None, _NAN, len(members)))
+            continue
+        sign = (1 if d.mean > 0 else -1) if adjusted[i] < alpha else 0
+        out.append(Decision(sign, adjusted[i], len(members)))
+    return out

@@ -22,7 +22,11 @@ difference to the baseline strategy on the same seeds. The automatic threshold o
 best strategy's mean final train reward: the same bar for every strategy.
 
 A verdict (beats / worse / not distinguishable) is given only with at least ``min_pairs``
-(family, seed) pairs; with fewer, the report shows the numbers and says "too few pairs".
+(family, seed) pairs; with fewer, the report shows the numbers and says "too few pairs". It
+is the paired t-test of the differences, Holm-corrected over the setting's contrasts
+(``stats.decide``): ``summarize`` decides the method-vs-baseline and method-vs-control
+contrasts together; ``contrasts.judge`` decides them again with every other contrast of the
+setting (the head-to-head ones) in the family.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ablations.results import RunKey
-from ablations.stats import Interval, mean_interval, paired_difference
+from ablations.stats import Interval, decide, mean_interval, paired_difference
 
 #: The fewest (family, seed) pairs a verdict is given from: a two-pair interval has one
 #: degree of freedom, and the quick run's n = 2 "worse" on MiniLM was absent at n = 8.
@@ -157,15 +161,31 @@ class SettingFamilyStats:
     strategies: dict[str, StrategyStats] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Verdict:
-    """The method against the baseline (and the control) over all (family, seed) pairs;
-    ``sign`` is the verdict (+1 beats, -1 worse, 0 not distinguishable) or None with fewer
-    than ``SummarySpec.min_pairs`` pairs (too few for one)."""
+    """The method against the baseline (and the control) over all (family, seed) pairs of
+    ``setting``: the means of both on their common pairs, the paired differences, and the
+    Holm-corrected decisions: ``sign`` is the verdict (+1 beats, -1 worse, 0 not
+    distinguishable) or None with fewer than ``SummarySpec.min_pairs`` pairs (too few for
+    one), ``p_holm`` its adjusted p (NaN then), the same for the control, and ``contrasts``
+    the size of the setting's Holm family."""
 
+    setting: SettingSpec
+    spec: SummarySpec
+    method_mean: float
+    baseline_mean: float
     vs_baseline: Interval
-    text: str
+    vs_control: Interval | None
     sign: int | None
+    p_holm: float
+    control_sign: int | None
+    control_p_holm: float
+    contrasts: int
+
+    @property
+    def text(self) -> str:
+        """The verdict line of the report."""
+        return verdict_text(self)
 
 
 def _nan() -> float:
@@ -383,6 +403,11 @@ def _auto_threshold(runs: dict[RunKey, RunFigures], strategies: Sequence[str]) -
     return first + 0.5 * (best - first)
 
 
+def contrasts(n: int) -> str:
+    """``1 contrast``, ``3 contrasts``."""
+    return f"{n} contrast" + ("" if n == 1 else "s")
+
+
 def fmt(x: float, digits: int = 3, signed: bool = False) -> str:
     if x is None or math.isnan(x):
         return "n/a"
@@ -415,37 +440,62 @@ def _verdict(
 
     vs_base = paired(method, base)
     vs_control = paired(method, control) if control else None
+    diffs = [vs_base] if vs_control is None else [vs_base, vs_control]
+    decided = decide(diffs, spec.min_pairs, 1.0 - spec.confidence)
     common = set(method) & set(base)
-    m_mean = _mean(method[k] for k in common)
-    b_mean = _mean(base[k] for k in common)
+    return Verdict(
+        setting=s,
+        spec=spec,
+        method_mean=_mean(method[k] for k in common),
+        baseline_mean=_mean(base[k] for k in common),
+        vs_baseline=vs_base,
+        vs_control=vs_control,
+        sign=decided[0].sign,
+        p_holm=decided[0].p_holm,
+        control_sign=decided[-1].sign if vs_control is not None else None,
+        control_p_holm=decided[-1].p_holm if vs_control is not None else _nan(),
+        contrasts=decided[0].family,
+    )
+
+
+def verdict_text(v: Verdict) -> str:
+    """The verdict line: the decision, the primary metric named, the means, the paired
+    difference with its unadjusted interval, the Holm-adjusted p and the family size, and
+    the control."""
+    s, spec, vs_base, vs_control = v.setting, v.spec, v.vs_baseline, v.vs_control
     pct = f"{round(spec.confidence * 100)}%"
-    sign: int | None = vs_base.excludes_zero() if vs_base.n >= spec.min_pairs else None
     if vs_base.n < 2:
         head = f"{spec.method} vs {spec.baseline}: one pair only, no interval"
-    elif sign is None:
+    elif v.sign is None:
         head = (
             f"too few pairs for a verdict on {spec.method} vs {spec.baseline} "
             f"(n={vs_base.n} < {spec.min_pairs})"
         )
-    elif sign > 0:
+    elif v.sign > 0:
         head = f"**{spec.method} beats {spec.baseline}**"
-    elif sign < 0:
+    elif v.sign < 0:
         head = f"**{spec.method} is worse than {spec.baseline}**"
     else:
         head = f"**no significant difference** between {spec.method} and {spec.baseline}"
     text = (
-        f"{s.title}: {head}: held-out {s.metric_label} {fmt(m_mean)} vs {fmt(b_mean)}, "
+        f"{s.title}: {head}: held-out {s.metric_label} (primary metric `{s.primary}`) "
+        f"{fmt(v.method_mean)} vs {fmt(v.baseline_mean)}, "
         f"paired difference {fmt(vs_base.mean, signed=True)}"
     )
     if vs_base.n >= 2:
         text += (
             f" ({pct} CI {fmt(vs_base.low, signed=True)} to {fmt(vs_base.high, signed=True)},"
-            f" n={vs_base.n} family x seed pairs)"
+            f" n={vs_base.n} family x seed pairs; interval unadjusted)"
+        )
+    if v.sign is not None:
+        text += (
+            f", paired t-test Holm-adjusted p = {fmt(v.p_holm)} "
+            f"(Holm-corrected over {contrasts(v.contrasts)} in this setting)"
         )
     if vs_control is not None and vs_control.n > 0:
         word = (
-            {1: "above", -1: "below", 0: "not distinguishable from"}[vs_control.excludes_zero()]
-            if vs_control.n >= spec.min_pairs
+            {1: "above", -1: "below", 0: "not distinguishable from"}[v.control_sign]
+            if v.control_sign is not None
             else "too few pairs to tell against"
         )
         text += (
@@ -453,4 +503,4 @@ def _verdict(
             if vs_control.n >= 2
             else f"; against the {spec.control} control {fmt(vs_control.mean, signed=True)} (n=1)"
         )
-    return Verdict(vs_base, text + ".", sign)
+    return text + "."

@@ -273,3 +273,72 @@ def test_a_row_with_trainer_overrides_cannot_be_a_compared_credit(tmp_path: Path
     data = {**BASE, "strategies": ["uniform", "datc", PPO_GAE], "probes": {"compare": ["ppo_gae"]}}
     with pytest.raises(ConfigError, match=r"probes\.compare: \['ppo_gae'\] have their own"):
         load_ablate_config(_write(tmp_path, data))
+
+
+def test_the_primary_metric_is_named_per_setting_and_must_be_one_it_records(
+    tmp_path: Path,
+) -> None:
+    from ablations.runner import summary_spec
+
+    cfg = load_ablate_config(
+        _write(
+            tmp_path,
+            {**BASE, "settings": {"target_tokens": {"primary": "extra_task_score_greedy"}}},
+        )
+    )
+    (setting,) = summary_spec(cfg).settings
+    assert setting.primary == "extra_task_score_greedy"
+    assert setting.metric_label == "task score (greedy)"
+    default = load_ablate_config(_write(tmp_path, BASE))
+    (setting,) = summary_spec(default).settings
+    assert setting.primary == "extra_task_score_sampled"
+    assert setting.metric_label == "task score (exact rule)"
+    # the shipped configs name every setting's primary metric before the runs
+    for path in (QUICK, FULL):
+        shipped = load_ablate_config(path)
+        assert all(s.primary is not None for s in shipped.settings.values())
+    with pytest.raises(
+        ConfigError,
+        match=r"settings\.verifiable\.primary: 'extra_task_score_sampled' is not a held-out "
+        r"metric setting 'verifiable' records; expected one of \['eval_reward_greedy', "
+        r"'eval_reward_sampled'\]",
+    ):
+        load_ablate_config(
+            _write(
+                tmp_path,
+                {**BASE, "settings": {"verifiable": {"primary": "extra_task_score_sampled"}}},
+            )
+        )
+    with pytest.raises(ConfigError, match=r"settings\.target_tokens\.primary: 'eval_reward_"):
+        load_ablate_config(
+            _write(
+                tmp_path,
+                {
+                    **BASE,
+                    "train": {"eval": {"greedy": False}},
+                    "settings": {"target_tokens": {"primary": "eval_reward_greedy"}},
+                },
+            )
+        )
+
+
+def test_model_seeds_set_the_pretraining_and_reward_model_seeds_of_a_run(tmp_path: Path) -> None:
+    from ablations.runner import asset_key
+    from ablations.settings import MODEL_SEED_STRIDE
+
+    off = load_ablate_config(_write(tmp_path, BASE))
+    on = load_ablate_config(_write(tmp_path, {**BASE, "model_seeds": True}))
+    assert off.model_seeds is False
+    runs = [RunKey("target_tokens", "llama", "datc", s) for s in (0, 2)]
+    # off: one policy and RM per (setting, family), whatever the seed
+    assert off.setting_params("target_tokens", 2) == off.setting_params("target_tokens", 0)
+    assert asset_key(off, runs[0]) == asset_key(off, runs[1]) == ("target_tokens", "llama", None)
+    # on: seed 0 keeps the configured models, seed 2 offsets both seeds
+    assert on.setting_params("target_tokens", 0) == on.setting_params("target_tokens")
+    two = on.setting_params("target_tokens", 2)
+    assert two.pretrain.seed == 2 * MODEL_SEED_STRIDE and two.rm.seed == 2 * MODEL_SEED_STRIDE
+    assert two.seed == 0  # the task data stays the task's
+    assert asset_key(on, runs[1]) == ("target_tokens", "llama", 2)
+    # the fingerprint of a seeded run changes only where its models do
+    assert run_fingerprint(on, runs[0]) == run_fingerprint(off, runs[0])
+    assert run_fingerprint(on, runs[1]) != run_fingerprint(off, runs[1])

@@ -1,9 +1,12 @@
 """Statistics of the ablation report against hand-computed values.
 
 Student-t quantiles (SciPy's) against the printed table;
-mean / interval / paired difference on small fixed samples computed by hand; and the whole
-summary (final reward, held-out metric, paired differences, steps to threshold, time per
-step, verdict) on a fixed results.csv.
+mean / interval / paired difference on small fixed samples computed by hand, the paired
+t-test's p against ``scipy.stats.ttest_rel``; Holm's adjusted p-values against a
+hand-computed example, a hand-checked table, the step-down procedure itself and (where
+installed) statsmodels' ``multipletests``; and the whole summary (final reward, held-out
+metric, paired differences, steps to threshold, time per step, verdict) on a fixed
+results.csv.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from scipy import stats as scipy_stats
 
 from ablations.results import read_csv
-from ablations.stats import mean_interval, paired_difference, t_quantile
+from ablations.stats import decide, holm, mean_interval, paired_difference, t_quantile
 from ablations.summary import (
     SettingSpec,
     SummarySpec,
@@ -158,8 +163,10 @@ def test_summary_of_a_fixed_csv(tmp_path: Path) -> None:
     (verdict,) = verdicts
     assert verdict.vs_baseline.mean == pytest.approx(0.25)
     assert "no significant difference" in verdict.text
+    assert "held-out reward (primary metric `eval_reward_sampled`) 0.650 vs 0.400" in verdict.text
     assert "+0.250" in verdict.text
-    assert "(95% CI -0.385 to +0.885, n=2" in verdict.text
+    assert "(95% CI -0.385 to +0.885, n=2 family x seed pairs; interval unadjusted)" in verdict.text
+    assert "Holm-corrected over 1 contrast in this setting" in verdict.text
     # and the report prints exactly those numbers
     from ablations.report import table_markdown
 
@@ -223,3 +230,131 @@ def test_no_verdict_from_fewer_pairs_than_min_pairs() -> None:
     )
     _, (decided,) = summarize(rows, dataclasses.replace(spec, min_pairs=3))
     assert decided.sign == 1 and "**datc beats uniform**" in decided.text
+
+
+def test_the_paired_t_test_p_value_is_scipys_and_agrees_with_the_interval() -> None:
+    a = {0: 0.61, 1: 0.70, 2: 0.66, 3: 0.52, 4: 0.58}
+    b = {0: 0.50, 1: 0.55, 2: 0.60, 3: 0.51, 4: 0.49}
+    iv = paired_difference(a, b)
+    expected = scipy_stats.ttest_rel([a[k] for k in a], [b[k] for k in a]).pvalue
+    assert iv.p == pytest.approx(float(expected), rel=1e-9)
+    for confidence in (0.8, 0.9, 0.95, 0.99):  # p < 1 - c exactly when 0 is outside
+        ci = paired_difference(a, b, confidence)
+        assert (ci.p < 1 - confidence) == (ci.excludes_zero() != 0)
+    assert mean_interval([0.2, 0.2]).p == 0.0 and mean_interval([0.0, 0.0]).p == 1.0
+    assert math.isnan(mean_interval([0.3]).p)
+
+
+def test_holm_by_hand() -> None:
+    # sorted: 0.005 (x4 = 0.02), 0.01 (x3 = 0.03), 0.03 (x2 = 0.06), 0.04 (x1 = 0.04 -> 0.06)
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    with pytest.raises(ValueError, match="p_values: expected probabilities"):
+        holm([0.1, float("nan")])
+
+
+#: A hand-checked table: p-values -> Holm-adjusted p-values (each adjusted value written out
+#: from the definition: sort, multiply by m - rank, running maximum, cap at 1).
+HOLM_TABLE = [
+    ([0.02], [0.02]),
+    ([0.5, 0.6], [1.0, 1.0]),  # 2 x 0.5 = 1.0, then max(1.0, 0.6)
+    ([0.01, 0.02, 0.03], [0.03, 0.04, 0.04]),  # 3 x 0.01, 2 x 0.02, max(0.04, 0.03)
+    ([0.04, 0.001, 0.2, 0.012], [0.08, 0.004, 0.2, 0.036]),  # 4x.001, 3x.012, 2x.04, 1x.2
+    ([0.3, 0.3, 0.001], [0.6, 0.6, 0.003]),  # ties: 2 x 0.3, then max(0.6, 0.3)
+    ([], []),
+]
+
+
+@pytest.mark.parametrize(("p", "adjusted"), HOLM_TABLE)
+def test_holm_matches_the_hand_checked_table(p: list[float], adjusted: list[float]) -> None:
+    assert holm(p) == pytest.approx(adjusted, abs=1e-12)
+
+
+def _step_down_rejects(p: list[float], alpha: float) -> set[int]:
+    """Holm's procedure itself: test the hypotheses from the smallest p up, rejecting the
+    k-th (k = 0, 1, ...) while (m - k) p <= alpha; stop at the first that is kept."""
+    rejected: set[int] = set()
+    for k, i in enumerate(sorted(range(len(p)), key=lambda j: p[j])):
+        if (len(p) - k) * p[i] > alpha:
+            break
+        rejected.add(i)
+    return rejected
+
+
+def test_holm_adjusted_p_is_the_smallest_level_at_which_the_step_down_rejects() -> None:
+    """The adjusted p of a hypothesis is the smallest alpha at which Holm's step-down
+    procedure rejects it; the procedure changes only at the levels (m - k) p_(k)."""
+    gen = np.random.default_rng(0)
+    for _ in range(50):
+        p = list(gen.uniform(0, 0.2, size=int(gen.integers(1, 7))))
+        levels = sorted({min(1.0, (len(p) - k) * x) for k, x in enumerate(sorted(p))} | {1.0})
+        smallest = [min(a for a in levels if i in _step_down_rejects(p, a)) for i in range(len(p))]
+        assert holm(p) == pytest.approx(smallest, abs=1e-12)
+
+
+def test_holm_matches_statsmodels_multipletests() -> None:
+    multitest = pytest.importorskip("statsmodels.stats.multitest")
+    gen = np.random.default_rng(1)
+    for m in (1, 2, 5, 12):
+        p = gen.uniform(0, 0.3, size=m)
+        _, adjusted, _, _ = multitest.multipletests(p, alpha=0.05, method="holm")
+        assert holm(list(p)) == pytest.approx(list(adjusted), abs=1e-12)
+
+
+def test_decide_corrects_over_the_contrasts_with_enough_pairs_only() -> None:
+    clear = mean_interval([0.30, 0.32, 0.28, 0.31, 0.29, 0.30])  # p ~ 1e-8
+    borderline = mean_interval([0.08, 0.02, 0.10, 0.05, 0.09, 0.01])  # p ~ 0.013
+    few = mean_interval([0.5, 0.6, 0.55])  # 3 pairs: no verdict, not in the family
+    assert 0.05 / 5 < borderline.p < 0.05 / 2
+    alone = decide([borderline], min_pairs=6, alpha=0.05)
+    assert alone[0].sign == 1 and alone[0].p_holm == pytest.approx(borderline.p)
+    decided = decide([clear, borderline, few], min_pairs=6, alpha=0.05)
+    assert [d.family for d in decided] == [2, 2, 2]
+    assert decided[1].p_holm == pytest.approx(max(2 * clear.p, borderline.p))
+    assert decided[0].sign == 1 and decided[1].sign == 1  # p_(2) x 1
+    assert decided[2].sign is None and math.isnan(decided[2].p_holm)
+    # five borderline contrasts: 5 x p ~ 0.063 for the smallest, none stands
+    five = decide([borderline] * 5, min_pairs=6, alpha=0.05)
+    assert [d.sign for d in five] == [0] * 5
+    assert five[0].p_holm == pytest.approx(5 * borderline.p)
+    with pytest.raises(ValueError, match="min_pairs"):
+        decide([clear], min_pairs=1, alpha=0.05)
+
+
+def test_a_verdict_the_interval_alone_would_give_is_withdrawn_by_the_correction() -> None:
+    """The method is above the baseline at p ~ 0.013 (its unadjusted interval excludes 0),
+    but the setting has four more contrasts that are no more significant: Holm says tie."""
+    from ablations.contrasts import judge
+    from ablations.head_to_head import head_to_head
+
+    diffs = [0.08, 0.02, 0.10, 0.05, 0.09, 0.01]
+    rows = []
+    for seed, d in enumerate(diffs):
+        for strategy, value in (
+            ("uniform", 0.40),
+            ("datc", 0.40 + d),
+            ("red", 0.40),
+            ("abc", 0.40),
+        ):
+            rows.append(
+                {
+                    "setting": "toy",
+                    "family": "gpt2",
+                    "strategy": strategy,
+                    "seed": seed,
+                    "step": 1,
+                    "reward_mean": value,
+                    "eval_reward_sampled": value,
+                }
+            )
+    spec = dataclasses.replace(TOY_SPEC, strategies=["uniform", "datc", "red", "abc"])
+    _, (alone,) = summarize(rows, spec)
+    assert alone.sign == 1 and alone.vs_baseline.excludes_zero() == 1
+    compared = head_to_head(rows, spec, ["datc"], ["red", "abc"])
+    (verdict,), (setting,) = judge([alone], compared, spec)
+    # method vs uniform, datc vs red and vs abc (all and gpt2): 5 contrasts of 6 pairs;
+    # the best baseline is judged on 3 pairs only (seeds 3-5): not a member
+    assert verdict.contrasts == 5 == setting.contrasts
+    assert verdict.sign == 0 and verdict.p_holm == pytest.approx(min(1.0, 5 * alone.vs_baseline.p))
+    assert "**no significant difference** between datc and uniform" in verdict.text
+    assert "Holm-corrected over 5 contrasts in this setting" in verdict.text
+    assert all(c.sign == 0 for c in setting.rows)
