@@ -13,6 +13,7 @@ from credit_core.baseline_strategies import BASELINE_STRATEGIES
 from credit_core.batch import CreditBatch, PolicyStats
 from credit_core.hookspecs import hookimpl
 from credit_core.key_tokens import KTAEStrategy
+from credit_core.p2t import P2TStrategy
 from credit_core.strategy import (
     CreditStrategy,
     ScoreParams,
@@ -183,6 +184,7 @@ BUILTIN_STRATEGIES: tuple[type[CreditStrategy], ...] = (
     SaliencyStrategy,
     *BASELINE_STRATEGIES,
     KTAEStrategy,
+    P2TStrategy,
 )
 
 

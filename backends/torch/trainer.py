@@ -94,6 +94,7 @@ from backends.torch.step import (
 )
 from credit_core import (
     DIRECTION_SIGNALS,
+    CreditError,
     CreditSignals,
     CreditStrategy,
     PolicyStats,
@@ -241,6 +242,13 @@ class GRPORecipe:
                 f"but the direction model ({type(direction).__name__}) has none; use a "
                 "transformer reward model (seq_classification or encoder_similarity)"
             )
+        if "reward_attribution" in self.reads and direction is not None:
+            try:
+                direction.null_embedding(self.strategy.attribution_null)
+            except CreditError as err:
+                raise ConfigError(
+                    f"credit: strategy {cfg.credit.name!r} reads reward_attribution: {err}"
+                ) from err
         self.model = wrap_model(PolicyModule(self.policy.model), self.ctx, cfg.distributed.strategy)
         self.checkpointed = checkpointed_layers(self.model)  # policy.gradient_checkpointing
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, cfg.steps)
@@ -536,13 +544,22 @@ class GRPORecipe:
         clock = PhaseClock(self.ctx.device)
         reward = side.compute(
             batch,
-            with_grad=bool(reads & {"reward_grad", "unsigned_work"}),
+            with_grad=bool(reads & {"reward_grad", "unsigned_work", "reward_attribution"}),
             micro_batch_size=cfg.algorithm.micro_batch_size,
             labels=_labels(batch, pool),
             with_attention="reward_attention" in reads,
             with_prefix_rewards="prefix_rewards" in reads,
         )
         reward_seconds = clock.lap()
+        attribution = None
+        if "reward_attribution" in reads:
+            assert side.direction is not None and reward.reward_grad is not None  # checked above
+            attribution = side.direction.attribution(
+                reward.reward_grad,
+                batch.response_ids,
+                batch.response_mask,
+                strategy.attribution_null,
+            )
         advantages = group_advantages(
             reward.rewards, cfg.rollout.group_size, cfg.algorithm.estimator, cfg.algorithm.adv_eps
         )
@@ -571,6 +588,7 @@ class GRPORecipe:
                 token_entropy=old.entropy,
                 reward_attention=reward.attention,
                 prefix_rewards=reward.prefix_rewards,
+                reward_attribution=attribution,
             ),
             rewards=reward.rewards,
             groups=self._group_ids(batch),
