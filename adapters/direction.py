@@ -52,6 +52,7 @@ import torch
 from adapters.rm_inputs import PaddingSide, RMInputs, SpecialTemplate, assemble
 from adapters.vocab_bridge import VocabBridge, plain_backend
 from credit_core import CreditError
+from credit_core.attribution import check_null, reward_attribution
 from credit_core.tensor_checks import check_tensor
 
 NonFiniteGrad = Literal["error", "pass"]
@@ -110,6 +111,40 @@ class DirectionModel(ABC):
     def embed_dim(self) -> int:
         """d, the width of the RM's input embeddings."""
         return int(self.reward_embedding.shape[1])
+
+    def null_embedding(self, kind: str) -> torch.Tensor:
+        """e_null (d,), in ``reward_embedding``'s dtype and on its device, for the
+        ``reward_attribution`` signal (``credit_core.attribution``): ``zero`` here; ``pad``
+        and ``unk`` from a model with a token table (``EmbeddingDirectionModel``).
+        ``CreditError`` naming ``null`` and saying why a kind is unavailable."""
+        check_null(kind)
+        if kind != "zero":
+            raise CreditError(
+                f"null: {kind!r} needs the reward model's token embeddings, but "
+                f"{type(self).__name__} has no token table; use null: zero"
+            )
+        return self.reward_embedding.new_zeros(self.embed_dim)
+
+    def attribution(
+        self,
+        reward_grad: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        kind: str,
+    ) -> torch.Tensor:
+        """``reward_attribution`` (B, R) from this model's ``reward_grad`` (B, R, d) at the
+        policy response tokens ``response_ids`` (B, R) under ``response_mask`` (B, R): r_t =
+        (E'[y_t] - e_null) . g_t with E' = ``reward_embedding`` and e_null =
+        ``null_embedding(kind)``; 0 at padding; float32 (float64 for a float64 RM)."""
+        E = self.reward_embedding
+        dev = reward_grad.device
+        return reward_attribution(
+            reward_grad,
+            response_ids.to(dev),
+            response_mask.to(dev).bool(),
+            E.to(dev),
+            self.null_embedding(kind).to(dev),
+        )
 
     @property
     def gives_attention(self) -> bool:
@@ -309,6 +344,8 @@ class EmbeddingDirectionModel(DirectionModel):
         self.no_attention = f"{type(self).__name__} records no attention weights"
         self.position_scores_recorder: ForwardRecorder | None = None
         self.agree_count: AgreeCount | None = None
+        unk = getattr(rm_tokenizer, "unk_token_id", None)
+        self.unk_id: int | None = unk if isinstance(unk, int) else None
         self._rm_backend = None if rm_tokenizer is None else plain_backend(rm_tokenizer)
         self.bridge: VocabBridge | None = None
         if rm_tokenizer is not None and policy_tokenizer is not None:
@@ -337,6 +374,24 @@ class EmbeddingDirectionModel(DirectionModel):
                 f"got shape {tuple(self.table.shape)}"
             )
         self.reward_embedding = E.to(acc)
+
+    def null_embedding(self, kind: str) -> torch.Tensor:
+        """e_null (d,): ``pad``, the table row of ``pad_id`` (the id the RM pads its inputs
+        with: its tokenizer's pad token, else its eos token; 0 for a ``ModuleRM`` reading
+        policy ids); ``unk``, the row of the RM tokenizer's unknown token (``CreditError``
+        when it has none); ``zero``, the zero vector."""
+        check_null(kind)
+        if kind == "zero":
+            return super().null_embedding(kind)
+        token = self.pad_id if kind == "pad" else self.unk_id
+        if token is None:
+            raise CreditError(
+                "null: 'unk' needs the reward model tokenizer's unknown token, but "
+                f"{type(self).__name__} has none (no tokenizer, or unk_token_id is None); "
+                "use null: pad or zero"
+            )
+        acc = self.reward_embedding.dtype
+        return self.table[token].to(device=self.reward_embedding.device, dtype=acc)
 
     @property
     def gives_attention(self) -> bool:

@@ -95,6 +95,20 @@ def mean_one(raw: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch
     return torch.where(mask, torch.where(empty.unsqueeze(1), 1.0, w), 0.0), empty
 
 
+def aligned_result(batch: CreditBatch, token_rewards: torch.Tensor, eps: float) -> CreditResult:
+    """The mean-preserving form of a token reward r (B, T): w_t proportional to
+    max(sign(A) r_t, 0) + ``eps``, rescaled to mean 1 over each response's valid tokens
+    (``mean_one``), A_t = A w_t. A response whose r_t all oppose sign(A) (none > 0 after the
+    sign) gets uniform weights from the floor and is counted in ``uniform_fallbacks``; A = 0
+    gives w = 1 (uncounted)."""
+    mask = batch.mask
+    sign = torch.sign(batch.advantages.to(torch.float64)).unsqueeze(1)
+    aligned = (sign * token_rewards.to(torch.float64)).clamp_min(0.0)
+    unaligned = ~torch.where(mask, aligned > 0, False).any(dim=1)
+    weights, _ = mean_one(aligned + eps, mask)
+    return _result(batch, weights, int((unaligned & (sign[:, 0] != 0)).sum()))
+
+
 class _TopFractionStrategy(CreditStrategy):
     """A strategy that selects a batch-wide top ``rho`` share of tokens by a per-token key."""
 
@@ -228,8 +242,4 @@ class REDStrategy(CreditStrategy):
         check_finite_at("CreditBatch.prefix_rewards", r, mask)
         if self.params.mode == "paper":
             return paper_result(batch, r, 0)
-        sign = torch.sign(batch.advantages.to(torch.float64)).unsqueeze(1)
-        aligned = (sign * r.to(torch.float64)).clamp_min(0.0)
-        unaligned = ~torch.where(mask, aligned > 0, False).any(dim=1)
-        weights, _ = mean_one(aligned + self.params.eps, mask)
-        return _result(batch, weights, int((unaligned & (sign[:, 0] != 0)).sum()))
+        return aligned_result(batch, r, self.params.eps)

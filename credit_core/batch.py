@@ -18,12 +18,20 @@ Signal = Literal[
     "token_entropy",
     "reward_attention",
     "prefix_rewards",
+    "reward_attribution",
 ]
 SIGNALS: frozenset[str] = frozenset(get_args(Signal))
 #: The signals that come from a direction model (``policy_stats`` through its embedding
 #: table): a strategy reading one of them needs a direction model configured.
 DIRECTION_SIGNALS: frozenset[str] = frozenset(
-    {"reward_grad", "policy_stats", "unsigned_work", "reward_attention", "prefix_rewards"}
+    {
+        "reward_grad",
+        "policy_stats",
+        "unsigned_work",
+        "reward_attention",
+        "prefix_rewards",
+        "reward_attribution",
+    }
 )
 #: The per-token (B, T) floating signals, validated alike.
 TOKEN_SIGNALS: tuple[str, ...] = (
@@ -31,6 +39,7 @@ TOKEN_SIGNALS: tuple[str, ...] = (
     "token_entropy",
     "reward_attention",
     "prefix_rewards",
+    "reward_attribution",
 )
 
 #: ``gather(values)``: a 1-D tensor of this process's values concatenated with those of
@@ -153,6 +162,10 @@ class CreditBatch:
       whole row when the score position puts no mass on the response.
     - ``prefix_rewards`` (B, T) floating, optional: r_t = s_t - s_{t-1}, s_t the direction
       model's score of the prompt with the response's first t tokens (s_0: empty response).
+    - ``reward_attribution`` (B, T) floating, optional: r_t = (e_t - e_null) . g_t, the
+      first-order change of the direction model's reward when token t's input embedding e_t
+      is replaced by a null embedding (``credit_core.attribution``), from the same gradient
+      g as ``reward_grad``; 0 at padding. May hold non-finite values; strategies decide.
     - ``rewards`` (B,) floating, finite, optional: the response rewards R_i behind
       ``advantages`` (context every backend has; read by strategies whose ``reads_groups``).
     - ``groups`` (B,) int64, optional: the group of each response (the responses sampled
@@ -173,6 +186,7 @@ class CreditBatch:
     token_entropy: torch.Tensor | None = None
     reward_attention: torch.Tensor | None = None
     prefix_rewards: torch.Tensor | None = None
+    reward_attribution: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
     groups: torch.Tensor | None = None
     gather: Gather | None = None

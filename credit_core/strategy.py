@@ -15,6 +15,7 @@ from credit_core.allocation import (
     NonFinitePolicy,
     allocate_weights,
 )
+from credit_core.attribution import DEFAULT_NULL, NullEmbedding
 from credit_core.batch import SIGNALS, CreditBatch
 from credit_core.errors import CreditError
 
@@ -62,7 +63,7 @@ class CreditStrategy(ABC):
     - ``name``: the registry key (unique across all plugins).
     - ``requires``: the signals ``assign`` reads, a subset of ``SIGNALS`` ("reward_grad",
       "policy_stats", "unsigned_work", "token_entropy", "reward_attention",
-      "prefix_rewards"); backends compute only these.
+      "prefix_rewards", "reward_attribution"); backends compute only these.
     - ``work_requires``: None, or the signals that suffice instead of ``requires`` when the
       backend computes DATC's unsigned work W0 directly (it must contain "unsigned_work");
       DATC-family strategies declare ``{"unsigned_work"}`` next to ``requires =
@@ -81,6 +82,11 @@ class CreditStrategy(ABC):
     points of the path from them to the policy's expected embeddings (docs/design.md,
     "Curvature-robust direction"). A backend that cannot take that gradient refuses the
     strategy.
+
+    ``attribution_null`` says which null embedding e_null a backend computing
+    ``reward_attribution`` subtracts (``credit_core.attribution``; ``DEFAULT_NULL`` unless the
+    strategy says otherwise). A backend whose direction model has no such embedding refuses
+    the strategy.
 
     Subclasses implement ``assign_with_diagnostics``; ``assign`` returns its tensor. A
     strategy with mutable state (a random stream, running statistics) overrides
@@ -123,6 +129,11 @@ class CreditStrategy(ABC):
     def reward_grad_points(self) -> int:
         """Points of the path at which ``reward_grad`` is averaged; 0: at the samples."""
         return 0
+
+    @property
+    def attribution_null(self) -> NullEmbedding:
+        """The null embedding of the ``reward_attribution`` this strategy reads."""
+        return DEFAULT_NULL
 
     @property
     def reads_groups(self) -> bool:

@@ -178,6 +178,12 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
         problems.append(
             "--data.max_images_per_prompt > 0: vision-language inputs are not supported"
         )
+    if "reward_attribution" in requires:
+        problems.append(
+            f"strategy {name!r} reads 'reward_attribution' (P2T's token rewards (e_t - e_null) "
+            ". g_t), which the OpenRLHF backend's actors do not compute; use the native or "
+            "TRL backend (docs/backends.md)"
+        )
     either_plan = requires | (strategy.work_requires or frozenset())
     from_logits = sorted(either_plan & LOGITS_SIGNALS)
     if from_logits:

@@ -96,6 +96,7 @@ from backends.torch.step import (
 )
 from credit_core import (
     DIRECTION_SIGNALS,
+    CreditError,
     CreditResult,
     CreditSignals,
     CreditStrategy,
@@ -247,6 +248,13 @@ class GRPORecipe:
             )
         # algorithm.estimator gae: the critic, copied from the policy before FSDP shards it
         critic = build_critic(self.policy.model, seed=cfg.seed) if self._gae else None
+        if "reward_attribution" in self.reads and direction is not None:
+            try:
+                direction.null_embedding(self.strategy.attribution_null)
+            except CreditError as err:
+                raise ConfigError(
+                    f"credit: strategy {cfg.credit.name!r} reads reward_attribution: {err}"
+                ) from err
         self.model = wrap_model(PolicyModule(self.policy.model), self.ctx, cfg.distributed.strategy)
         self.checkpointed = checkpointed_layers(self.model)  # policy.gradient_checkpointing
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, cfg.steps)
@@ -589,7 +597,7 @@ class GRPORecipe:
         clock = PhaseClock(self.ctx.device)
         reward = side.compute(
             batch,
-            with_grad=bool(reads & {"reward_grad", "unsigned_work"}),
+            with_grad=bool(reads & {"reward_grad", "unsigned_work", "reward_attribution"}),
             micro_batch_size=cfg.algorithm.micro_batch_size,
             labels=_labels(batch, pool),
             with_attention="reward_attention" in reads,
@@ -597,6 +605,15 @@ class GRPORecipe:
         )
         reward_seconds = clock.lap()
         estimator = "group_norm" if self._gae else cfg.algorithm.estimator
+        attribution = None
+        if "reward_attribution" in reads:
+            assert side.direction is not None and reward.reward_grad is not None  # checked above
+            attribution = side.direction.attribution(
+                reward.reward_grad,
+                batch.response_ids,
+                batch.response_mask,
+                strategy.attribution_null,
+            )
         advantages = group_advantages(
             reward.rewards, cfg.rollout.group_size, estimator, cfg.algorithm.adv_eps
         )
@@ -635,6 +652,7 @@ class GRPORecipe:
                 token_entropy=old.entropy,
                 reward_attention=reward.attention,
                 prefix_rewards=reward.prefix_rewards,
+                reward_attribution=attribution,
             ),
             rewards=reward.rewards,
             groups=self._group_ids(batch),

@@ -188,11 +188,21 @@ class CreditGRPOTrainer(GRPOTrainer):
         self.credit_args: CreditGRPOConfig = args
         self.policy: torch.nn.Module = self.model  # type: ignore[assignment]
         self.strategy: CreditStrategy = get_strategy(args.credit_config)
+        if self.strategy.reads_groups:
+            raise CreditError(
+                f"credit: strategy {self.strategy.name!r} (mode paper) reads the response "
+                "rewards and their groups (CreditBatch.rewards/groups), which the TRL backend "
+                "does not pass to the credit step; use mode: mean"
+            )
         #: the reward gradient is taken on the path to the policy's m1 (datc_mid, datc_ig)
         self.path = bool(self.strategy.reward_grad_points)
         # the reward gradient is known before the statistics are reduced, except on the path
         self.reads = type(self.strategy).signals_to_compute(reward_grad_first=not self.path)
-        self.needs_reward_grad = bool(self.reads & {"reward_grad", "unsigned_work"})
+        self.needs_reward_grad = bool(
+            self.reads & {"reward_grad", "unsigned_work", "reward_attribution"}
+        )
+        #: the reward-side signals carried to the loss step: the scored ones and P2T's r_t
+        self.attributes = "reward_attribution" in self.reads
         self.needs_policy_stats = bool(self.reads & {"policy_stats", "unsigned_work"})
         self.needs_entropy = "token_entropy" in self.reads
         #: the reward-side signals the direction model's scoring pass gives (``REWARD_SIDE``)
@@ -202,6 +212,14 @@ class CreditGRPOTrainer(GRPOTrainer):
         if self.scored or self.needs_policy_stats:
             self.direction = direction_model or self._build_direction(args)
             self._check_direction_gives(self.direction)
+        if self.attributes:
+            assert self.direction is not None  # built above: the strategy reads reward_grad
+            try:
+                self.direction.null_embedding(self.strategy.attribution_null)
+            except CreditError as err:
+                raise CreditError(
+                    f"credit: strategy {self.strategy.name!r} reads reward_attribution: {err}"
+                ) from err
         #: TRL's reward model giving DATC's gradient from its own reward pass, when shared
         self.reward_pass = self._share_reward_pass(direction_model, args)
         #: set where the direction model's forwards are collectives (``collective_agreement``)
@@ -442,6 +460,8 @@ class CreditGRPOTrainer(GRPOTrainer):
         from its hidden states, DATC's W0 (streamed with ``scored["reward_grad"]``) or
         ``PolicyStats`` (``stats`` when already reduced from this forward)."""
         found: dict[str, Any] = {name: scored[name] for name in REWARD_SIDE if name in self.reads}
+        if self.attributes:
+            found["reward_attribution"] = scored["reward_attribution"]
         if forward is None:
             return CreditSignals(**found)
         if self.needs_entropy:
@@ -605,11 +625,25 @@ class CreditGRPOTrainer(GRPOTrainer):
         return output
 
     def reward_side(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """The reward-side signals of ``batch`` (TRL's generation output): ``score_rewards``;
-        with a shared reward pass (``reward_pass``), ``reward_grad`` from the pass TRL just
-        made for its reward, moved to the completion tokens, and from the direction model's
-        own pass only for the rows it cannot place (their share is logged as
-        ``credit/reward_grad_second_pass_frac``)."""
+        """The reward-side signals of ``batch`` (TRL's generation output), plus P2T's
+        ``reward_attribution`` (B, T) from their ``reward_grad`` when the strategy reads it
+        (``DirectionModel.attribution``: no further reward pass)."""
+        scored = self._reward_side(batch)
+        if self.attributes:
+            assert self.direction is not None  # built in __init__
+            scored["reward_attribution"] = self.direction.attribution(
+                scored["reward_grad"],
+                batch["completion_ids"],
+                batch["completion_mask"],
+                self.strategy.attribution_null,
+            )
+        return scored
+
+    def _reward_side(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """``score_rewards``; with a shared reward pass (``reward_pass``), ``reward_grad``
+        from the pass TRL just made for its reward, moved to the completion tokens, and from
+        the direction model's own pass only for the rows it cannot place (their share is
+        logged as ``credit/reward_grad_second_pass_frac``)."""
         if self.reward_pass is None:
             return self.score_rewards(batch)
         special = torch.tensor(self._tokenizer.all_special_ids, dtype=torch.long)
@@ -638,7 +672,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         if self.credit_phase != "loss":
             return super()._compute_loss(model, inputs)  # type: ignore[no-any-return,no-untyped-call]
         batch = dict(inputs)  # the buffered generation batch keeps its (B,) advantages
-        carried = {} if self.path else self.scored
+        carried = {} if self.path else self.scored | ({"reward_attribution"} & self.reads)
         scored = {name: batch.pop(CARRY_PREFIX + name) for name in carried}
 
         def form_credit(forward: PolicyForward) -> None:

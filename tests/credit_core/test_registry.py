@@ -6,6 +6,7 @@ other tests see holds the built-ins (and installed entry points) only.
 
 from __future__ import annotations
 
+import re
 import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
@@ -15,6 +16,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from credit_core import (
+    SIGNALS,
     CreditBatch,
     CreditError,
     CreditResult,
@@ -248,9 +250,8 @@ class Abstract(ScoreStrategy):
         (UpperName, r"class attribute 'name' must be .*got 'Bad Name'"),
         (
             SetRequires,
-            r"class attribute 'requires' must be a frozenset "
-            r"within \['policy_stats', 'prefix_rewards', 'reward_attention', 'reward_grad', "
-            r"'token_entropy', 'unsigned_work'\]",
+            r"class attribute 'requires' must be a frozenset within "
+            + re.escape(str(sorted(SIGNALS))),
         ),
         (UnknownSignal, r"class attribute 'requires' must be a frozenset .*'logits'"),
         (DictParams, r"class attribute 'Params' must be a pydantic BaseModel class"),

@@ -500,3 +500,10 @@ def test_baseline_parameters_come_from_credit_flags(capsys: pytest.CaptureFixtur
     assert main(["--credit", "random_top", "--credit.mode", "top"], train=lambda *_: None) == 2
     err = capsys.readouterr().err
     assert err.startswith("credit-openrlhf: error:") and "mode" in err and "'mask'" in err
+
+
+def test_p2t_is_refused_at_start_up_naming_the_signal_the_actors_do_not_compute() -> None:
+    with pytest.raises(
+        CreditError, match=r"'p2t' reads 'reward_attribution' .* the OpenRLHF backend's actors"
+    ):
+        resolved("p2t", RM_FLAGS)

@@ -78,6 +78,7 @@ def test_entropy_top_needs_no_direction(grpo) -> None:
         (["algorithm.credit=abc"], "'abc' is not served: it reads ['reward_attention']"),
         (["algorithm.credit=red"], "'red' is not served: it reads ['prefix_rewards']"),
         (["algorithm.credit=saliency"], "'saliency' is not served: it reads ['reward_grad']"),
+        (["algorithm.credit=p2t"], "'p2t' is not served: it reads ['reward_attribution']"),
         (
             ["algorithm.credit=datc", DIRECTION, "actor_rollout_ref.rollout.top_k=20"],
             "actor_rollout_ref.rollout.top_k: 20 truncates",
