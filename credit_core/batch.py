@@ -18,6 +18,7 @@ Signal = Literal[
     "token_entropy",
     "reward_attention",
     "prefix_rewards",
+    "implicit_log_ratio",
 ]
 SIGNALS: frozenset[str] = frozenset(get_args(Signal))
 #: The signals that come from a direction model (``policy_stats`` through its embedding
@@ -31,6 +32,7 @@ TOKEN_SIGNALS: tuple[str, ...] = (
     "token_entropy",
     "reward_attention",
     "prefix_rewards",
+    "implicit_log_ratio",
 )
 
 #: ``gather(values)``: a 1-D tensor of this process's values concatenated with those of
@@ -153,6 +155,10 @@ class CreditBatch:
       whole row when the score position puts no mass on the response.
     - ``prefix_rewards`` (B, T) floating, optional: r_t = s_t - s_{t-1}, s_t the direction
       model's score of the prompt with the response's first t tokens (s_0: empty response).
+    - ``implicit_log_ratio`` (B, T) floating, optional: q_t = log pi_phi(y_t | y_<t) -
+      log pi_ref(y_t | y_<t), PRIME's implicit PRM against the reference policy, both at the
+      rollout temperature (computed by the backend that hosts and trains pi_phi; see
+      ``credit_core.implicit_rewards``).
     - ``rewards`` (B,) floating, finite, optional: the response rewards R_i behind
       ``advantages`` (context every backend has; read by strategies whose ``reads_groups``).
     - ``groups`` (B,) int64, optional: the group of each response (the responses sampled
@@ -173,6 +179,7 @@ class CreditBatch:
     token_entropy: torch.Tensor | None = None
     reward_attention: torch.Tensor | None = None
     prefix_rewards: torch.Tensor | None = None
+    implicit_log_ratio: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
     groups: torch.Tensor | None = None
     gather: Gather | None = None

@@ -12,6 +12,7 @@ from credit_core.allocation import CreditDiagnostics
 from credit_core.baseline_strategies import BASELINE_STRATEGIES
 from credit_core.batch import CreditBatch, PolicyStats
 from credit_core.hookspecs import hookimpl
+from credit_core.implicit_rewards import PrimeStrategy
 from credit_core.key_tokens import KTAEStrategy
 from credit_core.strategy import (
     CreditStrategy,
@@ -183,6 +184,7 @@ BUILTIN_STRATEGIES: tuple[type[CreditStrategy], ...] = (
     SaliencyStrategy,
     *BASELINE_STRATEGIES,
     KTAEStrategy,
+    PrimeStrategy,
 )
 
 

@@ -28,6 +28,7 @@ class CreditSignals:
     - ``token_entropy`` (B, T): the sampling policy's entropy per response position.
     - ``reward_attention`` (B, T): the direction model's attention over the response.
     - ``prefix_rewards`` (B, T): differences of the direction model's prefix scores.
+    - ``implicit_log_ratio`` (B, T): log pi_phi - log pi_ref of the sampled tokens (PRIME).
 
     ``CreditBatch`` states each one's contract.
     """
@@ -38,6 +39,7 @@ class CreditSignals:
     token_entropy: torch.Tensor | None = None
     reward_attention: torch.Tensor | None = None
     prefix_rewards: torch.Tensor | None = None
+    implicit_log_ratio: torch.Tensor | None = None
 
     @property
     def computed(self) -> frozenset[str]:
@@ -91,6 +93,7 @@ def assign_credit(
         token_entropy=signals.token_entropy,
         reward_attention=signals.reward_attention,
         prefix_rewards=signals.prefix_rewards,
+        implicit_log_ratio=signals.implicit_log_ratio,
         rewards=rewards,
         groups=groups,
         gather=gather,

@@ -349,7 +349,9 @@ class TrainingState:
     ``model`` and ``optimizer`` are DCP's state dicts (``get_model_state_dict`` /
     ``get_optimizer_state_dict``: parameter names as keys, tensors or DTensor shards);
     ``scheduler`` and ``trainer`` are plain values, the same on every rank; ``rank`` is this
-    rank's own state (tensors and plain values).
+    rank's own state (tensors and plain values); ``extra`` the DCP state dicts of further
+    trained models by name (``{"implicit_prm": {"model": ..., "optimizer": ...}}`` for
+    PRIME's pi_phi), written and resharded like the policy's; empty for most runs.
     """
 
     step: int
@@ -358,6 +360,7 @@ class TrainingState:
     scheduler: dict[str, Any]
     trainer: dict[str, Any]
     rank: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -427,7 +430,9 @@ def _write_state(
     tmp: Path, state: TrainingState, export: ModelExport | None, ctx: DistContext
 ) -> None:
     """Every rank's shards and rank file; rank 0 also the shared state and the export."""
-    tensors, skeleton = split_tensors({"model": state.model, "optimizer": state.optimizer})
+    tensors, skeleton = split_tensors(
+        {"model": state.model, "optimizer": state.optimizer, "extra": state.extra}
+    )
     with _quiet_single_process():
         dcp_save(
             tensors,
@@ -624,18 +629,23 @@ def load_checkpoint(
     model_state: dict[str, Any],
     optimizer_state: dict[str, Any],
     ctx: DistContext = _LOCAL,
+    *,
+    extra_state: dict[str, Any] | None = None,
 ) -> TrainingState:
     """Load checkpoint ``folder`` (verified by ``resume_point``) for this rank; collective.
 
     ``model_state`` and ``optimizer_state`` are this run's DCP state dicts: their tensors,
-    sharded as this run shards them, are filled in place and returned in the result. Rank r
+    sharded as this run shards them, are filled in place and returned in the result, and so
+    are those of ``extra_state`` (``TrainingState.extra``; None: no further model). Rank r
     of a run with a different number of processes gets the rank state of saved rank
     ``r % saved_world_size``. Raises ``ConfigError`` if the checkpoint holds other tensors.
     """
     folder = Path(folder)
     manifest = read_manifest(folder)
     shared = json.loads((folder / TRAIN_STATE_FILE).read_text(encoding="utf-8"))
-    tensors, _ = split_tensors({"model": model_state, "optimizer": optimizer_state})
+    tensors, _ = split_tensors(
+        {"model": model_state, "optimizer": optimizer_state, "extra": extra_state or {}}
+    )
     saved = tensor_names(shared["tensors"])
     if saved != set(tensors):
         missing, extra = sorted(set(tensors) - saved), sorted(saved - set(tensors))
@@ -668,4 +678,5 @@ def load_checkpoint(
         scheduler=shared["scheduler"],
         trainer=shared["trainer"],
         rank=_read_rank_file(folder / rank_file_name(ctx.rank % saved_world)),
+        extra=restored.get("extra", {}),
     )
