@@ -26,6 +26,10 @@ SIGNALS: frozenset[str] = frozenset(get_args(Signal))
 DIRECTION_SIGNALS: frozenset[str] = frozenset(
     {"reward_grad", "policy_stats", "unsigned_work", "reward_attention", "prefix_rewards"}
 )
+#: The signals read from a second trainable model that the backend hosts, updates every step
+#: and checkpoints (PRIME's implicit PRM; ``CreditStrategy.implicit_prm``): only the native
+#: trainer hosts one; the plugin backends refuse a strategy reading them at start-up.
+TRAINED_MODEL_SIGNALS: frozenset[str] = frozenset({"implicit_log_ratio"})
 #: The per-token (B, T) floating signals, validated alike.
 TOKEN_SIGNALS: tuple[str, ...] = (
     "unsigned_work",
