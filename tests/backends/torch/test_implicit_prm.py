@@ -23,6 +23,7 @@ from backends.torch.distributed import unwrap
 from backends.torch.implicit_prm import ImplicitPRM
 from backends.torch.trainer import GRPORecipe, train
 from credit_core.implicit_rewards import ImplicitPRMSpec
+from tests.helpers.one_rank import join_one_rank_group
 from tests.helpers.torch_tiny import comparable, tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -263,3 +264,29 @@ def test_a_resumed_prime_run_continues_pi_phi_and_its_optimizer_exactly(
     assert got.keys() == want.keys()
     for key in want:
         assert torch.equal(got[key], want[key]), key
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_under_fsdp_and_ddp_pi_phi_trains_checkpoints_and_resumes_as_unwrapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
+    """One rank in a gloo group: pi_phi is wrapped like the policy (DDP, or FSDP2 shards),
+    its gradient synchronised, its state saved and loaded as DCP shards; steps 1-2, then a
+    resume to step 3, give the unwrapped run's figures."""
+    updates: dict[str, Any] = {
+        "credit": PRIME,
+        "algorithm": {"micro_batch_size": 3},
+        "checkpoint": {"interval": 1},
+    }
+    plain = train(tiny_config(tmp_path / "plain", **updates))
+    join_one_rank_group(monkeypatch)
+    wrapped_cfg = tiny_config(
+        tmp_path / "wrapped", steps=2, distributed={"strategy": strategy}, **updates
+    )
+    train(wrapped_cfg)
+    join_one_rank_group(monkeypatch)
+    resumed = train({**wrapped_cfg, "steps": 3}, resume=True)
+    assert [int(r["step"]) for r in resumed.history] == [3]
+    one, two = plain.history[-1], resumed.history[-1]
+    for key in ("implicit_prm/loss", "implicit_prm/grad_norm", "loss/policy", "reward/mean"):
+        assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
