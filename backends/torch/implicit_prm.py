@@ -106,13 +106,14 @@ class ImplicitPRM:
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, self.spec.grad_clip)
         grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        if not math.isfinite(loss_sum) or not math.isfinite(grad_norm):
-            raise FloatingPointError(
-                f"implicit PRM: non-finite loss ({loss_sum}) or gradient norm ({grad_norm}); "
-                "lower the strategy's prm_lr or beta"
-            )
-        self.optimizer.step()
         totals = self.ctx.all_reduce_sum(
             torch.tensor([loss_sum, right], dtype=torch.float64, device=self.ctx.collective_device)
         )
-        return PRMUpdate(float(totals[0]) / n_total, grad_norm, float(totals[1]) / n_total)
+        loss = float(totals[0]) / n_total
+        if not math.isfinite(loss) or not math.isfinite(grad_norm):  # the same on every rank
+            raise FloatingPointError(
+                f"implicit PRM: non-finite loss ({loss}) or gradient norm ({grad_norm}); "
+                "lower the strategy's prm_lr or beta"
+            )
+        self.optimizer.step()
+        return PRMUpdate(loss, grad_norm, float(totals[1]) / n_total)

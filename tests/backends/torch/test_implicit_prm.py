@@ -7,11 +7,14 @@
 - A run trains: pi_phi changes, the policy takes as many forwards per step as GRPO's, the
   reference policy one no-grad pass per micro-batch (shared with the KL term when it is on),
   pi_phi one no-grad pass and one forward/backward per micro-batch.
-- A resumed run continues pi_phi, its optimizer and everything else bit for bit.
+- A resumed run continues pi_phi, its optimizer and everything else bit for bit; under DDP
+  and FSDP (one gloo rank) pi_phi trains, checkpoints and resumes as unwrapped.
+- A non-finite PRM loss stops the run before pi_phi's optimizer step.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -290,3 +293,19 @@ def test_under_fsdp_and_ddp_pi_phi_trains_checkpoints_and_resumes_as_unwrapped(
     one, two = plain.history[-1], resumed.history[-1]
     for key in ("implicit_prm/loss", "implicit_prm/grad_norm", "loss/policy", "reward/mean"):
         assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_non_finite_prm_loss_stops_before_the_optimizer_step(tmp_path: Path) -> None:
+    recipe = GRPORecipe(config_from_dict(tiny_config(tmp_path / "run", credit=PRIME)))
+    try:
+        assert recipe.prm is not None
+        batch = _one_batch(recipe)
+        before = [p.detach().clone() for p in recipe.prm.model.parameters()]
+        ref = torch.zeros(batch.size, batch.response_len)
+        ref[0, 0] = -math.inf  # q = +inf: the score saturates to a non-finite loss
+        with pytest.raises(FloatingPointError, match="implicit PRM: non-finite loss"):
+            recipe.prm.update(batch, ref, torch.zeros(batch.size))
+        for p, b in zip(recipe.prm.model.parameters(), before, strict=True):
+            assert torch.equal(p, b)
+    finally:
+        recipe.close()
