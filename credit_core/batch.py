@@ -19,6 +19,7 @@ Signal = Literal[
     "reward_attention",
     "prefix_rewards",
     "reward_attribution",
+    "implicit_log_ratio",
 ]
 SIGNALS: frozenset[str] = frozenset(get_args(Signal))
 #: The signals that come from a direction model (``policy_stats`` through its embedding
@@ -33,6 +34,10 @@ DIRECTION_SIGNALS: frozenset[str] = frozenset(
         "reward_attribution",
     }
 )
+#: The signals read from a second trainable model that the backend hosts, updates every step
+#: and checkpoints (PRIME's implicit PRM; ``CreditStrategy.implicit_prm``): only the native
+#: trainer hosts one; the plugin backends refuse a strategy reading them at start-up.
+TRAINED_MODEL_SIGNALS: frozenset[str] = frozenset({"implicit_log_ratio"})
 #: The per-token (B, T) floating signals, validated alike.
 TOKEN_SIGNALS: tuple[str, ...] = (
     "unsigned_work",
@@ -40,6 +45,7 @@ TOKEN_SIGNALS: tuple[str, ...] = (
     "reward_attention",
     "prefix_rewards",
     "reward_attribution",
+    "implicit_log_ratio",
 )
 
 #: ``gather(values)``: a 1-D tensor of this process's values concatenated with those of
@@ -166,6 +172,10 @@ class CreditBatch:
       first-order change of the direction model's reward when token t's input embedding e_t
       is replaced by a null embedding (``credit_core.attribution``), from the same gradient
       g as ``reward_grad``; 0 at padding. May hold non-finite values; strategies decide.
+    - ``implicit_log_ratio`` (B, T) floating, optional: q_t = log pi_phi(y_t | y_<t) -
+      log pi_ref(y_t | y_<t), PRIME's implicit PRM against the reference policy, both at the
+      rollout temperature (computed by the backend that hosts and trains pi_phi; see
+      ``credit_core.implicit_rewards``).
     - ``rewards`` (B,) floating, finite, optional: the response rewards R_i behind
       ``advantages`` (context every backend has; read by strategies whose ``reads_groups``).
     - ``groups`` (B,) int64, optional: the group of each response (the responses sampled
@@ -187,6 +197,7 @@ class CreditBatch:
     reward_attention: torch.Tensor | None = None
     prefix_rewards: torch.Tensor | None = None
     reward_attribution: torch.Tensor | None = None
+    implicit_log_ratio: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
     groups: torch.Tensor | None = None
     gather: Gather | None = None

@@ -8,8 +8,8 @@ from typing import ClassVar
 import torch
 from pydantic import BaseModel, Field
 
-# baseline_strategies, key_tokens and p2t are imported for their ``builtin`` registrations.
-from credit_core import baseline_strategies, key_tokens, p2t  # noqa: F401
+# Imported for their ``builtin`` registrations.
+from credit_core import baseline_strategies, implicit_rewards, key_tokens, p2t  # noqa: F401
 from credit_core.allocation import CreditDiagnostics
 from credit_core.batch import CreditBatch, PolicyStats
 from credit_core.hookspecs import hookimpl
@@ -181,7 +181,7 @@ class DATCShuffledStrategy(SeededStream, DATCStrategy):
 
 
 #: Every built-in strategy: the classes decorated with ``builtin`` here and in the modules
-#: this one imports (the baselines, KTAE, P2T), in registration order.
+#: this one imports (the baselines, KTAE, P2T, PRIME), in registration order.
 BUILTIN_STRATEGIES: tuple[type[CreditStrategy], ...] = builtin_classes()
 
 

@@ -29,6 +29,7 @@ class CreditSignals:
     - ``reward_attention`` (B, T): the direction model's attention over the response.
     - ``prefix_rewards`` (B, T): differences of the direction model's prefix scores.
     - ``reward_attribution`` (B, T): (e_t - e_null) . g_t, from the reward gradient (P2T).
+    - ``implicit_log_ratio`` (B, T): log pi_phi - log pi_ref of the sampled tokens (PRIME).
 
     ``CreditBatch`` states each one's contract.
     """
@@ -40,6 +41,7 @@ class CreditSignals:
     reward_attention: torch.Tensor | None = None
     prefix_rewards: torch.Tensor | None = None
     reward_attribution: torch.Tensor | None = None
+    implicit_log_ratio: torch.Tensor | None = None
 
     @property
     def computed(self) -> frozenset[str]:
@@ -94,6 +96,7 @@ def assign_credit(
         reward_attention=signals.reward_attention,
         prefix_rewards=signals.prefix_rewards,
         reward_attribution=signals.reward_attribution,
+        implicit_log_ratio=signals.implicit_log_ratio,
         rewards=rewards,
         groups=groups,
         gather=gather,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +18,9 @@ from credit_core.allocation import (
 from credit_core.attribution import DEFAULT_NULL, NullEmbedding
 from credit_core.batch import SIGNALS, CreditBatch
 from credit_core.errors import CreditError
+
+if TYPE_CHECKING:
+    from credit_core.implicit_rewards import ImplicitPRMSpec
 
 
 class NoParams(BaseModel):
@@ -63,7 +66,7 @@ class CreditStrategy(ABC):
     - ``name``: the registry key (unique across all plugins).
     - ``requires``: the signals ``assign`` reads, a subset of ``SIGNALS`` ("reward_grad",
       "policy_stats", "unsigned_work", "token_entropy", "reward_attention",
-      "prefix_rewards", "reward_attribution"); backends compute only these.
+      "prefix_rewards", "reward_attribution", "implicit_log_ratio"); backends compute only these.
     - ``work_requires``: None, or the signals that suffice instead of ``requires`` when the
       backend computes DATC's unsigned work W0 directly (it must contain "unsigned_work");
       DATC-family strategies declare ``{"unsigned_work"}`` next to ``requires =
@@ -142,6 +145,15 @@ class CreditStrategy(ABC):
         into advantages by ``group_return_advantages``); a backend that cannot pass them
         refuses the strategy at start-up."""
         return False
+
+    @property
+    def implicit_prm(self) -> ImplicitPRMSpec | None:
+        """None, or how a backend hosts the trainable implicit PRM whose log ratio against
+        the reference policy this strategy reads (``implicit_log_ratio``; PRIME): a second
+        trainable model, built from the reference policy, updated every step on the outcome
+        labels and checkpointed with the policy. A backend that cannot host one refuses the
+        strategy at start-up (docs/backends.md)."""
+        return None
 
     def signals_for(self, batch: CreditBatch) -> frozenset[str]:
         """The signals this strategy reads from ``batch``: ``work_requires`` if the batch

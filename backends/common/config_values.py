@@ -15,7 +15,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from adapters.config import RewardModelConfig
-from credit_core import CreditConfig, CreditError
+from credit_core import CreditConfig, CreditError, strategy_class
+from credit_core.batch import TRAINED_MODEL_SIGNALS
 from credit_core.errors import validation_messages
 
 
@@ -60,3 +61,19 @@ def parse_direction(value: Any, key: str) -> RewardModelConfig | None:
             f"{key}.{p.field}: {p.message}" if p.field else f"{key}: {p.message}" for p in problems
         ]
         raise CreditError("; ".join(lines)) from None
+
+
+def trained_model_refusal(name: str, backend: str) -> str | None:
+    """Why ``backend`` (a plugin backend: TRL, OpenRLHF, verl) cannot serve strategy ``name``
+    because it reads a second trainable model (``TRAINED_MODEL_SIGNALS``: PRIME's implicit
+    PRM), or None when the strategy reads none."""
+    hosted = sorted(strategy_class(name).requires & TRAINED_MODEL_SIGNALS)
+    if not hosted:
+        return None
+    return (
+        f"it reads {hosted}, the log-probs of a second trainable model (PRIME's implicit PRM "
+        "pi_phi, built from the reference policy, updated every step on the outcome labels "
+        f"and checkpointed with the policy); the {backend} backend cannot host a second "
+        "trainable model inside the plugin contract (docs/backends.md, 'Strategies with a "
+        "trainable model'); run it with the native trainer (python -m backends.torch)"
+    )

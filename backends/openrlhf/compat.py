@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from backends.common.config_values import trained_model_refusal
 from backends.openrlhf.settings import OpenRLHFCreditConfig
 from credit_core import DIRECTION_SIGNALS, CreditError
 
@@ -138,6 +139,9 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
     strategy = cfg.strategy()
     requires = strategy.requires
     name = strategy.name
+    refusal = trained_model_refusal(name, "OpenRLHF")
+    if refusal is not None:
+        raise CreditError(f"--credit {name}: strategy {name!r} is not served: {refusal}")
     duplicate_factor = int(_get(args, "ds.ring_attn_size", 1)) * int(
         _get(args, "ds.tensor_parallel_size", 1)
     )

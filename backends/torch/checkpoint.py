@@ -2,7 +2,8 @@
 
 Layout of ``<run>/checkpoints/step_000012/``:
 
-- ``state/``  the model and optimizer tensors (and the critic's, for PPO with a critic),
+- ``state/``  the model and optimizer tensors (and those of further trained models: the
+  critic of PPO with a critic, PRIME's pi_phi),
   written with ``torch.distributed.checkpoint`` (DCP) as safetensors: every rank writes its
   own shards (nothing is gathered), and DCP reshards on load, so a run resumes on the same
   or a different number of processes;
@@ -350,9 +351,9 @@ class TrainingState:
     ``model`` and ``optimizer`` are DCP's state dicts (``get_model_state_dict`` /
     ``get_optimizer_state_dict``: parameter names as keys, tensors or DTensor shards);
     ``scheduler`` and ``trainer`` are plain values, the same on every rank; ``rank`` is this
-    rank's own state (tensors and plain values). ``critic``: None, or the critic's
-    ``{"model": ..., "optimizer": ...}`` DCP state dicts (``algorithm.estimator: gae``),
-    stored and checked like the policy's.
+    rank's own state (tensors and plain values); ``extra`` the DCP state dicts of further
+    trained models by name (``{"implicit_prm": {"model": ..., "optimizer": ...}}`` for
+    PRIME's pi_phi), written and resharded like the policy's; empty for most runs.
     """
 
     step: int
@@ -361,18 +362,7 @@ class TrainingState:
     scheduler: dict[str, Any]
     trainer: dict[str, Any]
     rank: dict[str, Any]
-    critic: dict[str, Any] | None = None
-
-    def sharded(self) -> dict[str, Any]:
-        """The tensor trees DCP writes: model, optimizer and, if any, the critic's."""
-        return _sharded(self.model, self.optimizer, self.critic)
-
-
-def _sharded(
-    model: dict[str, Any], optimizer: dict[str, Any], critic: dict[str, Any] | None
-) -> dict[str, Any]:
-    tree = {"model": model, "optimizer": optimizer}
-    return tree if critic is None else {**tree, "critic": critic}
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -442,7 +432,9 @@ def _write_state(
     tmp: Path, state: TrainingState, export: ModelExport | None, ctx: DistContext
 ) -> None:
     """Every rank's shards and rank file; rank 0 also the shared state and the export."""
-    tensors, skeleton = split_tensors(state.sharded())
+    tensors, skeleton = split_tensors(
+        {"model": state.model, "optimizer": state.optimizer, "extra": state.extra}
+    )
     with _quiet_single_process():
         dcp_save(
             tensors,
@@ -640,21 +632,22 @@ def load_checkpoint(
     optimizer_state: dict[str, Any],
     ctx: DistContext = _LOCAL,
     *,
-    critic: dict[str, Any] | None = None,
+    extra_state: dict[str, Any] | None = None,
 ) -> TrainingState:
     """Load checkpoint ``folder`` (verified by ``resume_point``) for this rank; collective.
 
-    ``model_state`` and ``optimizer_state`` (and ``critic``, the critic's
-    ``{"model", "optimizer"}`` of a run with one) are this run's DCP state dicts: their
-    tensors, sharded as this run shards them, are filled in place and returned in the
-    result. Rank r
+    ``model_state`` and ``optimizer_state`` are this run's DCP state dicts: their tensors,
+    sharded as this run shards them, are filled in place and returned in the result, and so
+    are those of ``extra_state`` (``TrainingState.extra``; None: no further model). Rank r
     of a run with a different number of processes gets the rank state of saved rank
     ``r % saved_world_size``. Raises ``ConfigError`` if the checkpoint holds other tensors.
     """
     folder = Path(folder)
     manifest = read_manifest(folder)
     shared = json.loads((folder / TRAIN_STATE_FILE).read_text(encoding="utf-8"))
-    tensors, _ = split_tensors(_sharded(model_state, optimizer_state, critic))
+    tensors, _ = split_tensors(
+        {"model": model_state, "optimizer": optimizer_state, "extra": extra_state or {}}
+    )
     saved = tensor_names(shared["tensors"])
     if saved != set(tensors):
         missing, extra = sorted(set(tensors) - saved), sorted(saved - set(tensors))
@@ -687,5 +680,5 @@ def load_checkpoint(
         scheduler=shared["scheduler"],
         trainer=shared["trainer"],
         rank=_read_rank_file(folder / rank_file_name(ctx.rank % saved_world)),
-        critic=restored.get("critic"),
+        extra=restored.get("extra", {}),
     )

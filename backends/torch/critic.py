@@ -24,6 +24,9 @@ from adapters.policy import position_ids_from_mask, predictor_positions
 from credit_core import CreditError
 from credit_core.tensor_checks import check_tensor
 
+#: The critic's entry in a checkpoint's ``TrainingState.extra``.
+CHECKPOINT_KEY = "critic"
+
 
 class CriticModule(torch.nn.Module):
     """The unit DDP/FSDP wrap: the decoder as ``.module`` (FSDP shards its layers, as the

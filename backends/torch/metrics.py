@@ -22,6 +22,8 @@ The trainer's metrics (all global: reduced over ranks):
 - ``signals/reward_grad_rows``, ``signals/policy_stats_rows``: responses for which the RM
   gradient / the policy statistics were computed (0 for ``uniform``).
 - ``rm/*``, ``bridge/*``: the reward adapters' diagnostics (mean per RM call).
+- ``implicit_prm/{loss,grad_norm,accuracy}``: with ``prime``, pi_phi's update of the step
+  (``backends.torch.implicit_prm.PRMUpdate``; its time counts in ``time/update``).
 - ``time/{rollout,signals,update,step}`` (slowest rank), ``throughput/tokens_per_s``
   (response tokens per second of step time), ``optim/{lr,grad_norm}``.
 - ``time/credit_samples``: at a step whose credit samples are recorded

@@ -26,7 +26,8 @@ class StepSignals:
     - ``batch``: the rollout (B responses, R response columns).
     - ``rewards`` (B,) float32, ``advantages`` (B,) float32: A from ``group_advantages``.
     - ``old_logp`` (B, R): no-grad log-probs of the sampled tokens at the rollout temperature.
-    - ``ref_logp`` (B, R) or None: the reference policy's, when the KL term is on.
+    - ``ref_logp`` (B, R) or None: the reference policy's, when the KL term is on or the
+      strategy reads the implicit PRM's log ratio against it (PRIME).
     - ``credit``: the strategy's token advantages (B, R) float32 (0 at padding) and its
       ``CreditDiagnostics``.
     - ``kl_ref`` (B, R) or None: the KL estimate of old against reference policy.

@@ -51,6 +51,7 @@ from backends.torch.config import (
     load_config,
 )
 from backends.torch.credit_samples import build_recorder
+from backends.torch.critic import CHECKPOINT_KEY as CRITIC_KEY
 from backends.torch.critic import build_critic, response_values
 from backends.torch.distributed import (
     DistContext,
@@ -65,6 +66,8 @@ from backends.torch.distributed import (
     wrap_model,
 )
 from backends.torch.gae import gae_advantages_and_returns, outcome_token_rewards, whiten
+from backends.torch.implicit_prm import CHECKPOINT_KEY as PRM_KEY
+from backends.torch.implicit_prm import ImplicitPRM
 from backends.torch.kl import kl_estimate
 from backends.torch.loss import LossNormalizer, aggregate, clipped_value_loss, ppo_clip_loss
 from backends.torch.metrics import METRICS_FILE, MetricsLogger
@@ -106,6 +109,7 @@ from credit_core import (
     group_advantages,
 )
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
+from credit_core.implicit_rewards import ImplicitPRMSpec
 from credit_core.preemption import PreemptionWatch, signal_name
 
 CONFIG_FILE = "config.yaml"
@@ -176,6 +180,21 @@ def _reads(strategy: CreditStrategy) -> frozenset[str]:
     return reads
 
 
+def _implicit_prm_spec(strategy: CreditStrategy, reads: frozenset[str]) -> ImplicitPRMSpec | None:
+    """The implicit PRM the trainer hosts for ``strategy`` (PRIME), None if it reads none;
+    ``ConfigError`` for a strategy that reads ``implicit_log_ratio`` without saying how its
+    model is trained (``CreditStrategy.implicit_prm``)."""
+    if "implicit_log_ratio" not in reads:
+        return None
+    spec = strategy.implicit_prm
+    if spec is None:
+        raise ConfigError(
+            f"credit: strategy {strategy.name!r} reads implicit_log_ratio but gives no "
+            "implicit_prm (how the native trainer builds and trains the implicit PRM)"
+        )
+    return spec
+
+
 def _handed_expected(side: RolloutRewards) -> HandedExpectedEmbeddings | None:
     """The m1 slot of ``side``'s path-gradient direction model, when it is handed m1."""
     direction = side.direction
@@ -219,14 +238,32 @@ class GRPORecipe:
         dev = self.ctx.device
 
         self.policy: Policy = build_policy(cfg.policy, seed=cfg.seed, device=dev)
-        self.ref_model = (
-            copy.deepcopy(self.policy.model).requires_grad_(False)
-            if cfg.algorithm.kl_coef > 0
-            else None
-        )
         self.strategy: CreditStrategy = get_strategy(cfg.credit)
         # rewards are scored before the old policy's pass: W0 can be streamed (work_requires)
         self.reads = _reads(self.strategy)
+        prm_spec = _implicit_prm_spec(self.strategy, self.reads)
+        # the reference policy: for the KL term and for PRIME's log ratio (one pass serves both)
+        self.ref_model = (
+            copy.deepcopy(self.policy.model).requires_grad_(False)
+            if cfg.algorithm.kl_coef > 0 or prm_spec is not None
+            else None
+        )
+        self.prm: ImplicitPRM | None = None
+        if prm_spec is not None:
+            assert self.ref_model is not None
+            prm_model = wrap_model(
+                PolicyModule(copy.deepcopy(self.ref_model).requires_grad_(True)),
+                self.ctx,
+                cfg.distributed.strategy,
+            )
+            self.prm = ImplicitPRM(
+                prm_model,
+                ImplicitPRM.build_optimizer(prm_model, prm_spec),
+                prm_spec,
+                self.ctx,
+                temperature=cfg.rollout.temperature,
+                micro_batch_size=cfg.algorithm.micro_batch_size,
+            )
         self.train_prompts, self.eval_prompts, self.reward = build_prompts_and_reward(
             cfg,
             self.policy.model,
@@ -390,18 +427,18 @@ class GRPORecipe:
         if latest is None:
             return
         model_state, optim_state = sharded_state(self.model, self.optimizer)
-        critic_state = self._critic_state()
         state = ckpt.load_checkpoint(
-            latest, model_state, optim_state, self.ctx, critic=critic_state
+            latest, model_state, optim_state, self.ctx, extra_state=self._extra_state()
         )
         load_sharded_state(self.model, self.optimizer, state.model, state.optimizer)
+        if self.prm is not None:
+            prm = state.extra[PRM_KEY]
+            load_sharded_state(self.prm.model, self.prm.optimizer, prm["model"], prm["optimizer"])
         self.scheduler.load_state_dict(state.scheduler)
-        if self.critic is not None and state.critic is not None:
+        if self.critic is not None:
+            critic = state.extra[CRITIC_KEY]
             load_sharded_state(
-                self.critic,
-                self.critic_optimizer,
-                state.critic["model"],
-                state.critic["optimizer"],
+                self.critic, self.critic_optimizer, critic["model"], critic["optimizer"]
             )
             self.critic_scheduler.load_state_dict(state.trainer["critic_scheduler"])
         self.sampler.load_state_dict(state.trainer["sampler"])
@@ -409,12 +446,18 @@ class GRPORecipe:
         ckpt.restore_rng(state.rank["rng"], self.ctx.device)
         self.step = state.step
 
-    def _critic_state(self) -> dict[str, dict[str, Any]] | None:
-        """The critic's DCP model and optimizer state dicts (``sharded_state``), if any."""
-        if self.critic is None:
-            return None
-        model_state, optim_state = sharded_state(self.critic, self.critic_optimizer)
-        return {"model": model_state, "optimizer": optim_state}
+    def _extra_state(self) -> dict[str, Any]:
+        """The DCP state dicts of the trained models beside the policy, each with its
+        optimizer's, as ``TrainingState.extra``: the critic (``algorithm.estimator: gae``)
+        and PRIME's pi_phi; empty for most runs; collective."""
+        models = {CRITIC_KEY: (self.critic, self.critic_optimizer)} if self.critic else {}
+        if self.prm is not None:
+            models[PRM_KEY] = (self.prm.model, self.prm.optimizer)
+        extra: dict[str, Any] = {}
+        for key, (model, optimizer) in models.items():
+            model_state, optim_state = sharded_state(model, optimizer)
+            extra[key] = {"model": model_state, "optimizer": optim_state}
+        return extra
 
     def save(self) -> Path:
         """Write a checkpoint of the current step (collective; every rank writes its shards);
@@ -443,7 +486,7 @@ class GRPORecipe:
                 ),
             },
             rank={"rng": ckpt.capture_rng(self.ctx.device), "strategy": self.strategy.state_dict()},
-            critic=self._critic_state(),
+            extra=self._extra_state(),
         )
         return ckpt.save_checkpoint(
             self.run_dir / CHECKPOINT_DIR,
@@ -626,9 +669,11 @@ class GRPORecipe:
                 reward_grad=reward.reward_grad if "unsigned_work" in reads else None,
                 entropy="token_entropy" in reads,
             )
-        ref_logp = kl_ref = None
+        ref_logp = kl_ref = log_ratio = None
         if self.ref_model is not None:
             ref_logp = self._old_policy_pass(self.ref_model, batch).logp
+        if cfg.algorithm.kl_coef > 0:
+            assert ref_logp is not None
             kl_ref = kl_estimate(old.logp, ref_logp, cfg.algorithm.kl_estimator)
         if own_gae:
             return self._gae_credit(
@@ -640,6 +685,13 @@ class GRPORecipe:
                 reward.diagnostics,
                 reward_seconds,
             )
+        if "implicit_log_ratio" in reads:
+            if self.prm is None or ref_logp is None:
+                raise ConfigError(
+                    f"credit: strategy {strategy.name!r} reads the implicit PRM, which the "
+                    "trainer builds only when the run's own strategy reads it"
+                )
+            log_ratio = self._old_policy_pass(self.prm.model, batch).logp - ref_logp
         credit = assign_credit(
             strategy,
             advantages,
@@ -653,6 +705,7 @@ class GRPORecipe:
                 reward_attention=reward.attention,
                 prefix_rewards=reward.prefix_rewards,
                 reward_attribution=attribution,
+                implicit_log_ratio=log_ratio,
             ),
             rewards=reward.rewards,
             groups=self._group_ids(batch),
@@ -793,7 +846,8 @@ class GRPORecipe:
         pg = aggregate(terms.loss, mask, alg.loss_agg, norm)
         loss = pg
         kl_term = torch.zeros((), dtype=pg.dtype)
-        if signals.ref_logp is not None:
+        if alg.kl_coef > 0:
+            assert signals.ref_logp is not None
             kl = kl_estimate(logp, signals.ref_logp[idx, :R], alg.kl_estimator)
             kl_term = aggregate(kl, mask, alg.loss_agg, norm)
             loss = pg + alg.kl_coef * kl_term
@@ -891,6 +945,11 @@ class GRPORecipe:
         # at the policy that sampled the batch; timed on its own (time/credit_samples)
         recorded = self.samples.record(self.step, signals, self.train_prompts)
         clock.lap()
+        prm = {}
+        if self.prm is not None:  # after the credit, on this step's rollouts and outcomes
+            assert signals.ref_logp is not None
+            labels = self.prm.spec.labels(signals.rewards)
+            prm = self.prm.update(batch, signals.ref_logp, labels).metrics()
         update = self.update(signals)
         self.scheduler.step()
         if self.critic is not None:
@@ -907,6 +966,7 @@ class GRPORecipe:
             update.metrics(self.ctx, cfg.algorithm.kl_coef),
             timing.metrics(self.ctx),
             recorded,
+            prm,
         )
 
     # ------------------------------------------------------------------------------- eval
@@ -1020,6 +1080,7 @@ class GRPORecipe:
             "engine",
             "policy",
             "ref_model",
+            "prm",
         ):
             self.__dict__.pop(name, None)
         gc.collect()

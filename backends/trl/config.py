@@ -26,6 +26,7 @@ from trl.trainer.grpo_config import GRPOConfig  # noqa: E402
 from adapters.config import RewardModelConfig  # noqa: E402
 from backends.common.config_values import parse_credit as parse_config_credit  # noqa: E402
 from backends.common.config_values import parse_direction as parse_config_direction  # noqa: E402
+from backends.common.config_values import trained_model_refusal  # noqa: E402
 from credit_core import CreditConfig, CreditError, strategy_class  # noqa: E402
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE  # noqa: E402
 
@@ -94,6 +95,11 @@ class CreditGRPOConfig(GRPOConfig):
         super().__post_init__()  # type: ignore[no-untyped-call]
         self.credit = parse_credit(self.credit)
         self.direction = parse_direction(self.direction)
+        refusal = trained_model_refusal(self.credit_config.name, "TRL")
+        if refusal is not None:
+            raise CreditError(
+                f"credit: strategy {self.credit_config.name!r} is not served: {refusal}"
+            )
         self._check_sampling_matches_stats()
         self._check_one_entropy_selection()
         self.credit_samples_compare = list(self.credit_samples_compare or [])

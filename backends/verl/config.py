@@ -26,6 +26,7 @@ from typing import Any
 from adapters.config import RewardModelConfig
 from backends.common.config_values import parse_credit as parse_config_credit
 from backends.common.config_values import parse_direction as parse_config_direction
+from backends.common.config_values import trained_model_refusal
 from credit_core import CreditConfig, CreditError, get_strategy, strategy_class
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
 
@@ -108,6 +109,9 @@ def parse_direction(value: Any) -> RewardModelConfig | None:
 
 def unserved_reason(credit: CreditConfig) -> str | None:
     """Why this backend cannot serve strategy ``credit``, or None when it can."""
+    refusal = trained_model_refusal(credit.name, "verl")
+    if refusal is not None:
+        return refusal
     cls = strategy_class(credit.name)
     unserved = sorted(cls.signals_to_compute(reward_grad_first=True) - SERVED_SIGNALS.keys())
     if unserved:

@@ -327,6 +327,19 @@ def test_compat_accepts_grpo_and_names_every_misfit() -> None:
     assert uniform.placement is None and uniform.requires == frozenset()
 
 
+def test_prime_is_refused_at_start_up_it_needs_a_second_trainable_model() -> None:
+    """docs/openrlhf.md: PRIME's implicit PRM is a second model trained every step, which the
+    plugin cannot host; the refusal comes from ``resolve_credit``, run when OpenRLHF's
+    arguments are parsed (before any actor starts), whatever the other settings."""
+    cfg = OpenRLHFCreditConfig(credit=CreditConfig.parse("prime"))
+    with pytest.raises(CreditError) as info:
+        resolve_credit(openrlhf_args(GRPO_FLAGS), cfg)
+    text = str(info.value)
+    assert text.startswith("--credit prime: strategy 'prime' is not served")
+    assert "the OpenRLHF backend cannot host a second trainable model" in text
+    assert "python -m backends.torch" in text
+
+
 def test_the_logged_weight_extremes_average_to_the_steps_max_and_min(
     grpo_args: Any, policy: Any, direction: TinyDirectionModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:

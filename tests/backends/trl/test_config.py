@@ -68,6 +68,18 @@ def test_bad_values_name_the_key(tmp_path: Path, yaml_text: str, message: str) -
         _parse(tmp_path, yaml_text)
 
 
+def test_prime_is_refused_when_the_config_is_parsed(tmp_path: Path) -> None:
+    """docs/trl.md: PRIME's implicit PRM is a second model trained every step; TRL's trainer
+    hosts one model inside the plugin contract, so the config refuses the strategy."""
+    with pytest.raises(CreditError) as info:
+        _parse(tmp_path, "credit: {name: prime, prm_lr: 0.001}\n")
+    text = str(info.value)
+    assert text.startswith(
+        "credit: strategy 'prime' is not served: it reads ['implicit_log_ratio']"
+    )
+    assert "the TRL backend cannot host a second trainable model" in text
+
+
 def test_truncated_sampling_is_fine_for_strategies_without_stats(tmp_path: Path) -> None:
     assert _parse(tmp_path, "credit: saliency\ntop_k: 50\n").top_k == 50
 

@@ -79,6 +79,11 @@ def test_entropy_top_needs_no_direction(grpo) -> None:
         (["algorithm.credit=red"], "'red' is not served: it reads ['prefix_rewards']"),
         (["algorithm.credit=saliency"], "'saliency' is not served: it reads ['reward_grad']"),
         (["algorithm.credit=p2t"], "'p2t' is not served: it reads ['reward_attribution']"),
+        (  # PRIME's implicit PRM: a second trainable model (docs/verl.md)
+            ["algorithm.credit=prime"],
+            "'prime' is not served: it reads ['implicit_log_ratio'], the log-probs of a "
+            "second trainable model",
+        ),
         (
             ["algorithm.credit=datc", DIRECTION, "actor_rollout_ref.rollout.top_k=20"],
             "actor_rollout_ref.rollout.top_k: 20 truncates",
