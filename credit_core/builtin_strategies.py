@@ -9,6 +9,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from credit_core.allocation import CreditDiagnostics
+from credit_core.answer_reweighting import OARGStrategy
 from credit_core.baseline_strategies import BASELINE_STRATEGIES
 from credit_core.batch import CreditBatch, PolicyStats
 from credit_core.hookspecs import hookimpl
@@ -183,6 +184,7 @@ BUILTIN_STRATEGIES: tuple[type[CreditStrategy], ...] = (
     SaliencyStrategy,
     *BASELINE_STRATEGIES,
     KTAEStrategy,
+    OARGStrategy,
 )
 
 

@@ -18,6 +18,11 @@ from credit_core.allocation import (
 from credit_core.batch import SIGNALS, CreditBatch
 from credit_core.errors import CreditError
 
+#: The std of the Gaussian noise on the reasoning tokens' input embeddings at which a backend
+#: takes ``answer_saliency`` (the OAR-G authors' ``noise_std``; docs/design.md,
+#: "Answer-gradient reweighting (OAR-G)").
+DEFAULT_ANSWER_NOISE_STD = 1e-3
+
 
 class NoParams(BaseModel):
     """Parameters of a strategy that takes none; any key is rejected."""
@@ -73,6 +78,10 @@ class CreditStrategy(ABC):
       backend then has every process take part at every credit step, one without a valid
       token by gathering an empty tensor.
 
+    - ``reads_answer_span``: True when ``assign`` reads each response's answer span
+      (``CreditBatch.answer_mask``), which the task declares; a backend without one refuses
+      the strategy at start-up.
+
     ``reads_groups`` says whether ``assign`` reads the response rewards and groups
     (``CreditBatch.rewards``/``groups``), which backends pass to ``assign_credit``.
 
@@ -92,6 +101,7 @@ class CreditStrategy(ABC):
     work_requires: ClassVar[frozenset[str] | None] = None
     Params: ClassVar[type[BaseModel]] = NoParams
     gathers: ClassVar[bool] = False
+    reads_answer_span: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -123,6 +133,12 @@ class CreditStrategy(ABC):
     def reward_grad_points(self) -> int:
         """Points of the path at which ``reward_grad`` is averaged; 0: at the samples."""
         return 0
+
+    @property
+    def answer_noise_std(self) -> float:
+        """The std of the noise on the reasoning tokens' input embeddings at which a backend
+        takes ``answer_saliency`` for this strategy (read only when it requires that signal)."""
+        return DEFAULT_ANSWER_NOISE_STD
 
     @property
     def reads_groups(self) -> bool:
