@@ -27,6 +27,7 @@ from adapters.config import RewardModelConfig
 from backends.config_values import parse_credit as parse_config_credit
 from backends.config_values import parse_direction as parse_config_direction
 from credit_core import CreditConfig, CreditError, get_strategy, strategy_class
+from credit_core.answer_reweighting import native_only_reason
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
 
 #: The ``trainer.v1.trainer_mode`` of ``CreditPPOTrainer`` (``backends.verl.trainer``).
@@ -109,6 +110,9 @@ def parse_direction(value: Any) -> RewardModelConfig | None:
 def unserved_reason(credit: CreditConfig) -> str | None:
     """Why this backend cannot serve strategy ``credit``, or None when it can."""
     cls = strategy_class(credit.name)
+    native_only = native_only_reason(cls, "verl")
+    if native_only is not None:
+        return native_only
     unserved = sorted(cls.signals_to_compute(reward_grad_first=True) - SERVED_SIGNALS.keys())
     if unserved:
         return (
