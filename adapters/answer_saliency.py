@@ -43,9 +43,7 @@ def _answer_logits(
     B, R = where.shape
     h = hidden.gather(1, where.unsqueeze(2).expand(B, R, hidden.shape[2])).float()
     mean = (share.unsqueeze(2) * h).sum(dim=1)
-    return torch.nn.functional.linear(
-        mean, weight.float(), None if bias is None else bias.float()
-    )
+    return torch.nn.functional.linear(mean, weight.float(), None if bias is None else bias.float())
 
 
 def answer_saliency(
@@ -73,9 +71,7 @@ def answer_saliency(
     B, L = ids.shape
     mask = check_tensor("attention_mask", attention_mask, (B, L), device=ids.device)
     R = response_len
-    answer = check_tensor(
-        "answer_mask", answer_mask, (B, R), dtype=torch.bool, device=ids.device
-    )
+    answer = check_tensor("answer_mask", answer_mask, (B, R), dtype=torch.bool, device=ids.device)
     if not noise_std > 0:
         raise CreditError(f"noise_std: expected a value > 0, got {noise_std!r}")
     real = mask[:, L - R :] != 0

@@ -249,7 +249,8 @@ class Abstract(ScoreStrategy):
         (
             SetRequires,
             r"class attribute 'requires' must be a frozenset "
-            r"within \['policy_stats', 'prefix_rewards', 'reward_attention', 'reward_grad', "
+            r"within \['answer_saliency', 'policy_stats', 'prefix_rewards', 'reward_attention', "
+            r"'reward_grad', "
             r"'token_entropy', 'unsigned_work'\]",
         ),
         (UnknownSignal, r"class attribute 'requires' must be a frozenset .*'logits'"),
