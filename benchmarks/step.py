@@ -1,4 +1,6 @@
-"""Benchmark 3: the torch backend's full GRPO step, ``uniform`` vs ``datc`` vs ``saliency``.
+"""Benchmark 3: the torch backend's full GRPO step, ``uniform`` vs ``datc`` vs ``saliency`` vs
+``oar_g`` (whose signal is an extra policy pass: one no-grad forward and one forward +
+backward to the input embeddings, docs/performance.md).
 
 One ``backends.torch.GRPORecipe`` per strategy is built in this process from the same config
 (only ``credit`` differs; same seed, so the same initial policy and prompts). Their
@@ -28,7 +30,10 @@ import yaml
 
 from benchmarks import timing
 
-STRATEGIES = ("uniform", "datc", "saliency")
+STRATEGIES = ("uniform", "datc", "saliency", "oar_g")
+#: The answer span of the benchmark's task for a strategy that reads one (``oar_g``): the
+#: positional task has no final answer, so its responses' last token stands in for one.
+ANSWER_SPAN = {"last": 1}
 REPO = Path(__file__).resolve().parents[1]
 #: What ``adapters.policy`` calls for the old policy's statistics: ``PolicyStats``, or DATC's
 #: W0 streamed from the reward gradient (fused with the log-probs, or on its own).
@@ -138,11 +143,14 @@ class SignalSpy:
 
 def _train_config(base: StepConfig, strategy: str, out_dir: Path, device: str) -> Any:
     from backends.torch.config import config_from_dict
+    from credit_core import strategy_class
 
     raw = yaml.safe_load(base.path.read_text()) or {}
     base_credit = raw.get("credit")
     base_name = base_credit.get("name") if isinstance(base_credit, dict) else base_credit
     raw["credit"] = base_credit if base_name == strategy else strategy
+    if strategy_class(strategy).reads_answer_span:
+        raw["data"] = {**raw.get("data", {}), "answer_span": ANSWER_SPAN}
     raw.update(
         output_dir=str(out_dir / strategy),
         steps=1_000_000,

@@ -20,6 +20,7 @@ Signal = Literal[
     "prefix_rewards",
     "reward_attribution",
     "implicit_log_ratio",
+    "answer_saliency",
 ]
 SIGNALS: frozenset[str] = frozenset(get_args(Signal))
 #: The signals that come from a direction model (``policy_stats`` through its embedding
@@ -46,6 +47,7 @@ TOKEN_SIGNALS: tuple[str, ...] = (
     "prefix_rewards",
     "reward_attribution",
     "implicit_log_ratio",
+    "answer_saliency",
 )
 
 #: ``gather(values)``: a 1-D tensor of this process's values concatenated with those of
@@ -176,12 +178,19 @@ class CreditBatch:
       log pi_ref(y_t | y_<t), PRIME's implicit PRM against the reference policy, both at the
       rollout temperature (computed by the backend that hosts and trains pi_phi; see
       ``credit_core.implicit_rewards``).
+    - ``answer_saliency`` (B, T) floating, optional: OAR-G's s_t = |dJ/de_t . e_t| >= 0 at
+      the reasoning tokens (``reasoning_mask``), 0 elsewhere; J the shift of the policy's
+      own answer distribution under noise on the reasoning tokens' input embeddings e_t
+      (docs/design.md, "Answer-gradient reweighting (OAR-G)").
     - ``rewards`` (B,) floating, finite, optional: the response rewards R_i behind
       ``advantages`` (context every backend has; read by strategies whose ``reads_groups``).
     - ``groups`` (B,) int64, optional: the group of each response (the responses sampled
       for one prompt share an id; ids are arbitrary, rows of a group need not be adjacent).
     - ``gather`` optional ``Gather``: how a strategy reaches the values of the step's other
       processes (a batch-wide quantile); None: this batch is the whole step.
+    - ``answer_mask`` (B, T) bool, optional: the answer span of each response, True at its
+      final-answer tokens (a subset of ``mask``; a row may have none), given by the task
+      (context, like ``rewards``; read by strategies whose ``reads_answer_span``).
 
     Everything lives on one device. Construction validates all of it and raises
     ``CreditError`` naming the field with expected and actual shapes.
@@ -201,6 +210,8 @@ class CreditBatch:
     rewards: torch.Tensor | None = None
     groups: torch.Tensor | None = None
     gather: Gather | None = None
+    answer_saliency: torch.Tensor | None = None
+    answer_mask: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         adv = check_tensor("CreditBatch.advantages", self.advantages, (None,), floating=True)
@@ -251,6 +262,16 @@ class CreditBatch:
                 )
         if self.groups is not None:
             check_tensor("CreditBatch.groups", self.groups, (B,), dtype=torch.long, device=dev)
+        if self.answer_mask is not None:
+            span = check_tensor(
+                "CreditBatch.answer_mask", self.answer_mask, (B, T), dtype=torch.bool, device=dev
+            )
+            outside = torch.nonzero((span & ~mask).any(dim=1)).flatten()
+            if outside.numel() > 0:
+                raise CreditError(
+                    "CreditBatch.answer_mask: expected answer tokens among the valid tokens "
+                    f"(mask); rows {outside.tolist()} mark padding"
+                )
 
     @property
     def batch_size(self) -> int:
@@ -275,6 +296,17 @@ class CreditBatch:
                 )
         assert self.rewards is not None and self.groups is not None
         return self.rewards, self.groups
+
+    def require_answer_span(self, strategy: str) -> torch.Tensor:
+        """``answer_mask`` (B, T) of the batch; CreditError naming it when it is None."""
+        if self.answer_mask is None:
+            raise CreditError(
+                f"strategy '{strategy}' reads each response's answer span, but "
+                "CreditBatch.answer_mask is None (the task declares no answer span: pass "
+                "answer_mask= to assign_credit; the native trainer takes it from "
+                "data.answer_span)"
+            )
+        return self.answer_mask
 
     def require(self, signals: frozenset[str], strategy: str) -> None:
         """Raise CreditError if a signal in ``signals`` is missing from this batch."""

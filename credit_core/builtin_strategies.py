@@ -9,7 +9,13 @@ import torch
 from pydantic import BaseModel, Field
 
 # Imported for their ``builtin`` registrations.
-from credit_core import baseline_strategies, implicit_rewards, key_tokens, p2t  # noqa: F401
+from credit_core import (  # noqa: F401
+    answer_reweighting,
+    baseline_strategies,
+    implicit_rewards,
+    key_tokens,
+    p2t,
+)
 from credit_core.allocation import CreditDiagnostics
 from credit_core.batch import CreditBatch, PolicyStats
 from credit_core.hookspecs import hookimpl
@@ -181,7 +187,7 @@ class DATCShuffledStrategy(SeededStream, DATCStrategy):
 
 
 #: Every built-in strategy: the classes decorated with ``builtin`` here and in the modules
-#: this one imports (the baselines, KTAE, P2T, PRIME), in registration order.
+#: this one imports (the baselines, KTAE, P2T, PRIME, OAR-G), in registration order.
 BUILTIN_STRATEGIES: tuple[type[CreditStrategy], ...] = builtin_classes()
 
 

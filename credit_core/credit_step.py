@@ -30,6 +30,8 @@ class CreditSignals:
     - ``prefix_rewards`` (B, T): differences of the direction model's prefix scores.
     - ``reward_attribution`` (B, T): (e_t - e_null) . g_t, from the reward gradient (P2T).
     - ``implicit_log_ratio`` (B, T): log pi_phi - log pi_ref of the sampled tokens (PRIME).
+    - ``answer_saliency`` (B, T): OAR-G's input-gradient saliency of the policy's own answer
+      distribution at the reasoning tokens.
 
     ``CreditBatch`` states each one's contract.
     """
@@ -42,6 +44,7 @@ class CreditSignals:
     prefix_rewards: torch.Tensor | None = None
     reward_attribution: torch.Tensor | None = None
     implicit_log_ratio: torch.Tensor | None = None
+    answer_saliency: torch.Tensor | None = None
 
     @property
     def computed(self) -> frozenset[str]:
@@ -71,6 +74,7 @@ def assign_credit(
     rewards: torch.Tensor | None = None,
     groups: torch.Tensor | None = None,
     gather: Gather | None = None,
+    answer_mask: torch.Tensor | None = None,
 ) -> CreditResult:
     """Token advantages (B, T) float32 (0 where ``mask`` is False) and diagnostics.
 
@@ -82,7 +86,9 @@ def assign_credit(
     processes, for a strategy that selects tokens batch-wide (``CreditBatch.gather``); a
     backend whose step spans several processes passes it. Raises ``CreditError`` when
     ``signals`` holds a signal the strategy does not read (``strategy.signals_for``), or
-    lacks one it needs.
+    lacks one it needs. ``answer_mask`` (B, T) bool: each response's answer span (True at its
+    final-answer tokens), context a task gives and a strategy whose ``reads_answer_span``
+    needs.
     """
     signals = signals or CreditSignals()
     batch = CreditBatch(
@@ -100,6 +106,8 @@ def assign_credit(
         rewards=rewards,
         groups=groups,
         gather=gather,
+        answer_saliency=signals.answer_saliency,
+        answer_mask=answer_mask,
     )
     reads = strategy.signals_for(batch)
     unread = sorted(signals.computed - reads)

@@ -22,6 +22,11 @@ from credit_core.errors import CreditError
 if TYPE_CHECKING:
     from credit_core.implicit_rewards import ImplicitPRMSpec
 
+#: The std of the Gaussian noise on the reasoning tokens' input embeddings at which a backend
+#: takes ``answer_saliency`` (the OAR-G authors' ``noise_std``; docs/design.md,
+#: "Answer-gradient reweighting (OAR-G)").
+DEFAULT_ANSWER_NOISE_STD = 1e-3
+
 
 class NoParams(BaseModel):
     """Parameters of a strategy that takes none; any key is rejected."""
@@ -77,6 +82,10 @@ class CreditStrategy(ABC):
       backend then has every process take part at every credit step, one without a valid
       token by gathering an empty tensor.
 
+    - ``reads_answer_span``: True when ``assign`` reads each response's answer span
+      (``CreditBatch.answer_mask``), which the task declares; a backend without one refuses
+      the strategy at start-up.
+
     ``reads_groups`` says whether ``assign`` reads the response rewards and groups
     (``CreditBatch.rewards``/``groups``), which backends pass to ``assign_credit``.
 
@@ -101,6 +110,7 @@ class CreditStrategy(ABC):
     work_requires: ClassVar[frozenset[str] | None] = None
     Params: ClassVar[type[BaseModel]] = NoParams
     gathers: ClassVar[bool] = False
+    reads_answer_span: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -137,6 +147,12 @@ class CreditStrategy(ABC):
     def attribution_null(self) -> NullEmbedding:
         """The null embedding of the ``reward_attribution`` this strategy reads."""
         return DEFAULT_NULL
+
+    @property
+    def answer_noise_std(self) -> float:
+        """The std of the noise on the reasoning tokens' input embeddings at which a backend
+        takes ``answer_saliency`` for this strategy (read only when it requires that signal)."""
+        return DEFAULT_ANSWER_NOISE_STD
 
     @property
     def reads_groups(self) -> bool:

@@ -42,6 +42,7 @@ from typing import Any, Literal
 from backends.common.config_values import trained_model_refusal
 from backends.openrlhf.settings import OpenRLHFCreditConfig
 from credit_core import DIRECTION_SIGNALS, CreditError
+from credit_core.answer_reweighting import native_only_reason
 
 #: Signals reduced from the policy's logits inside its log-prob forward (policy actors).
 LOGITS_SIGNALS = frozenset({"policy_stats", "unsigned_work", "token_entropy"})
@@ -150,6 +151,9 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
         return ResolvedCredit(cfg, requires, None, None, duplicate_factor, colocate)
 
     problems: list[str] = []
+    native_only = native_only_reason(type(strategy), "OpenRLHF")
+    if native_only is not None:
+        problems.append(native_only)
     estimator = _get(args, "algo.advantage.estimator")
     if estimator not in RESPONSE_LEVEL_ESTIMATORS:
         problems.append(

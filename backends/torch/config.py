@@ -77,8 +77,30 @@ class PolicyConfig(Section):
         return self
 
 
+class AnswerSpanConfig(Section):
+    """Where each response's final answer is (``backends.torch.answer_span``), for a strategy
+    that reads the answer span (``reads_answer_span``: ``oar_g``). Exactly one of:
+
+    - ``after``: the text of one token (e.g. ``"="``); the answer is the response's tokens
+      after its first occurrence, EOS excluded (none where the marker is missing);
+    - ``last``: the answer is the response's last ``last`` tokens before its EOS.
+    """
+
+    after: str | None = Field(default=None, description="one-token marker before the answer")
+    last: int | None = Field(default=None, ge=1, description="the answer is the last N tokens")
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> AnswerSpanConfig:
+        if (self.after is None) == (self.last is None):
+            raise ValueError("set exactly one of 'after' (a marker token) or 'last' (N tokens)")
+        if self.after is not None and not self.after.strip():
+            raise FieldError("after", "expected the text of a token, got only whitespace")
+        return self
+
+
 class DataConfig(Section):
-    """Prompts: a built-in task, or JSONL files with a ``prompt`` field and optional ``label``."""
+    """Prompts: a built-in task, or JSONL files with a ``prompt`` field and optional ``label``;
+    ``answer_span``: where a response's final answer is, when the task has one."""
 
     task: str | None = Field(default=None, description="a built-in task (backends.common.tasks)")
     task_params: dict[str, Any] = Field(default_factory=dict)
@@ -88,6 +110,9 @@ class DataConfig(Section):
     shuffle: bool = True
     chat_template: bool = Field(
         default=False, description="wrap each prompt as a user turn of the tokenizer's template"
+    )
+    answer_span: AnswerSpanConfig | None = Field(
+        default=None, description="where each response's final answer is (oar_g reads it)"
     )
 
     @model_validator(mode="after")
@@ -336,6 +361,20 @@ class TrainConfig(Section):
                 f"so credit must be 'uniform', got {self.credit.name!r}; use a group estimator "
                 "(algorithm.estimator: group_norm, dr_grpo or rloo) with this credit strategy",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _answer_span_declared(self) -> TrainConfig:
+        if self.data.answer_span is not None:
+            return self
+        for credit in (self.credit, *self.credit_samples.compare):
+            if strategy_class(credit.name).reads_answer_span:
+                raise FieldError(
+                    "data.answer_span",
+                    f"credit strategy {credit.name!r} reads each response's answer span, but "
+                    "the task declares none: set data.answer_span (e.g. {after: '='} or "
+                    "{last: 1})",
+                )
         return self
 
     @model_validator(mode="after")

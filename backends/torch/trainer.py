@@ -9,7 +9,8 @@ each phase's inputs and outputs are named in its signature (``backends.torch.ste
    (groups never straddle ranks), old-policy log-probs at the rollout temperature, reference
    log-probs (if ``kl_coef > 0``), only the signals the credit strategy requires (RM
    gradient, policy stats or W0, the policy's entropy from the old-policy pass, the RM's
-   attention or prefix rewards from its scoring), then ``assign_credit`` (a batch-wide
+   attention or prefix rewards from its scoring, OAR-G's answer saliency from its own policy
+   forward and backward at the task's answer span), then ``assign_credit`` (a batch-wide
    selection sees every rank's values through ``DistContext.gather_values``);
 3. ``update(signals) -> UpdateResult``: ``ppo_epochs`` x ``updates_per_epoch`` optimizer
    steps of the clipped loss with token advantages (+ KL), micro-batched (``micro_step``
@@ -34,6 +35,7 @@ from typing import Any
 
 import torch
 
+from adapters.answer_saliency import answer_saliency
 from adapters.grad_path import HandedExpectedEmbeddings, PathGradientDirection
 from adapters.policy import (
     response_logprobs_and_entropy,
@@ -43,6 +45,7 @@ from adapters.policy import (
 from backends.common.data import Prompt, PromptSampler, shard
 from backends.common.errors import ConfigError
 from backends.torch import checkpoint as ckpt
+from backends.torch.answer_span import AnswerSpan, build_answer_span
 from backends.torch.config import (
     TrainConfig,
     check_batch_split,
@@ -109,6 +112,7 @@ from credit_core import (
     group_advantages,
 )
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
+from credit_core.answer_reweighting import ANSWER_SALIENCY
 from credit_core.implicit_rewards import ImplicitPRMSpec
 from credit_core.preemption import PreemptionWatch, signal_name
 
@@ -292,6 +296,18 @@ class GRPORecipe:
                 raise ConfigError(
                     f"credit: strategy {cfg.credit.name!r} reads reward_attribution: {err}"
                 ) from err
+        span = cfg.data.answer_span
+        self.answer_span: AnswerSpan | None = (
+            None
+            if span is None
+            else build_answer_span(span, self.policy.tokenizer, self.policy.eos_ids)
+        )
+        if ANSWER_SALIENCY in self.reads and self.ctx.active and cfg.distributed.strategy == "fsdp":
+            raise ConfigError(
+                f"distributed.strategy: 'fsdp'; credit strategy {cfg.credit.name!r} takes the "
+                "policy's own input gradient (answer_saliency) on its whole, unsharded weights: "
+                "use 'ddp'"
+            )
         self.model = wrap_model(PolicyModule(self.policy.model), self.ctx, cfg.distributed.strategy)
         self.checkpointed = checkpointed_layers(self.model)  # policy.gradient_checkpointing
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, cfg.steps)
@@ -669,6 +685,11 @@ class GRPORecipe:
                 reward_grad=reward.reward_grad if "unsigned_work" in reads else None,
                 entropy="token_entropy" in reads,
             )
+        answer_mask = self._answer_mask(batch, strategy)
+        saliency = None
+        if ANSWER_SALIENCY in reads:
+            assert answer_mask is not None  # _answer_mask refuses a strategy without a span
+            saliency = self._answer_saliency_pass(batch, answer_mask, strategy.answer_noise_std)
         ref_logp = kl_ref = log_ratio = None
         if self.ref_model is not None:
             ref_logp = self._old_policy_pass(self.ref_model, batch).logp
@@ -706,10 +727,12 @@ class GRPORecipe:
                 prefix_rewards=reward.prefix_rewards,
                 reward_attribution=attribution,
                 implicit_log_ratio=log_ratio,
+                answer_saliency=saliency,
             ),
             rewards=reward.rewards,
             groups=self._group_ids(batch),
             gather=self.ctx.gather_values,
+            answer_mask=answer_mask,
         )
         return StepSignals(
             batch=batch,
@@ -770,6 +793,45 @@ class GRPORecipe:
             for _rows, mb in batch.micro_batches(self.cfg.algorithm.micro_batch_size):
                 v = response_values(self.critic, mb.input_ids, mb.attention_mask, mb.response_len)
                 parts.append(pad_responses(v, batch.response_len))
+        return torch.cat(parts)
+
+    def _answer_mask(self, batch: RolloutBatch, strategy: CreditStrategy) -> torch.Tensor | None:
+        """(B, R) bool: each response's answer span (``data.answer_span``), or None when the
+        task declares none; ``ConfigError`` for a strategy that reads the span then."""
+        if self.answer_span is None:
+            if strategy.reads_answer_span:
+                raise ConfigError(
+                    f"data.answer_span: credit strategy {strategy.name!r} reads each "
+                    "response's answer span, but the task declares none"
+                )
+            return None
+        return self.answer_span.mask(batch.response_ids, batch.response_mask)
+
+    def _answer_saliency_pass(
+        self, batch: RolloutBatch, answer_mask: torch.Tensor, noise_std: float
+    ) -> torch.Tensor:
+        """OAR-G's s (B, R) of the current policy (``adapters.answer_saliency``), micro-batched:
+        per micro-batch one no-grad forward and one forward + backward to the input
+        embeddings, the weights frozen; the noise is drawn from a generator seeded by (seed,
+        step, rank) on the policy's device."""
+        cfg = self.cfg
+        dev = self.ctx.device
+        generator = torch.Generator(device=dev)
+        generator.manual_seed(derive_seed(cfg.seed, ANSWER_SALIENCY, self.step, self.ctx.rank))
+        inner = unwrap(self.model).module
+        R = batch.response_len
+        parts = []
+        for rows, mb in batch.micro_batches(cfg.algorithm.micro_batch_size):
+            s = answer_saliency(
+                inner,
+                mb.input_ids,
+                mb.attention_mask,
+                mb.response_len,
+                answer_mask[rows, : mb.response_len],
+                noise_std=noise_std,
+                generator=generator,
+            )
+            parts.append(pad_responses(s, R))
         return torch.cat(parts)
 
     def _group_ids(self, batch: RolloutBatch) -> torch.Tensor:

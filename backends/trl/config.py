@@ -28,6 +28,7 @@ from backends.common.config_values import parse_credit as parse_config_credit  #
 from backends.common.config_values import parse_direction as parse_config_direction  # noqa: E402
 from backends.common.config_values import trained_model_refusal  # noqa: E402
 from credit_core import CreditConfig, CreditError, strategy_class  # noqa: E402
+from credit_core.answer_reweighting import native_only_reason  # noqa: E402
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE  # noqa: E402
 
 
@@ -103,6 +104,7 @@ class CreditGRPOConfig(GRPOConfig):
         self._check_sampling_matches_stats()
         self._check_one_entropy_selection()
         self.credit_samples_compare = list(self.credit_samples_compare or [])
+        self._check_served()
         labels = [c.label for c in self.credit_samples_configs]
         if len(set(labels)) != len(labels):
             raise CreditError(f"credit_samples_compare: expected distinct strategies, got {labels}")
@@ -116,6 +118,18 @@ class CreditGRPOConfig(GRPOConfig):
                 "credit_stats_chunk_size: expected an integer >= 1, got "
                 f"{self.credit_stats_chunk_size!r}"
             )
+
+    def _check_served(self) -> None:
+        """``CreditError`` naming the key of a strategy (``credit`` or a compared one) that
+        reads what only the native trainer computes (``native_only_reason``: ``oar_g``)."""
+        compared = enumerate(self.credit_samples_configs)
+        for key, credit in (
+            ("credit", self.credit_config),
+            *((f"credit_samples_compare.{i}", c) for i, c in compared),
+        ):
+            reason = native_only_reason(strategy_class(credit.name), "TRL")
+            if reason is not None:
+                raise CreditError(f"{key}: {reason}")
 
     def _check_sampling_matches_stats(self) -> None:
         """A strategy that reads ``policy_stats`` needs the full softmax at ``temperature``

@@ -28,6 +28,7 @@ from backends.common.config_values import parse_credit as parse_config_credit
 from backends.common.config_values import parse_direction as parse_config_direction
 from backends.common.config_values import trained_model_refusal
 from credit_core import CreditConfig, CreditError, get_strategy, strategy_class
+from credit_core.answer_reweighting import native_only_reason
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
 
 #: The ``trainer.v1.trainer_mode`` of ``CreditPPOTrainer`` (``backends.verl.trainer``).
@@ -113,6 +114,9 @@ def unserved_reason(credit: CreditConfig) -> str | None:
     if refusal is not None:
         return refusal
     cls = strategy_class(credit.name)
+    native_only = native_only_reason(cls, "verl")
+    if native_only is not None:
+        return native_only
     unserved = sorted(cls.signals_to_compute(reward_grad_first=True) - SERVED_SIGNALS.keys())
     if unserved:
         return (

@@ -127,7 +127,8 @@ def test_quick_mode_runs_every_benchmark_and_writes_the_report(tmp_path: Path) -
     assert all(r["ratio"]["of_medians"] > 0 for r in reward.values())
 
     (step,) = results["step"]["configs"]
-    assert set(step["strategies"]) == {"uniform", "datc", "saliency"}
+    assert set(step["strategies"]) == {"uniform", "datc", "saliency", "oar_g"}
+    assert "oar_g" in step["ratio_to_uniform"]
     assert step["strategies"]["uniform"]["signal_calls"] == 0
     assert step["strategies"]["datc"]["signal_calls"] > 0
     assert step["strategies"]["saliency"]["trainer_counters"]["policy_stats_rows"] == 0

@@ -507,3 +507,18 @@ def test_p2t_is_refused_at_start_up_naming_the_signal_the_actors_do_not_compute(
         CreditError, match=r"'p2t' reads 'reward_attribution' .* the OpenRLHF backend's actors"
     ):
         resolved("p2t", RM_FLAGS)
+
+
+@pytest.mark.parametrize("flags", [RM_FLAGS, REMOTE_FLAGS])
+def test_oar_g_is_refused_at_start_up_naming_its_signal_and_the_answer_span(
+    flags: list[str],
+) -> None:
+    """OAR-G reads the policy's own answer-distribution gradient and the task's answer span;
+    OpenRLHF's actors compute neither (docs/design.md, "Answer-gradient reweighting")."""
+    with pytest.raises(CreditError) as info:
+        resolved("oar_g", flags)
+    text = str(info.value)
+    assert text.startswith("credit strategy 'oar_g' does not fit these OpenRLHF settings:")
+    assert "reads the signal 'answer_saliency'" in text
+    assert "answer span (CreditBatch.answer_mask)" in text
+    assert "the OpenRLHF backend computes neither" in text

@@ -64,9 +64,11 @@ SCORE_BASED = {cls.name for cls in BUILTIN_STRATEGIES if issubclass(cls, ScoreSt
 def test_every_builtin_strategy_completes_three_steps_computing_only_what_it_needs(
     tmp_path: Path, strategy: str
 ) -> None:
-    result = train(tiny_config(tmp_path / "run", credit=strategy))
+    cls = {cls.name: cls for cls in BUILTIN_STRATEGIES}[strategy]
+    span = {"data": {"answer_span": {"last": 2}}} if cls.reads_answer_span else {}
+    result = train(tiny_config(tmp_path / "run", credit=strategy, **span))
     assert steps_of(result.history) == [1, 2, 3]
-    requires = {cls.name: cls.requires for cls in BUILTIN_STRATEGIES}[strategy]
+    requires = cls.requires
     batch = 2 * 4  # prompts_per_step x group_size
     for record in result.history:
         assert all(math.isfinite(v) for v in record.values()), record

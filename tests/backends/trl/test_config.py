@@ -99,3 +99,23 @@ def test_other_trl_versions_are_refused() -> None:
         with pytest.raises(CreditError, match=r"supports TRL 1\.16\.x \(tested with 1\.16\.0\)"):
             check_trl_version(other)
     assert check_trl_version() == "1.16.0"  # the installed one (constraints.txt)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "key"),
+    [
+        ("credit: oar_g\n", "credit"),
+        ("credit: datc\ncredit_samples_compare: [uniform, oar_g]\n", "credit_samples_compare.1"),
+    ],
+)
+def test_oar_g_is_refused_at_start_up_naming_its_signal_and_the_answer_span(
+    tmp_path: Path, yaml_text: str, key: str
+) -> None:
+    """OAR-G reads the policy's own answer-distribution gradient and the task's answer span,
+    which TRL's trainer computes neither of (docs/design.md, "Answer-gradient reweighting")."""
+    with pytest.raises(CreditError) as info:
+        _parse(tmp_path, yaml_text)
+    text = str(info.value)
+    assert text.startswith(f"{key}: strategy 'oar_g' reads the signal 'answer_saliency'")
+    assert "answer span (CreditBatch.answer_mask)" in text
+    assert "the TRL backend computes neither" in text and "backends.torch" in text
