@@ -426,7 +426,11 @@ def build_outcome_chain(p: ChainParams, family: str, cache: Path) -> SettingAsse
             "direction_model": {"kind": "seq_classification", "path": str(a.rm_dir)},
             "reward": {"kind": "callable", "function": "ablations.chain_task:chain_checker"},
         },
-        train={"rollout": {"max_new_tokens": chain_task.CHAIN_STEPS + 3}},
+        train={
+            "rollout": {"max_new_tokens": chain_task.CHAIN_STEPS + 3},
+            # the final answer follows the first "=": the span OAR-G reads (data.answer_span)
+            "data": {"answer_span": {"after": "="}},
+        },
         info={**a.info, "chain steps": chain_task.CHAIN_STEPS},
         token_rule=chain_task.ChainStepRule(sparse_tasks.word_ids(words)),
     )

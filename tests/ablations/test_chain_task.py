@@ -14,6 +14,8 @@ from ablations import chain_task, sparse_tasks
 from ablations.credit_probes import exact_token_credit
 from ablations.settings import SETTINGS
 from adapters.config import build_direction_model
+from backends.torch.answer_span import build_answer_span
+from backends.torch.config import AnswerSpanConfig
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -137,7 +139,10 @@ def test_the_setting_builds_offline_with_a_binary_reward_and_a_scratchpad_budget
         }
     )
     assets = kind.build(params, "llama", tmp_path)
-    assert assets.train == {"rollout": {"max_new_tokens": S + 3}}
+    assert assets.train == {
+        "rollout": {"max_new_tokens": S + 3},
+        "data": {"answer_span": {"after": "="}},
+    }
     assert assets.reward["reward"] == {
         "kind": "callable",
         "function": "ablations.chain_task:chain_checker",
@@ -148,6 +153,14 @@ def test_the_setting_builds_offline_with_a_binary_reward_and_a_scratchpad_budget
         tok("fib 3 4 : 7 =", add_special_tokens=False)["input_ids"]
         == _ids("fib 3 4 : 7 =")[0].tolist()
     )
+    # the declared answer span is exactly the final answer of a chain, on this tokenizer
+    span = build_answer_span(AnswerSpanConfig(after="="), tok, [tok.eos_token_id])
+    answered = _ids(" ".join(map(str, chain_task.chain_values(3, 4))) + " = 1")
+    unanswered = _ids(" ".join(map(str, chain_task.chain_values(3, 4))) + " 1 1")
+    both = torch.cat([answered, unanswered])
+    expected = torch.zeros_like(both, dtype=torch.bool)
+    expected[0, S + 1] = True
+    assert torch.equal(span.mask(both, torch.ones_like(both, dtype=torch.bool)), expected)
     dm = build_direction_model(assets.reward["direction_model"], tok, policy_vocab_size=VOCAB)
     response = _ids(" ".join(map(str, chain_task.chain_values(3, 4))) + " = 1")
     prompt = _ids("fib 3 4 :")
