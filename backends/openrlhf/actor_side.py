@@ -33,7 +33,9 @@ Functions:
 
 - ``stats_from_logits`` / ``work_from_logits`` / ``entropy_from_logits``: ``PolicyStats`` /
   W0 / H of one micro-batch from an OpenRLHF ``Actor``'s logits (float32, already divided by
-  the sampling temperature), streamed over the vocabulary one sample's action span at a time.
+  the sampling temperature), streamed over the vocabulary one sample's action span at a time;
+  with packed samples the span is a view of the packed (1, N, V) logits
+  (``backends.openrlhf.packing``).
 - ``reduce_policy_stats``: an ``Actor`` forward plus ``stats_from_logits`` (the fallback, one
   extra forward, when a micro-batch's log-prob forward was not seen).
 - ``direction_signals_for_actions``: the direction model's reward and, from the same
