@@ -323,14 +323,14 @@ class CreditPlan:
         if self.path and path_problem is not None:
             return Problem(
                 key,
-                f"credit strategy {self.name!r} takes the reward gradient on the path "
+                f"strategy {self.name!r} takes the reward gradient on the path "
                 f"to the policy's expected embeddings, but {model} cannot: "
                 f"{path_problem}; use a direction model that reads the policy's token ids",
             )
         if "reward_attention" in self.signals and not gives_attention:
             return Problem(
                 key,
-                f"credit strategy {self.name!r} reads the direction model's attention "
+                f"strategy {self.name!r} reads the direction model's attention "
                 f"(reward_attention), but {model} gives none "
                 "(gives_attention is False); use a transformer reward model "
                 "(seq_classification or encoder_similarity)",

@@ -138,5 +138,5 @@ def test_the_direction_model_must_give_what_is_read() -> None:
     assert abc.direction_problem("d", "M", gives_attention=True, path_problem="x") is None
     mid = CreditPlan.build("datc_mid", EVERYTHING)
     problem = mid.direction_problem("d", "M", gives_attention=True, path_problem="no ids")
-    assert problem is not None and str(problem).startswith("d: credit strategy 'datc_mid'")
+    assert problem is not None and str(problem).startswith("d: strategy 'datc_mid'")
     assert set(DIRECTION_SIGNALS) <= SIGNALS
