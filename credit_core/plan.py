@@ -190,16 +190,28 @@ class CreditPlan:
         on ``backend``; ``work_first`` overrides ``backend.work_first`` for this run (a
         backend whose placement decides it). ``CreditError`` starting with ``backend.key``
         and naming every signal or feature the strategy reads and the backend lacks."""
+        plan = cls.unchecked(credit, backend, work_first=work_first)
+        missing = plan.missing(backend)
+        if missing:
+            raise CreditError(plan.refusal(missing))
+        return plan
+
+    @classmethod
+    def unchecked(
+        cls,
+        credit: CreditConfig | str | CreditStrategy,
+        backend: Backend,
+        *,
+        work_first: bool | None = None,
+    ) -> CreditPlan:
+        """``build`` without the refusal (what a backend would compute; ``missing`` says
+        what it lacks)."""
         strategy = credit if isinstance(credit, CreditStrategy) else get_strategy(credit)
         first = backend.work_first if work_first is None else work_first
         path = bool(strategy.reward_grad_points)
         grad_first = first and (not path or backend.path_work)
         signals = type(strategy).signals_to_compute(reward_grad_first=grad_first)
-        plan = cls(strategy, signals, grad_first, backend)
-        missing = plan.missing(backend)
-        if missing:
-            raise CreditError(plan.refusal(missing))
-        return plan
+        return cls(strategy, signals, grad_first, backend)
 
     # ------------------------------------------------------------------ what it reads
 

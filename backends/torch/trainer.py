@@ -166,7 +166,7 @@ class PolicyPass:
     expected: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
-def _plan(credit: CreditConfig | CreditStrategy) -> CreditPlan:
+def credit_plan(credit: CreditConfig | CreditStrategy) -> CreditPlan:
     """The native trainer's ``CreditPlan`` of ``credit`` (``BACKEND``). Its old-policy pass
     gives one policy-side signal: the entropy, or the statistics / W0, not both (no
     built-in strategy reads both); a strategy reading the implicit PRM says how it is
@@ -233,7 +233,7 @@ class GRPORecipe:
 
         self.policy: Policy = build_policy(cfg.policy, seed=cfg.seed, device=dev)
         #: the run's credit plan: its strategy (built once) and the signals it computes
-        self.plan = _plan(cfg.credit)
+        self.plan = credit_plan(cfg.credit)
         self.strategy: CreditStrategy = self.plan.strategy
         prm_spec = self.plan.trained_model
         # the reference policy: for the KL term and for PRIME's log ratio (one pass serves both)
@@ -639,7 +639,7 @@ class GRPORecipe:
         """
         cfg = self.cfg
         own_gae = self._gae and strategy in (None, self.strategy)
-        plan = self.plan if strategy in (None, self.strategy) else _plan(strategy)
+        plan = self.plan if strategy in (None, self.strategy) else credit_plan(strategy)
         strategy = plan.strategy
         side = rewards or self.reward
         reads = plan.signals
