@@ -1,11 +1,15 @@
 """``python -m ablations CONFIG.yaml [--set k=v ...] [--shard i/n] [--debug]`` and
 ``python -m ablations merge CONFIG.yaml --from DIR [DIR ...] [--rows CSV ...] [--set ...]
-[--debug]``.
+[--debug]`` and ``python -m ablations check CONFIG --sample N [--seed S] [--tolerance T]
+[--rows CSV ...] [--set ...] [--debug]``.
 
 The first trains the config's runs (this shard's share with ``--shard``; finished runs are
 skipped) and, for the whole plan, writes report.md, results.csv and the figures, then prints
 their paths. ``merge`` gathers shard output folders into the config's output folder and
-writes the same outputs. Expected failures (bad config, missing file, package or GPU)
+writes the same outputs. ``check`` reruns N recorded runs drawn at random and compares
+their final metrics with the recorded ones (``ablations.check``): one line per run and a
+summary; exit status 0 when every rerun is identical within the tolerance, 1 when some
+differ. Expected failures (bad config, missing file, package or GPU)
 print one message and exit with status 2 (``credit_core.cli``); a failed run is a bug
 until shown otherwise and raises with its traceback. A worker process that dies, fails or
 hangs ends the runner with one message naming it and its run (status 2); a stop signal
@@ -45,9 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         usage="%(prog)s CONFIG [--set KEY=VALUE ...] [--shard I/N] [--debug]\n"
-        "       %(prog)s merge CONFIG --from DIR [DIR ...] [--rows CSV ...] [--set KEY=VALUE ...]",
+        "       %(prog)s merge CONFIG --from DIR [DIR ...] [--rows CSV ...] [--set KEY=VALUE ...]\n"
+        "       %(prog)s check CONFIG --sample N [--seed S] [--tolerance T] [--rows CSV ...]",
         description="Train the same policy under several credit strategies across settings, "
-        "families and seeds; report the comparison. Subcommand 'merge' combines shards.",
+        "families and seeds; report the comparison. Subcommand 'merge' combines shards; "
+        "'check' reruns a sample of recorded runs and compares them.",
     )
     _common(parser)
     parser.add_argument("--shard", default="0/1", help="run only slice i of n (e.g. 0/2)")
@@ -86,6 +92,52 @@ def build_merge_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_check_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} check",
+        description="Rerun a random sample of the config's recorded runs and compare their "
+        "final metrics with the record (exit 0: all identical, 1: some differ).",
+    )
+    _common(parser)
+    parser.add_argument("--sample", type=int, required=True, metavar="N", help="runs to rerun")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the draw (default 0)")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.0,
+        help="largest absolute difference counted as identical (default 0: the same "
+        "results.csv cells)",
+    )
+    parser.add_argument(
+        "--rows",
+        dest="earlier",
+        nargs="+",
+        default=[],
+        metavar="CSV",
+        help="draw from the runs of these results.csv files (the rows `merge --rows` would "
+        "carry over) instead of the config's output folder",
+    )
+    return parser
+
+
+def _check(args_in: list[str]) -> int:
+    from ablations.ablation_config import load_ablate_config
+    from ablations.check import check_sample
+
+    args = build_check_parser().parse_args(args_in)
+    cfg = load_ablate_config(args.config, args.overrides)
+    _check_devices(cfg)
+    compared = check_sample(
+        cfg,
+        sample=args.sample,
+        seed=args.seed,
+        tolerance=args.tolerance,
+        rows=[Path(p) for p in args.earlier],
+        log=lambda m: print(m, flush=True),
+    )
+    return 0 if all(c.identical for c in compared) else 1
+
+
 def _check_devices(cfg: AblateConfig) -> None:
     """Stop at once when a ``train`` section asks for CUDA on a machine without it."""
     check_device(cfg.train.get("device", "auto"), "train.device")
@@ -106,6 +158,8 @@ def _ablate(args_in: list[str]) -> int:
 
     command = "python -m ablations " + shlex.join(args_in)
     outputs: Outputs | None
+    if args_in[:1] == ["check"]:
+        return _check(args_in[1:])
     if args_in[:1] == ["merge"]:
         args = build_merge_parser().parse_args(args_in[1:])
         cfg = load_ablate_config(args.config, args.overrides)

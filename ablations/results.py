@@ -13,7 +13,9 @@ the initial policy), columns ``KEY_COLUMNS + METRIC_COLUMNS`` and then any extra
 (``extra_<name>_sampled`` / ``_greedy`` at every evaluation; in older results at the last
 step only; the credit probes ``probe_<name>`` at every evaluation, absent from older
 results). Run-level figures
-(``wall_s``, ``peak_rss_mb``) repeat on every row of their run. Absent values are empty;
+(``wall_s``, ``peak_rss_mb``) and the code version that trained the run (``commit``,
+``ablations.provenance``; ``unknown`` in rows written before the column) repeat on every
+row of their run. Absent values are empty;
 floats keep ``SIGNIFICANT`` digits, and the report is computed from the file as written, so
 it can be recomputed from results.csv alone.
 """
@@ -28,6 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from ablations.provenance import COMMIT_COLUMN, UNKNOWN, result_version
 
 RESULT_FILE = "result.json"
 #: Significant digits of the floats in results.csv (the report is computed from the file).
@@ -153,6 +157,7 @@ def result_rows(run: RunKey, result: dict[str, Any]) -> list[dict[str, Any]]:
                 row[f"{head}_{tail}"] = value
         for column in RUN_COLUMNS:
             row[column] = result.get(column)
+        row[COMMIT_COLUMN] = result_version(result).label
         if step == last:
             row.update({f"extra_{k}": v for k, v in result.get("extra", {}).items()})
         rows.append(row)
@@ -170,7 +175,7 @@ def _cell(value: Any) -> str:
 def write_csv(path: Path, rows: Iterable[dict[str, Any]]) -> None:
     """Write rows with the fixed columns first and extra columns (sorted) after them."""
     rows = list(rows)
-    fixed = [*KEY_COLUMNS, *METRIC_COLUMNS]
+    fixed = [*KEY_COLUMNS, COMMIT_COLUMN, *METRIC_COLUMNS]
     extra = sorted({k for r in rows for k in r} - set(fixed))
     tmp = path.with_suffix(".csv.tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as fh:
@@ -182,7 +187,8 @@ def write_csv(path: Path, rows: Iterable[dict[str, Any]]) -> None:
 
 
 def read_csv(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a results.csv: keys typed (seed, step int), metrics float, empty -> absent."""
+    """Rows of a results.csv: keys typed (seed, step int), metrics float, empty -> absent;
+    ``commit`` a string, ``unknown`` where the file has no such column or cell."""
     rows = []
     with open(path, newline="", encoding="utf-8") as fh:
         for raw in csv.DictReader(fh):
@@ -192,9 +198,10 @@ def read_csv(path: str | Path) -> list[dict[str, Any]]:
                     continue
                 if key in ("seed", "step"):
                     row[key] = int(value)
-                elif key in ("setting", "family", "strategy"):
+                elif key in ("setting", "family", "strategy", COMMIT_COLUMN):
                     row[key] = value
                 else:
                     row[key] = float(value)
+            row.setdefault(COMMIT_COLUMN, UNKNOWN)
             rows.append(row)
     return rows

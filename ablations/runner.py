@@ -43,6 +43,7 @@ from ablations.head_to_head import (
     strongest_baselines,
 )
 from ablations.pretrain import TOKENIZER_DIR
+from ablations.provenance import code_version, provenance_markdown
 from ablations.report import render_report
 from ablations.results import (
     RESULT_FILE,
@@ -169,7 +170,8 @@ class PeakRSS:
 def execute_run(
     cfg: AblateConfig, run: RunKey, assets: SettingAssets, output_dir: Path, *, heatmap: bool
 ) -> dict[str, Any]:
-    """Train one run from scratch (a half-finished folder is cleared) and store its result."""
+    """Train one run from scratch (a half-finished folder is cleared) and store its result,
+    with the code version of this process (``provenance.code_version``)."""
     from ablations import probes
     from ablations.driver import ablation_evals, compare_credits, final_extra
     from backends.torch.trainer import GRPORecipe, resolve_config
@@ -206,6 +208,7 @@ def execute_run(
             recipe.close()
     result = {
         "fingerprint": run_fingerprint(cfg, run),
+        "code": code_version().label,
         "run": {
             "setting": run.setting,
             "family": run.family,
@@ -721,6 +724,7 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
         rel = figure.relative_to(out).as_posix()
         sections.append(f"{section}\n\n![head_to_head]({rel})")
         by_setting.setdefault("", []).append(figure)
+    sections.append(provenance_markdown(rows, code_version()))
     report = render_report(
         title=cfg.name,
         command=command,

@@ -197,7 +197,8 @@ def _mean(xs: Iterable[float]) -> float:
     return math.fsum(vals) / len(vals) if vals else _nan()
 
 
-def _last(rows: Sequence[dict[str, Any]], column: str) -> float:
+def last_value(rows: Sequence[dict[str, Any]], column: str) -> float:
+    """``column`` at the last step of one run's ``rows`` that has it (NaN if none does)."""
     found = [r for r in rows if column in r]
     return float(max(found, key=lambda r: r["step"])[column]) if found else _nan()
 
@@ -263,9 +264,9 @@ def run_figures(rows: Sequence[dict[str, Any]], primary: str, final_window: int)
     return RunFigures(
         final_train=_mean(v for _, v in curve[-final_window:]),
         first_train=curve[0][1] if curve else _nan(),
-        primary=_last(rows, primary),
-        held_sampled=_last(rows, "eval_reward_sampled"),
-        held_greedy=_last(rows, "eval_reward_greedy"),
+        primary=last_value(rows, primary),
+        held_sampled=last_value(rows, "eval_reward_sampled"),
+        held_greedy=last_value(rows, "eval_reward_greedy"),
         curve=curve,
         cost=Cost(
             time_step=tmean("time_step"),
@@ -273,8 +274,8 @@ def run_figures(rows: Sequence[dict[str, Any]], primary: str, final_window: int)
             time_signals=tmean("time_signals"),
             time_signals_reward=tmean("time_signals_reward"),
             time_update=tmean("time_update"),
-            peak_rss_mb=_last(rows, "peak_rss_mb"),
-            wall_s=_last(rows, "wall_s"),
+            peak_rss_mb=last_value(rows, "peak_rss_mb"),
+            wall_s=last_value(rows, "wall_s"),
         ),
         efficiency=efficiency(held, max((int(r["step"]) for r in rows), default=0)),
         probes_start=start,

@@ -28,7 +28,10 @@ reported beside them (the pretrained policy writes about L words).
 
 Writes ``results.json`` (every timed step), ``table.md`` and ``cost_length.png`` into
 ``--out``. The strategy list is a parameter (``--strategies``, each a name or a YAML mapping
-as a ``credit:`` entry takes), so strategies added later run the same way. Timings are
+as a ``credit:`` entry takes), so strategies added later run the same way. The default list
+adds P2T, KTAE, OAR-G (its answer span: the last word) and PRIME to #29's five; OAR-G's
+extra policy forward and backward is in its signal phase, PRIME's pi_phi update is not (it
+runs after the credit, in the update phase). Timings are
 only comparable on a quiet machine; the committed figures come from
 
     OMP_NUM_THREADS=1 heavy --both python scripts/cost_length.py --steps 8 \
@@ -60,6 +63,10 @@ DEFAULT_STRATEGIES = (
     "{name: datc_mid, beta: 0.5, lam: 0.5}",
     "red",
     "{name: abc, beta: 0.5}",
+    "p2t",
+    "ktae",
+    "oar_g",
+    "prime",
 )
 RM_KINDS = ("encoder", "causal")
 
@@ -144,6 +151,7 @@ def _recipes(
     from ablations.results import RunKey
     from ablations.runner import run_train_config
     from backends.torch.trainer import GRPORecipe, resolve_config
+    from credit_core.registry import strategy_class
 
     cfg = AblateConfig.model_validate(
         {
@@ -177,6 +185,8 @@ def _recipes(
     for s in cfg.strategies:
         run = RunKey("sweep", args.family, s.label, 0)
         raw = run_train_config(cfg, run, assets, tmp / f"{length}_{rm}_{s.label}")
+        if strategy_class(s.credit.name).reads_answer_span:  # OAR-G: the last word answers
+            raw.setdefault("data", {})["answer_span"] = {"last": 1}
         raw.update(
             reward=reward,
             steps=1_000_000,

@@ -20,7 +20,9 @@
 #
 # Each check prints one "PASS name" or "FAIL name" line; the exit status is the number of
 # failures. Logs are in $WORK. OPENRLHF=1 also runs scripts/openrlhf_gpu_smoke.sh (OpenRLHF
-# and the older TRL runs, 5-10 more minutes) as one more check; VERL=1 also runs
+# and the older TRL runs, 5-10 more minutes) as two more checks: openrlhf (its unpacked runs
+# and TRL section) and openrlhf_packed_datc_mid (packed OpenRLHF GRPO with datc_mid:
+# --ds.packing_samples and --train.dynamic_batch_enable, 2-3 more minutes); VERL=1 also runs
 # scripts/verl_gpu_smoke.sh (verl main_ppo with vLLM and credit datc, 3-5 more minutes)
 # with VERL_PYTHON (default PYTHON): verl 0.9.1 needs its own environment (docs/verl.md).
 #
@@ -51,6 +53,7 @@ NATIVE_FSDP_VLLM=(--set distributed.strategy=fsdp --set rollout.engine=vllm
   --set eval.interval=2)
 NATIVE_DATC_MID=(--set distributed.strategy=ddp --set credit.name=datc_mid
   --set checkpoint.interval=0 --set eval.interval=0 --set steps=3)
+OPENRLHF_RUNS="uniform datc datc_mid"  # openrlhf_packed_datc_mid runs datc_mid_packed
 # END SETTINGS
 
 # shellcheck source=scripts/smoke_checks.sh
@@ -156,8 +159,15 @@ wanted trl_zero3_direction && trl_check trl_zero3_direction datc credit/weight_m
 
 # ---------------------------------------------------------------------------- OpenRLHF
 if [[ "${OPENRLHF:-0}" == 1 ]] && wanted openrlhf; then
-  WORK=$WORK/openrlhf logged openrlhf bash scripts/openrlhf_gpu_smoke.sh
+  mkdir -p "$WORK/openrlhf"
+  WORK=$WORK/openrlhf RUNS="$OPENRLHF_RUNS" logged openrlhf bash scripts/openrlhf_gpu_smoke.sh
   result openrlhf $?
+fi
+if [[ "${OPENRLHF:-0}" == 1 ]] && wanted openrlhf_packed_datc_mid; then
+  mkdir -p "$WORK/openrlhf_packed"
+  WORK=$WORK/openrlhf_packed RUNS=datc_mid_packed BENCH=0 TRL=0 \
+    logged openrlhf_packed_datc_mid bash scripts/openrlhf_gpu_smoke.sh
+  result openrlhf_packed_datc_mid $?
 fi
 
 # -------------------------------------------------------------------------------- verl

@@ -4,12 +4,15 @@
 # bf16, each against the LM head in the same run), then a few GRPO steps of OpenRLHF 0.11 (Ray,
 # DeepSpeed, vLLM rollouts) with `--credit uniform`, then with `--credit datc` (the one-pass
 # path: OpenRLHF's reward model gives the reward and its gradient), then `--credit datc_mid`
-# (m1 from OpenRLHF's log-prob forward, the path gradient on the reward actors), on a tiny
-# Qwen2 policy and a tiny Llama reward model created from configs (no download). Checks
-# that each run finishes, that the token-credit experience maker was installed in the
-# trainer actor, and that the credit diagnostics reached OpenRLHF's TensorBoard logs
-# (uniform: weights all 1; datc, datc_mid: uneven weights; datc: the reward logged;
-# datc_mid: no extra policy forward).
+# (m1 from OpenRLHF's log-prob forward, the path gradient on the reward actors), then
+# `datc_mid_packed`: `--credit datc_mid` with packed samples and dynamic batches
+# (`--ds.packing_samples --train.dynamic_batch_enable`, flash-attention 2: the statistics
+# read from the Actor's packed logits), on a tiny Qwen2 policy and a tiny Llama reward model
+# created from configs (no download). Checks that each run finishes, that the token-credit
+# experience maker was installed in the trainer actor, and that the credit diagnostics
+# reached OpenRLHF's TensorBoard logs (uniform: weights all 1; datc, datc_mid,
+# datc_mid_packed: uneven weights; datc: the reward logged; datc_mid, datc_mid_packed: no
+# extra policy forward).
 #
 # Needs: 1+ NVIDIA GPU; python with torch (CUDA), openrlhf 0.11.x, vllm, flash-attn,
 # deepspeed, ray, tensorboard, and this repository (run from its root, or installed).
@@ -17,7 +20,9 @@
 # Env:    PYTHON (python), WORK (a fresh temp dir), POLICY / RM (existing local HF folders
 #         instead of the tiny ones; the RM must load as a one-label sequence classifier
 #         and share the policy's tokenizer), ATTN (sdpa), RUN_TIMEOUT (seconds per run, 1200),
-#         BENCH (1; 0 skips the benchmark), BENCH_ARGS (extra benchmark flags, e.g. --quick)
+#         BENCH (1; 0 skips the benchmark), BENCH_ARGS (extra benchmark flags, e.g. --quick),
+#         RUNS (the OpenRLHF runs, default "uniform datc datc_mid datc_mid_packed"),
+#         TRL (1; 0 skips the TRL section)
 #
 # TRL section (after the OpenRLHF runs; TRL_ONLY=1 runs it alone): credit-trl (TRL 1.16,
 # backends/trl) on the same tiny policy and the built-in `positional` task, under
@@ -34,6 +39,13 @@ ATTN=${ATTN:-sdpa}
 RUN_TIMEOUT=${RUN_TIMEOUT:-1200}
 BENCH=${BENCH:-1}
 BENCH_ARGS=${BENCH_ARGS:-}
+RUNS=${RUNS:-uniform datc datc_mid datc_mid_packed}
+TRL=${TRL:-1}
+# BEGIN SETTINGS (read by tests/test_gpu_smoke_script.py)
+# packed samples and dynamic batches: OpenRLHF packs with flash-attention only
+PACKED=(--ds.packing_samples --train.dynamic_batch_enable --rollout.max_tokens_per_gpu 256
+  --train.max_tokens_per_gpu 256 --ds.attn_implementation flash_attention_2)
+# END SETTINGS
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 cd "$REPO"
@@ -115,12 +127,14 @@ COMMON=(
   --actor.adam.lr 1e-5 --train.seed 42 --logger.logging_steps 1
 )
 
-run() {  # run NAME CREDIT_FLAGS...
-  local name=$1; shift
+wanted_run() { [[ " $RUNS " == *" $1 "* ]]; }
+run() {  # run NAME --credit STRATEGY [FLAGS...]: FLAGS come after COMMON (later flags win)
+  local name=$1 strategy=$3; shift
+  wanted_run "$name" || return 0
   echo "== run $name: credit-openrlhf $*"
   local start=$SECONDS
   set +e
-  timeout "$RUN_TIMEOUT" "$PYTHON" -m backends.openrlhf "$@" "${COMMON[@]}" \
+  timeout "$RUN_TIMEOUT" "$PYTHON" -m backends.openrlhf "${COMMON[@]}" "$@" \
     --logger.tensorboard_dir "$WORK/tb_$name" --logger.wandb.run_name "$name" \
     --ckpt.output_dir "$WORK/out_$name" --ckpt.path "$WORK/ckpt_$name" \
     >"$WORK/$name.log" 2>&1
@@ -128,7 +142,7 @@ run() {  # run NAME CREDIT_FLAGS...
   set -e
   echo "   exit $status after $((SECONDS - start)) s (log: $WORK/$name.log)"
   if [[ $status -ne 0 ]]; then tail -n 60 "$WORK/$name.log"; exit 1; fi
-  grep -q "token credit: installed ${name} in PPOTrainer@" "$WORK/$name.log" \
+  grep -q "token credit: installed ${strategy} in PPOTrainer@" "$WORK/$name.log" \
     || { echo "no installation line in $name.log"; exit 1; }
 }
 
@@ -136,13 +150,14 @@ if [[ -z "${TRL_ONLY:-}" ]]; then
 run uniform --credit uniform
 run datc --credit datc --credit.beta 1.0 --credit.lam 0.5
 run datc_mid --credit datc_mid --credit.beta 1.0 --credit.lam 0.5
+run datc_mid_packed --credit datc_mid --credit.beta 1.0 --credit.lam 0.5 "${PACKED[@]}"
 
 echo "== checking the logged credit diagnostics"
-"$PYTHON" - "$WORK" <<'EOF'
+"$PYTHON" - "$WORK" "$RUNS" <<'EOF'
 import glob, os, sys
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-work = sys.argv[1]
+work, runs = sys.argv[1], sys.argv[2].split()
 
 def scalars(name):
     [run_dir] = glob.glob(os.path.join(work, f"tb_{name}", name))
@@ -150,27 +165,36 @@ def scalars(name):
     acc.Reload()
     return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
-uniform, datc, mid = scalars("uniform"), scalars("datc"), scalars("datc_mid")
+logged = {name: scalars(name) for name in runs}
 need = ["train/credit/weight_max", "train/credit/weight_min", "train/credit/weight_entropy",
         "train/credit/frac_upweighted", "train/policy_loss"]
-for name, logs in (("uniform", uniform), ("datc", datc), ("datc_mid", mid)):
+for name, logs in logged.items():
     missing = [t for t in need if t not in logs]
     assert not missing, f"{name}: missing scalars {missing}; have {sorted(logs)}"
-    print(f"{name:8s} steps={len(logs['train/policy_loss'])} "
+    print(f"{name:15s} steps={len(logs['train/policy_loss'])} "
           + " ".join(f"{t.split('/')[-1]}={logs[t][-1]:.4f}" for t in need))
-assert all(abs(v - 1.0) < 1e-6 for v in uniform["train/credit/weight_max"]), "uniform: w = 1"
-assert all(abs(v - 1.0) < 1e-6 for v in uniform["train/credit/weight_entropy"])
-assert max(datc["train/credit/weight_max"]) > 1.0, "datc weights should be uneven"
-assert min(datc["train/credit/weight_entropy"]) < 1.0
-assert "train/credit/direction_reward" in datc and "train/credit/signal_time_s" in datc
-assert max(mid["train/credit/weight_max"]) > 1.0, "datc_mid weights should be uneven"
-assert max(mid["train/credit/extra_policy_forwards"]) == 0.0, "datc_mid: m1 from the forward"
-print("credit signal time per step (s):", [round(v, 3) for v in datc["train/credit/signal_time_s"]])
+if "uniform" in logged:
+    uniform = logged["uniform"]
+    assert all(abs(v - 1.0) < 1e-6 for v in uniform["train/credit/weight_max"]), "uniform: w = 1"
+    assert all(abs(v - 1.0) < 1e-6 for v in uniform["train/credit/weight_entropy"])
+if "datc" in logged:
+    datc = logged["datc"]
+    assert max(datc["train/credit/weight_max"]) > 1.0, "datc weights should be uneven"
+    assert min(datc["train/credit/weight_entropy"]) < 1.0
+    assert "train/credit/direction_reward" in datc and "train/credit/signal_time_s" in datc
+    print("credit signal time per step (s):",
+          [round(v, 3) for v in datc["train/credit/signal_time_s"]])
+for name in ("datc_mid", "datc_mid_packed"):
+    if name in logged:
+        mid = logged[name]
+        assert max(mid["train/credit/weight_max"]) > 1.0, f"{name} weights should be uneven"
+        assert max(mid["train/credit/extra_policy_forwards"]) == 0.0, f"{name}: m1 from the forward"
 print("SMOKE OK")
 EOF
 fi
 
 # ------------------------------------------------------------------------------------- TRL
+[[ "$TRL" == 1 ]] || exit 0
 echo "== TRL: preflight"
 "$PYTHON" - <<'EOF'
 import importlib.util, sys

@@ -68,3 +68,44 @@ def test_the_trl_check_passes_a_config_trl_accepts(
     script, training, model, _ = make_parser().parse_args_and_config(args)
     assert script.reward_model_name_or_path == "R" and model.model_name_or_path == "P"
     assert training.credit_config.name == "datc_mid" and training.bf16
+
+
+def test_the_packed_openrlhf_run_passes_settings_openrlhf_and_the_credit_accept() -> None:
+    """``openrlhf_packed_datc_mid``: gpu_smoke.sh runs openrlhf_gpu_smoke.sh's
+    ``datc_mid_packed`` run alone; its PACKED flags parse in OpenRLHF and the credit serves
+    datc_mid with them (packing is no longer refused)."""
+    from backends.openrlhf.compat import resolve_credit
+    from backends.openrlhf.settings import OpenRLHFCreditConfig
+    from credit_core import CreditConfig
+    from tests.helpers.openrlhf import openrlhf_args
+
+    script = REPO / "scripts" / "openrlhf_gpu_smoke.sh"
+    block = f"eval \"$(sed -n '/^# BEGIN SETTINGS/,/^# END SETTINGS/p' {script})\"; "
+    out = subprocess.run(
+        ["bash", "-c", block + 'printf "%s\\0" "${PACKED[@]}"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    packed = out.stdout.split("\0")[:-1]
+    assert "--ds.packing_samples" in packed and "--train.dynamic_batch_enable" in packed
+    text = script.read_text()
+    assert (
+        'run datc_mid_packed --credit datc_mid --credit.beta 1.0 --credit.lam 0.5 "${PACKED[@]}"'
+        in text
+    )
+    assert "RUNS=datc_mid_packed" in SCRIPT.read_text()
+    args = openrlhf_args(
+        [
+            "--algo.advantage.estimator",
+            "group_norm",
+            "--algo.kl.use_loss",
+            "--reward.model_name_or_path",
+            "/models/rm",
+            *packed,
+        ]
+    )
+    assert args.ds.packing_samples and args.train.dynamic_batch_enable
+    assert args.ds.attn_implementation == "flash_attention_2"
+    credit = resolve_credit(args, OpenRLHFCreditConfig(credit=CreditConfig.parse("datc_mid")))
+    assert credit.requires == {"policy_stats", "reward_grad"} and credit.placement == "reward"

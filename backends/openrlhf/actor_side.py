@@ -33,7 +33,9 @@ Functions:
 
 - ``stats_from_logits`` / ``work_from_logits`` / ``entropy_from_logits``: ``PolicyStats`` /
   W0 / H of one micro-batch from an OpenRLHF ``Actor``'s logits (float32, already divided by
-  the sampling temperature), streamed over the vocabulary one sample's action span at a time.
+  the sampling temperature), streamed over the vocabulary one sample's action span at a time;
+  with packed samples the span is a view of the packed (1, N, V) logits
+  (``backends.openrlhf.packing``).
 - ``reduce_policy_stats``: an ``Actor`` forward plus ``stats_from_logits`` (the fallback, one
   extra forward, when a micro-batch's log-prob forward was not seen).
 - ``direction_signals_for_actions``: the direction model's reward and, from the same
@@ -76,6 +78,7 @@ from backends.openrlhf.layout import (
     response_to_action_coords,
     split_prompt_response,
 )
+from backends.openrlhf.packing import output_rows, to_padded
 from credit_core import (
     CreditError,
     CreditSignals,
@@ -149,18 +152,25 @@ class ActorSignals:
 
 
 def _action_spans(
-    logits: torch.Tensor, sequences: torch.Tensor, action_mask: torch.Tensor
+    logits: torch.Tensor,
+    sequences: torch.Tensor,
+    action_mask: torch.Tensor,
+    attention_mask: torch.Tensor,
 ) -> Iterator[tuple[int, int, int, torch.Tensor, torch.Tensor]]:
     """Per sample with action tokens: (b, j0, j1, logits rows (1, j1 - j0, V), tokens
     (1, j1 - j0)) of the span [j0, j1) of action columns from its first to its last action
-    token. Rows are views of ``logits``: the row at sequence position i predicts token i + 1.
+    token. Rows are views of ``logits``: the row of sequence position i predicts token
+    i + 1. ``logits`` is (B, T, V), or (1, N, V) from OpenRLHF's packed forward
+    (``--ds.packing_samples``: the N attended tokens of the micro-batch in one row,
+    ``packing.OutputRows``), read per packed sample without unpacking.
     """
     B, T = sequences.shape
     A = action_mask.shape[1]
-    if logits.dim() != 3 or tuple(logits.shape[:2]) != (B, T):
+    if logits.dim() != 3:
         raise CreditError(
-            f"actor logits: expected shape (B={B}, T={T}, V), got {tuple(logits.shape)}"
+            f"actor logits: expected shape (B, T, V) or (1, N, V), got {tuple(logits.shape)}"
         )
+    rows_of = output_rows(logits, attention_mask)
     acts = action_mask.bool()
     tokens = action_token_ids(sequences, action_mask)
     offset = T - A
@@ -169,7 +179,7 @@ def _action_spans(
         if cols.numel() == 0:
             continue
         j0, j1 = int(cols[0]), int(cols[-1]) + 1
-        rows = logits[b, offset - 1 + j0 : offset - 1 + j1].unsqueeze(0)
+        rows = rows_of.span(logits, b, offset - 1 + j0, offset - 1 + j1)
         yield b, j0, j1, rows, tokens[b, j0:j1].unsqueeze(0)
 
 
@@ -184,7 +194,8 @@ def stats_from_logits(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> PolicyStats:
     """``PolicyStats`` (B, A, d) from an OpenRLHF ``Actor``'s logits (B, T, V) of one
-    micro-batch (float32, already divided by the sampling temperature), reduced per sample
+    micro-batch, or (1, N, V) of its packed forward (``_action_spans``), float32 and already
+    divided by the sampling temperature, reduced per sample
     over its action span with ``credit_core.policy_stats_from_logits`` (vocabulary streamed in
     ``chunk_size`` tiles); no (B, A, V) copy is made. 0 where ``action_mask`` is False."""
     check_layout(sequences, attention_mask, action_mask)
@@ -196,7 +207,7 @@ def stats_from_logits(
     m1 = logits.new_zeros(B, A, d, dtype=acc)
     m2 = logits.new_zeros(B, A, d, dtype=acc)
     emb = logits.new_zeros(B, A, d, dtype=acc)
-    for b, j0, j1, rows, tokens in _action_spans(logits, sequences, action_mask):
+    for b, j0, j1, rows, tokens in _action_spans(logits, sequences, action_mask, attention_mask):
         part = policy_stats_from_logits(rows, tokens, E, temperature=1.0, chunk_size=chunk_size)
         p_sampled[b, j0:j1] = part.p_sampled[0]
         p_sq[b, j0:j1] = part.p_sq[0]
@@ -236,7 +247,7 @@ def work_from_logits(
         )
     acc = torch.promote_types(torch.promote_types(E.dtype, reward_grad.dtype), torch.float32)
     work = logits.new_zeros(B, A, dtype=acc)
-    for b, j0, j1, rows, tokens in _action_spans(logits, sequences, action_mask):
+    for b, j0, j1, rows, tokens in _action_spans(logits, sequences, action_mask, attention_mask):
         g = reward_grad[b, j0:j1].unsqueeze(0).to(logits.device)
         part = unsigned_work_from_logits(rows, tokens, E, g, chunk_size=chunk_size)
         work[b, j0:j1] = part[0]
@@ -260,16 +271,9 @@ def entropy_from_logits(
     check_layout(sequences, attention_mask, action_mask)
     B, A = action_mask.shape
     entropy = logits.new_zeros(B, A, dtype=torch.promote_types(logits.dtype, torch.float32))
-    for b, j0, j1, rows, _ in _action_spans(logits, sequences, action_mask):
+    for b, j0, j1, rows, _ in _action_spans(logits, sequences, action_mask, attention_mask):
         entropy[b, j0:j1] = token_entropy_from_logits(rows, chunk_size=chunk_size)[0]
     return entropy.masked_fill_(~action_mask.bool(), 0.0)
-
-
-def _check_unpacked(actor: Any) -> None:
-    if getattr(actor, "packing_samples", False):
-        raise CreditError(
-            "policy statistics: packed samples (--ds.packing_samples) are not supported"
-        )
 
 
 @torch.no_grad()
@@ -286,10 +290,9 @@ def reduce_policy_stats(
     """``PolicyStats`` (B, A, d) of an OpenRLHF ``Actor`` on one micro-batch, with a forward
     of its own: ``actor(sequences, action_mask, attention_mask, return_output=True)`` (the
     forward that yields OpenRLHF's action log-probs), then ``stats_from_logits``. Values at
-    positions where ``action_mask`` is False are 0. Packed samples
-    (``actor.packing_samples``) are rejected.
+    positions where ``action_mask`` is False are 0. With packed samples
+    (``actor.packing_samples``) the statistics are read from the packed logits.
     """
-    _check_unpacked(actor)
     _, output = actor(
         sequences,
         action_mask,
@@ -445,7 +448,9 @@ def reward_and_input_grad(
     forward hook on its input-embedding module makes that module's output E[sequences] a
     leaf, and ``torch.autograd.grad`` of the summed reward gives dR/dx there (the weights
     are frozen for the call, no weight gradient is formed). The gradient is in the model's
-    dtype, 0 where nothing reaches the reward (padding).
+    dtype, 0 where nothing reaches the reward (padding). With packed samples (the model's
+    ``packing_samples``: it unpads the micro-batch into one row itself) the embeddings are
+    (1, N, d) and their gradient is scattered to (B, T, d) (``packing.to_padded``).
     """
     reward, grad = forward_with_input_grad(
         model,
@@ -458,7 +463,7 @@ def reward_and_input_grad(
         ),
         lambda out: out,
     )
-    return reward.detach(), grad
+    return reward.detach(), to_padded(grad, attention_mask)
 
 
 def reward_forward_with_grad(
@@ -475,7 +480,9 @@ def reward_forward_with_grad(
     ``reward_and_input_grad``, whose input gradient is kept in ``state.scored`` until
     ``credit_signals`` collects it for the same micro-batch. The stock forward calls the
     model under ``torch.no_grad()``, which is why the call is made here rather than through
-    it. A call this path does not cover (packed samples) goes to ``stock_forward``.
+    it. A call this path does not cover (explicit ``packed_seq_lens``, which OpenRLHF 0.11's
+    experience maker never passes: with ``--ds.packing_samples`` the model packs the padded
+    micro-batch itself, which ``reward_and_input_grad`` follows) goes to ``stock_forward``.
     """
     if attention_mask is None or packed_seq_lens is not None:
         return stock_forward(sequences, attention_mask, packed_seq_lens, pad_sequence)  # type: ignore[no-any-return]
@@ -628,7 +635,6 @@ def _signals_around_forward(
     "policy_stats" the logits are reduced to ``PolicyStats``, for "token_entropy" to H.
     Outputs go to the CPU.
     """
-    _check_unpacked(actor_self.actor)
     device = _device()
     scored = ActorSignals()
     if "unsigned_work" in state.computes:

@@ -8,10 +8,11 @@ of ``train_ppo_ray``: ``args.algo.advantage.estimator`` ...) and returns a
 advantage over tokens, so they need one: every estimator but ``gae``, ``reinforce`` only
 with gamma 1, and no KL penalty inside the reward (use ``--algo.kl.use_loss`` or
 ``--algo.kl.init_coef 0``). Signals reduced from the policy's logits (policy statistics,
-DATC's W0, the token entropy) need unpacked micro-batches, so packed samples
-(``--ds.packing_samples``, ``--train.dynamic_batch_enable``), ring attention and DeepSpeed
-tensor parallelism are rejected for strategies that read them; vision-language inputs are
-rejected for every strategy but ``uniform``.
+DATC's W0, the token entropy) are read per sample from the logits of OpenRLHF's forward,
+packed (``--ds.packing_samples``, ``--train.dynamic_batch_enable``) or not; ring attention
+and DeepSpeed tensor parallelism (which split those logits over ranks) are rejected for
+strategies that read them; vision-language inputs are rejected for every strategy but
+``uniform``.
 
 What the actors compute (``ResolvedCredit.requires``) is the run's ``CreditPlan`` on
 ``BACKEND`` (the strategy built once per process): with the direction model on the policy
@@ -125,7 +126,8 @@ def one_pass_problem(
     it runs on the reward-model actors (placement ``reward``), the strategy reads the
     gradient at the sampled tokens (``reward_grad_points`` 0: the ``datc`` family,
     ``saliency``) and no other signal of the direction model, and the RM's weights are whole
-    on each actor with unpacked micro-batches (not ZeRO-3, packing or ring attention)."""
+    on each actor with each micro-batch whole on it (not ZeRO-3 or ring attention; packed
+    samples are fine: the RM packs the padded micro-batch itself)."""
     if placement != "reward":
         return "the direction model runs on the policy actors, OpenRLHF's reward model on its own"
     if "reward_grad" not in plan:
@@ -139,8 +141,8 @@ def one_pass_problem(
         return f"the strategy also reads {others} from the direction model"
     if int(_get(args, "ds.zero_stage", 0) or 0) == 3:
         return "--ds.zero_stage 3 partitions the reward model's weights"
-    if _get(args, "ds.packing_samples", False) or int(_get(args, "ds.ring_attn_size", 1)) > 1:
-        return "packed samples / ring attention reshape the reward model's input"
+    if int(_get(args, "ds.ring_attn_size", 1)) > 1:
+        return "ring attention splits the reward model's input over ranks"
     return None
 
 
@@ -205,14 +207,12 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
         )
     from_logits = sorted(signals_read(type(strategy)) & LOGITS_SIGNALS)
     if from_logits:
-        if _get(args, "ds.packing_samples", False) or _get(args, "train.dynamic_batch_enable"):
-            problems.append(
-                f"--ds.packing_samples / --train.dynamic_batch_enable: the signals {from_logits} "
-                "are reduced from the policy's logits on unpacked micro-batches; packed "
-                "samples are not supported"
-            )
         if int(_get(args, "ds.ring_attn_size", 1)) > 1:
-            problems.append("--ds.ring_attn_size > 1: ring attention is not supported")
+            problems.append(
+                f"--ds.ring_attn_size > 1: ring attention is not supported (the signals "
+                f"{from_logits} are reduced from the policy's logits, of which each rank of a "
+                "ring holds a slice of the packed row)"
+            )
         if int(_get(args, "ds.tensor_parallel_size", 1)) > 1:
             problems.append("--ds.tensor_parallel_size > 1: tensor parallelism is not supported")
 

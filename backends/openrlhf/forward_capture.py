@@ -20,8 +20,10 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-#: ``on_logits(logits, sequences, action_mask, attention_mask)``: logits (B, T, V) float32
-#: of the forward, already divided by the temperature; the other tensors as passed to it.
+#: ``on_logits(logits, sequences, action_mask, attention_mask)``: logits float32 of the
+#: forward, already divided by the temperature, (B, T, V), or (1, N, V) when the ``Actor``
+#: packs the micro-batch (``backends.openrlhf.packing``); the other tensors as passed to it
+#: (padded (B, T) either way).
 LogitsHook = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 T = TypeVar("T")

@@ -27,11 +27,16 @@ class PolicyHost:
     forward = policy_actor_class().forward
     execute_batch = policy_actor_class().execute_batch
 
-    def __init__(self, vocab: int, seed: int, temperature: float) -> None:
+    def __init__(self, vocab: int, seed: int, temperature: float, packing: bool = False) -> None:
+        """``packing``: the ``Actor`` packs its micro-batches (``--ds.packing_samples``). As
+        when OpenRLHF's ``Actor`` loads a model, its config's ``use_cache`` is off (with a
+        cache, transformers ignores the restarting position ids that separate packed
+        samples)."""
         from openrlhf.models import Actor
 
         self.actor = Actor(tiny_causal_lm("qwen2", vocab, seed=seed), temperature=temperature)
-        self.actor.packing_samples = False
+        self.actor.packing_samples = packing
+        self.actor.model.config.use_cache = False
         self.strategy = SimpleNamespace(ring_attn_group=None, is_rank_0=lambda: False)
         self.forwards = 0
         self.actor.model.register_forward_pre_hook(self._count)

@@ -165,14 +165,30 @@ def test_actor_stats_in_bf16_as_openrlhf_loads_a_policy(tmp_path: Path) -> None:
     torch.testing.assert_close(stats.p_sampled[on], openrlhf_logp[on].exp(), rtol=1e-5, atol=1e-7)
 
 
-def test_actor_stats_reject_packed_samples_and_foreign_vocabularies() -> None:
+def test_actor_stats_of_packed_samples_equal_the_unpacked_ones() -> None:
+    """``--ds.packing_samples``: the ``Actor`` packs the micro-batch into one row (logits
+    (1, N, V)); the statistics read each sample's rows of it and equal the unpacked ones."""
+    seqs, attn, acts = openrlhf_batch()
+    assert bool((attn == 0).any())  # padding: the packed row differs from the padded batch
+    actor = openrlhf_actor(tiny_causal_lm("qwen2", VOCAB, seed=5), temperature=0.8)
+    actor.model.config.use_cache = False  # as Actor.__init__ sets it when it loads a model
+    actor.eval()
+    table = torch.randn(VOCAB, 3, generator=torch.Generator().manual_seed(6))
+    want = reduce_policy_stats(actor, seqs, acts, attn, table)
+    actor.packing_samples = True
+    with torch.no_grad():
+        _, output = actor(seqs, acts, attn, return_output=True)
+    assert tuple(output["logits"].shape) == (1, int(attn.sum()), VOCAB)
+    got = reduce_policy_stats(actor, seqs, acts, attn, table)
+    for name in ("p_sampled", "p_sq", "m1", "m2", "sampled_emb"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-6)
+    assert float(want.m1[acts.bool()].abs().min()) > 0.0
+
+
+def test_actor_stats_reject_foreign_vocabularies() -> None:
     model = tiny_causal_lm("gpt2", VOCAB, seed=5)
     seqs, attn, acts = openrlhf_batch()
     actor = openrlhf_actor(model)
-    actor.packing_samples = True
-    with pytest.raises(CreditError, match="packed samples"):
-        reduce_policy_stats(actor, seqs, acts, attn, torch.zeros(VOCAB, 3))
-    actor.packing_samples = False
     with pytest.raises(CreditError, match="indexed by the policy vocabulary"):
         reduce_policy_stats(actor, seqs, acts, attn, torch.zeros(VOCAB + 1, 3))
 

@@ -434,11 +434,14 @@ def test_an_install_refusal_reaches_the_command_line_as_one_message(
 def test_resolve_credit_serves_the_baselines_and_names_what_is_missing() -> None:
     entropy = resolved("entropy_top", REMOTE_FLAGS)
     assert entropy.requires == {"token_entropy"} and entropy.placement is None
+    packed = resolved("entropy_top", ["--ds.packing_samples", "--train.dynamic_batch_enable"])
+    assert packed.requires == {"token_entropy"}  # read from the packed logits (test_packing)
     with pytest.raises(CreditError) as info:
         resolved("entropy_top", ["--ds.packing_samples", "--ds.ring_attn_size", "2"])
     text = str(info.value)
-    assert "the signals ['token_entropy'] are reduced from the policy's logits" in text
     assert "--ds.ring_attn_size > 1: ring attention is not supported" in text
+    assert "the signals ['token_entropy'] are reduced from the policy's logits" in text
+    assert "--ds.packing_samples" not in text
 
     abc = resolved("abc", RM_FLAGS)
     assert abc.requires == {"reward_attention"} and abc.placement == "reward"

@@ -164,6 +164,41 @@ def test_uniform_leaves_openrlhf_advantages_bitwise_unchanged(
     assert direction.calls == calls_before  # uniform gathers nothing
 
 
+def test_uniform_with_packed_samples_and_dynamic_batches_is_bitwise_stock() -> None:
+    """``--ds.packing_samples --train.dynamic_batch_enable``: OpenRLHF regroups the rollout
+    by token count and its ``Actor`` packs each micro-batch; ``uniform``, resolved on those
+    flags, leaves every advantage and return exactly as stock OpenRLHF computes them."""
+    from openrlhf.models import Actor
+
+    from backends.openrlhf.experience_maker import TokenCreditExperienceMaker
+
+    flags = [
+        *GRPO_FLAGS,
+        "--ds.packing_samples",
+        "--train.dynamic_batch_enable",
+        "--rollout.max_tokens_per_gpu",
+        "16",
+        "--actor.num_gpus_per_node",
+        "1",
+    ]
+    args = openrlhf_args(flags)
+    packed = Actor(tiny_causal_lm("qwen2", VOCAB, seed=21))  # OpenRLHF's packing Actor
+    packed.packing_samples = True
+    packed.model.config.use_cache = False  # as Actor.__init__ sets it when it loads a model
+    batches = micro_batches(args, packed)
+    assert sorted(len(b.sequences) for b in batches) != [2, 3, 3]  # regrouped by tokens
+    credit = resolve_credit(args, OpenRLHFCreditConfig())
+    assert credit.requires == frozenset()
+    stock = stock_result(args, batches)
+    ours = maker(TokenCreditExperienceMaker, args, credit=credit).compute_advantages_and_returns(
+        copy.deepcopy(batches)
+    )
+    for s, o in zip(stock, ours, strict=True):
+        assert o.advantages.dtype == s.advantages.dtype
+        assert torch.equal(o.advantages, s.advantages)
+        assert torch.equal(o.returns, s.returns)
+
+
 def test_datc_gives_credit_core_token_advantages_on_action_tokens(
     grpo_args: Any, policy: Any, direction: TinyDirectionModel
 ) -> None:

@@ -298,7 +298,8 @@ def test_incompatible_openrlhf_settings_fail_before_ray_starts(
             "/models/policy",
             "--algo.advantage.estimator",
             "gae",
-            "--ds.packing_samples",
+            "--ds.tensor_parallel_size",
+            "2",
         ]
     )
     with pytest.raises(CreditError) as info:
@@ -306,5 +307,5 @@ def test_incompatible_openrlhf_settings_fail_before_ray_starts(
     text = str(info.value)
     assert "--algo.advantage.estimator: 'gae'" in text
     assert "--algo.kl.init_coef > 0 without --algo.kl.use_loss" in text
-    assert "--ds.packing_samples" in text
+    assert "--ds.tensor_parallel_size > 1" in text
     assert sync_trainer.PPOTrainer is stock_trainer  # hooks are removed afterwards

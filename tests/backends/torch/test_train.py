@@ -72,7 +72,10 @@ def test_every_builtin_strategy_completes_three_steps_computing_only_what_it_nee
     batch = 2 * 4  # prompts_per_step x group_size
     for record in result.history:
         assert all(math.isfinite(v) for v in record.values()), record
-        assert record["signals/reward_grad_rows"] == (batch if "reward_grad" in requires else 0)
+        # the reward gradient is taken for the strategies that read it or a signal made from
+        # it in the same pass (P2T's attribution r_t = (e_t - e_null) . g_t)
+        from_grad = {"reward_grad", "reward_attribution"}
+        assert record["signals/reward_grad_rows"] == (batch if requires & from_grad else 0)
         assert record["signals/policy_stats_rows"] == (batch if "policy_stats" in requires else 0)
         if strategy in SCORE_BASED:
             assert record["credit/weight_min"] > 0  # lam < 1: every token keeps the sign of A
