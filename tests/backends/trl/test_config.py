@@ -74,7 +74,9 @@ def test_prime_is_refused_when_the_config_is_parsed(tmp_path: Path) -> None:
     with pytest.raises(CreditError) as info:
         _parse(tmp_path, "credit: {name: prime, prm_lr: 0.001}\n")
     text = str(info.value)
-    assert text.startswith("credit: strategy 'prime' is not served: it reads ['implicit_log_ratio']")
+    assert text.startswith(
+        "credit: strategy 'prime' is not served: it reads ['implicit_log_ratio']"
+    )
     assert "the log-probs of a second trainable model" in text
     assert "which the TRL backend does not provide" in text
 
