@@ -144,9 +144,7 @@ def test_old_log_prob_and_advantage_steps_through_transfer_queue(
     batch = trainer._compute_advantage(batch, metrics)
     stored = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages"])
 
-    direct, _ = infer(
-        engine, old_log_prob_batch(engine, trainer.work_request, temperature=1.0)
-    )
+    direct, _ = infer(engine, old_log_prob_batch(engine, trainer.work_request, temperature=1.0))
     work = response_from_nested(direct[WORK_FIELD], rows["response_mask"]).to_padded_tensor(0.0)
     mask = rows["response_mask"].to_padded_tensor(0).bool()
     grpo = verl_grpo(scores, RESPONSES, group=2)
