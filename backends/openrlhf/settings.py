@@ -95,21 +95,24 @@ def build_config(
     Raises ``CreditError`` naming every bad key.
     """
     data: dict[str, Any] = dict(file_data or {})
-    credit = parse_credit(data.get("credit"), "credit") if "credit" in data else None
-    if name is not None and credit is not None and name != credit.name and credit.params:
-        print(
-            f"credit: --credit {name} replaces the file's strategy {credit.name!r}; "
-            f"its parameters {credit.params} are not used",
-            file=sys.stderr,
-        )
-    if name is not None and (credit is None or name != credit.name):
-        credit = None
-        data["credit"] = {"name": name}
-    if params:  # the merged value is validated once, by the model below
-        given = {"name": credit.name, **credit.params} if credit else data.get("credit", {})
-        data["credit"] = {**given, **{key: flag_value(text) for key, text in params.items()}}
-    elif credit is not None:
-        data["credit"] = credit  # validated above; the model keeps the instance
+    # each credit value is validated once (``parse_credit``): the file's, and the one the
+    # flags make of it; the model keeps the validated instance
+    credit = parse_credit(data["credit"], "credit") if "credit" in data else None
+    given: dict[str, Any] = {"name": "uniform"}
+    if credit is not None:
+        given = {"name": credit.name, **credit.params}
+    if name is not None and name != given["name"]:
+        if credit is not None and credit.params:
+            print(
+                f"credit: --credit {name} replaces the file's strategy {credit.name!r}; "
+                f"its parameters {credit.params} are not used",
+                file=sys.stderr,
+            )
+        credit, given = None, {"name": name}
+    if params or credit is None:
+        flags = {key: flag_value(text) for key, text in params.items()}
+        credit = parse_credit({**given, **flags}, "credit")
+    data["credit"] = credit
     if direction:
         data["direction"] = {**(data.get("direction") or {}), **direction}
     data.update(backend)
