@@ -69,7 +69,7 @@ pytest: $(STAMP)
 
 # The verl backend's tests, in its own environment (they skip in .venv).
 pytest-verl: $(VERL_STAMP)
-	OMP_NUM_THREADS=1 $(VERL_VENV)/bin/pytest -q tests/backends/verl
+	OMP_NUM_THREADS=1 $(VERL_VENV)/bin/pytest -q tests/backends/verl tests/backends/test_contract.py
 
 test: lint typecheck pytest pytest-verl
 

@@ -147,23 +147,3 @@ class OARGStrategy(CreditStrategy):
         no_signal = int((~reasoning.any(dim=1)).sum())
         adv = batch.advantages.to(torch.float64).unsqueeze(1) * w
         return CreditResult(adv.to(torch.float32), weight_diagnostics(w, mask, 0, no_signal))
-
-
-def native_only_reason(cls: type[CreditStrategy], backend: str) -> str | None:
-    """Why ``backend`` (a framework backend: TRL, OpenRLHF, verl) cannot serve strategy class
-    ``cls``: it reads ``answer_saliency`` (the policy's own input gradient of its answer
-    distribution) or the answer span, which only the native trainer gives; None otherwise."""
-    missing = []
-    if ANSWER_SALIENCY in cls.requires:
-        missing.append(
-            f"the signal {ANSWER_SALIENCY!r} (the policy's own input-embedding gradient of "
-            "its answer distribution: one extra policy forward and backward)"
-        )
-    if cls.reads_answer_span:
-        missing.append("each response's answer span (CreditBatch.answer_mask)")
-    if not missing:
-        return None
-    return (
-        f"strategy {cls.name!r} reads {' and '.join(missing)}; the {backend} backend computes "
-        "neither: train it with the native trainer (backends.torch) and data.answer_span"
-    )

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ModelWrapValidatorHandler,
+    ValidationError,
+    model_validator,
+)
 
 from credit_core.errors import CreditError, validation_messages
 
@@ -30,21 +36,21 @@ class CreditConfig(BaseModel):
         except ValidationError as exc:
             raise _credit_error(exc) from None
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _short_form(cls, data: Any) -> Any:
-        if isinstance(data, str):
-            return {"name": data}
+    def _validated(cls, data: Any, handler: ModelWrapValidatorHandler[CreditConfig]) -> Any:
+        """A ``CreditConfig`` instance as it is (validated when it was made: a config
+        holding one does not validate it again); a name as ``{"name": ...}``; the strategy
+        and its parameters checked against the registry once."""
         if isinstance(data, CreditConfig):
-            return data.model_dump()
-        return data
-
-    @model_validator(mode="after")
-    def _validate_against_registry(self) -> CreditConfig:
+            return data
+        if isinstance(data, str):
+            data = {"name": data}
         from credit_core.registry import validate_params
 
-        validate_params(self.name, self.params)
-        return self
+        model = handler(data)
+        validate_params(model.name, model.params)
+        return model
 
     @property
     def params(self) -> dict[str, Any]:
@@ -64,6 +70,9 @@ class CreditConfig(BaseModel):
         """Validate ``value``; on failure raise ``CreditError`` (not pydantic's error)."""
         if isinstance(value, CreditConfig):
             return value
+        data = {"name": value} if isinstance(value, str) else value
+        if isinstance(data, dict) and all(isinstance(key, str) for key in data):
+            return cls(**data)  # model_validate would check the registry twice (custom init)
         try:
             return cls.model_validate(value)
         except ValidationError as exc:

@@ -1,23 +1,73 @@
-"""The credit keys as a framework's own config gives them (a YAML value, a command-line
-string, an OmegaConf node turned plain), parsed into the project's models with one error
-contract: a ``CreditError`` whose message starts with the key it names.
+"""The credit section of every backend's config, typed (``CreditSection``: the strategy,
+the direction model, the vocabulary tile size), and the one parser of its keys as a
+framework's own config gives them (a YAML value, a command-line string, an OmegaConf node
+turned plain), with one error contract: a ``CreditError`` whose message starts with the key
+it names.
 
-Shared by the backends whose frameworks own the config file (TRL's ``GRPOConfig``, verl's
-Hydra config); ``key`` is the key as the user writes it there (``credit``,
-``algorithm.credit``).
+Each backend maps its framework's config idiom onto the section (``SectionKeys``: the keys
+as the user writes them): the native trainer's YAML ``credit`` / ``reward.direction_model``,
+TRL's fields ``credit`` / ``direction`` / ``credit_stats_chunk_size``, verl's Hydra keys
+``algorithm.credit`` / ``algorithm.direction`` / ``algorithm.credit_stats_chunk_size``,
+OpenRLHF's ``credit`` / ``direction`` / ``stats_chunk_size`` (flags ``--credit``,
+``--credit.direction.*``, ``--credit.stats_chunk_size``). The tile size is one field,
+``CreditSection.chunk_size``; its key is the credit prefix plus ``stats_chunk_size`` in
+every backend.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from adapters.config import RewardModelConfig
-from credit_core import CreditConfig, CreditError, strategy_class
-from credit_core.batch import TRAINED_MODEL_SIGNALS
+from credit_core import CreditConfig, CreditError
 from credit_core.errors import validation_messages
+from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
+
+
+@dataclass(frozen=True)
+class SectionKeys:
+    """The credit section's keys as the user writes them in one backend's config."""
+
+    credit: str = "credit"
+    direction: str = "direction"
+    chunk_size: str = "credit_stats_chunk_size"
+
+
+@dataclass(frozen=True)
+class CreditSection:
+    """The credit section, validated: ``credit`` the strategy and its parameters,
+    ``direction`` the frozen differentiable reward model (None: the backend's default, or
+    no strategy signal needs one), ``chunk_size`` (>= 1) the vocabulary entries per tile of
+    the streamed policy statistics / W0."""
+
+    credit: CreditConfig
+    direction: RewardModelConfig | None = None
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+
+
+def parse_section(
+    credit: Any, direction: Any, chunk_size: Any, keys: SectionKeys = SectionKeys()
+) -> CreditSection:
+    """The ``CreditSection`` of the three values as a config gives them (``chunk_size``
+    None: the default); ``CreditError`` starting with the key (``keys``) of a bad one."""
+    return CreditSection(
+        parse_credit(credit, keys.credit),
+        parse_direction(direction, keys.direction),
+        parse_chunk_size(chunk_size, keys.chunk_size),
+    )
+
+
+def parse_chunk_size(value: Any, key: str) -> int:
+    """``key``: an integer >= 1 (None: ``DEFAULT_CHUNK_SIZE``)."""
+    if value is None:
+        return DEFAULT_CHUNK_SIZE
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CreditError(f"{key}: expected an integer >= 1, got {value!r}")
+    return value
 
 
 def json_object(key: str, value: Any) -> Any:
@@ -61,19 +111,3 @@ def parse_direction(value: Any, key: str) -> RewardModelConfig | None:
             f"{key}.{p.field}: {p.message}" if p.field else f"{key}: {p.message}" for p in problems
         ]
         raise CreditError("; ".join(lines)) from None
-
-
-def trained_model_refusal(name: str, backend: str) -> str | None:
-    """Why ``backend`` (a plugin backend: TRL, OpenRLHF, verl) cannot serve strategy ``name``
-    because it reads a second trainable model (``TRAINED_MODEL_SIGNALS``: PRIME's implicit
-    PRM), or None when the strategy reads none."""
-    hosted = sorted(strategy_class(name).requires & TRAINED_MODEL_SIGNALS)
-    if not hosted:
-        return None
-    return (
-        f"it reads {hosted}, the log-probs of a second trainable model (PRIME's implicit PRM "
-        "pi_phi, built from the reference policy, updated every step on the outcome labels "
-        f"and checkpointed with the policy); the {backend} backend cannot host a second "
-        "trainable model inside the plugin contract (docs/backends.md, 'Strategies with a "
-        "trainable model'); run it with the native trainer (python -m backends.torch)"
-    )

@@ -14,10 +14,11 @@ and DeepSpeed tensor parallelism (which split those logits over ranks) are rejec
 strategies that read them; vision-language inputs are rejected for every strategy but
 ``uniform``.
 
-What the actors compute (``ResolvedCredit.requires``) is the strategy's
-``signals_to_compute``: with the direction model on the policy actors its gradient is
-known before the policy's log-prob forward, so a strategy with ``work_requires`` gets W0
-("unsigned_work") instead of ``PolicyStats`` + ``reward_grad``; a path strategy
+What the actors compute (``ResolvedCredit.requires``) is the run's ``CreditPlan`` on
+``BACKEND`` (the strategy built once per process): with the direction model on the policy
+actors its gradient is known before the policy's log-prob forward (``work_first``), so a
+strategy with ``work_requires`` gets W0 ("unsigned_work") instead of ``PolicyStats`` +
+``reward_grad``; a path strategy
 (``reward_grad_points`` >= 1: ``datc_mid``, ``datc_ig``) takes its gradient on the path to the
 policy's expected embeddings m1, which that forward gives, so it reads ``PolicyStats`` +
 ``reward_grad`` at either placement (m1 from OpenRLHF's own log-prob forward, no extra policy
@@ -40,10 +41,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from backends.common.config_values import trained_model_refusal
+from backends.common.config_values import parse_direction
 from backends.openrlhf.settings import OpenRLHFCreditConfig
-from credit_core import DIRECTION_SIGNALS, CreditError
-from credit_core.answer_reweighting import native_only_reason
+from credit_core import DIRECTION_SIGNALS, SIGNALS, CreditError
+from credit_core.batch import TRAINED_MODEL_SIGNALS
+from credit_core.plan import Backend, CreditPlan, signals_read
 
 #: Signals reduced from the policy's logits inside its log-prob forward (policy actors).
 LOGITS_SIGNALS = frozenset({"policy_stats", "unsigned_work", "token_entropy"})
@@ -53,6 +55,21 @@ EMBEDDING_SIGNALS = frozenset({"policy_stats", "unsigned_work"})
 SCORING_SIGNALS = frozenset({"reward_grad", "reward_attention", "prefix_rewards"})
 #: The (B, A, d) signals: a strategy reading one is handed one micro-batch at a time.
 WIDE_SIGNALS = frozenset({"reward_grad", "policy_stats"})
+
+#: What the OpenRLHF backend provides: the signals of the policy's logits and of one scoring
+#: call of the direction model; not P2T's attribution, a second trained model's log-probs
+#: or the policy's own answer-span gradient; no rewards/groups or answer span reach its
+#: credit step. Whether the reward gradient comes first depends on the placement
+#: (``resolve_credit``).
+BACKEND = Backend(
+    "OpenRLHF",
+    "--credit",
+    SIGNALS - TRAINED_MODEL_SIGNALS - {"reward_attribution", "answer_saliency"},
+    frozenset({"gather", "path_gradient"}),
+    work_first=False,
+    path_work=False,
+    hint="use the native or TRL backend (docs/backends.md)",
+)
 
 #: OpenRLHF estimators whose token advantages are one value per response.
 RESPONSE_LEVEL_ESTIMATORS = (
@@ -70,8 +87,7 @@ class ResolvedCredit:
     """Credit settings bound to one OpenRLHF run.
 
     - ``config``: the validated settings.
-    - ``requires``: signals the actors compute for the strategy (its ``signals_to_compute``
-      for this placement).
+    - ``plan``: the run's ``CreditPlan`` for this placement (its strategy, its signals).
     - ``placement``: "reward" or "policy" (the actors hosting the direction model), None when
       the strategy needs no signal.
     - ``direction``: the direction model's ``RewardModelConfig`` fields, None when unused.
@@ -83,12 +99,17 @@ class ResolvedCredit:
     """
 
     config: OpenRLHFCreditConfig
-    requires: frozenset[str]
+    plan: CreditPlan
     placement: Literal["reward", "policy"] | None
     direction: dict[str, Any] | None
     duplicate_factor: int
     colocate: bool
     one_pass: bool = False
+
+    @property
+    def requires(self) -> frozenset[str]:
+        """The signals the actors compute (``plan.signals``)."""
+        return self.plan.signals
 
 
 def one_pass_problem(
@@ -139,29 +160,25 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
 
     Raises ``CreditError`` with one line per incompatible setting, naming the OpenRLHF flag.
     """
-    strategy = cfg.strategy()
+    # the strategy is built once; the placement below decides whether g comes first
+    plan = CreditPlan.build(cfg.credit, BACKEND)
+    strategy = plan.strategy
     requires = strategy.requires
     name = strategy.name
-    refusal = trained_model_refusal(name, "OpenRLHF")
-    if refusal is not None:
-        raise CreditError(f"--credit {name}: strategy {name!r} is not served: {refusal}")
     duplicate_factor = int(_get(args, "ds.ring_attn_size", 1)) * int(
         _get(args, "ds.tensor_parallel_size", 1)
     )
     colocate = bool(_get(args, "train.colocate_all", False))
     if name == "uniform":
-        return ResolvedCredit(cfg, requires, None, None, duplicate_factor, colocate)
+        return ResolvedCredit(cfg, plan, None, None, duplicate_factor, colocate)
 
     problems: list[str] = []
-    native_only = native_only_reason(type(strategy), "OpenRLHF")
-    if native_only is not None:
-        problems.append(native_only)
     estimator = _get(args, "algo.advantage.estimator")
-    if estimator not in RESPONSE_LEVEL_ESTIMATORS:
-        problems.append(
-            f"--algo.advantage.estimator {estimator}: strategy {name!r} splits a response-level "
-            f"advantage over tokens; use one of {list(RESPONSE_LEVEL_ESTIMATORS)}"
-        )
+    problem = plan.estimator_problem(
+        "--algo.advantage.estimator", estimator, RESPONSE_LEVEL_ESTIMATORS
+    )
+    if problem is not None:
+        problems.append(str(problem))
     if estimator == "reinforce" and float(_get(args, "algo.advantage.gamma", 1.0)) != 1.0:
         problems.append(
             "--algo.advantage.gamma: 'reinforce' with gamma != 1 gives per-token advantages; "
@@ -188,14 +205,7 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
         problems.append(
             "--data.max_images_per_prompt > 0: vision-language inputs are not supported"
         )
-    if "reward_attribution" in requires:
-        problems.append(
-            f"strategy {name!r} reads 'reward_attribution' (P2T's token rewards (e_t - e_null) "
-            ". g_t), which the OpenRLHF backend's actors do not compute; use the native or "
-            "TRL backend (docs/backends.md)"
-        )
-    either_plan = requires | (strategy.work_requires or frozenset())
-    from_logits = sorted(either_plan & LOGITS_SIGNALS)
+    from_logits = sorted(signals_read(type(strategy)) & LOGITS_SIGNALS)
     if from_logits:
         if int(_get(args, "ds.ring_attn_size", 1)) > 1:
             problems.append(
@@ -239,12 +249,14 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
             + "\n  - ".join(problems)
         )
     if direction is not None and cfg.direction is None:
-        direction = OpenRLHFCreditConfig.model_validate({"direction": direction}).direction
-    # W0 streams from g known before the policy's forward; a path strategy's g needs the
-    # policy's m1 from that forward first, so it reads the statistics and g (requires)
-    points = strategy.reward_grad_points
-    plan = strategy.signals_to_compute(reward_grad_first=placement == "policy" and not points)
-    one_pass = one_pass_problem(args, cfg, plan, placement, points) is None
+        found = parse_direction(direction, "--reward.model_name_or_path")
+        assert found is not None
+        direction = found.model_dump(exclude_unset=True)
+    # W0 streams from g known before the policy's forward (placement policy); a path
+    # strategy's g needs the policy's m1 from that forward first (the plan's rule)
+    plan = CreditPlan.build(strategy, BACKEND, work_first=placement == "policy")
+    points = plan.reward_grad_points
+    one_pass = one_pass_problem(args, cfg, plan.signals, placement, points) is None
     return ResolvedCredit(cfg, plan, placement, direction, duplicate_factor, colocate, one_pass)
 
 
@@ -256,24 +268,15 @@ def check_direction_capabilities(
     ``gives_attention``: ``DirectionModel.gives_attention`` of the model built on every actor
     hosting it (all of them True). ``path_problem``: why that model cannot give the path
     gradient of a strategy with ``reward_grad_points`` >= 1 (``adapters.grad_path.path_problem``),
-    None if it can. Raises ``CreditError`` naming the strategy, the missing signal, the
-    direction model's settings and what would serve it; run when the experience maker is
-    installed, before the first step (the model does not exist earlier).
+    None if it can. Raises the plan's ``direction_problem`` (naming the strategy, the
+    missing signal, the direction model's settings and what would serve it); run when the
+    experience maker is installed, before the first step (the model does not exist earlier).
     """
-    if path_problem is not None:
-        name = credit.config.credit.name
-        raise CreditError(
-            f"credit strategy {name!r} takes the reward gradient on the path to the policy's "
-            f"expected embeddings, but the direction model {credit.direction} cannot: "
-            f"{path_problem}; use a direction model that reads the policy's token ids "
-            "(--credit.direction.*), or 'datc'"
-        )
-    if "reward_attention" in credit.requires and not gives_attention:
-        name = credit.config.credit.name
-        raise CreditError(
-            f"credit strategy {name!r} reads 'reward_attention', the direction model's "
-            "attention from its score position over the response, but the direction model "
-            f"{credit.direction} gives none (DirectionModel.gives_attention is False); use a "
-            "direction model that gives attention (--credit.direction.*), or a strategy "
-            "without it ('red' reads the same model's prefix rewards)"
-        )
+    problem = credit.plan.direction_problem(
+        "--credit.direction",
+        f"the direction model {credit.direction}",
+        gives_attention=gives_attention,
+        path_problem=path_problem,
+    )
+    if problem is not None:
+        raise CreditError(str(problem))

@@ -252,7 +252,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
     ) -> None:
         super().__init__(*args, **kwargs)
         self.credit = credit
-        self.credit_strategy = credit.config.strategy()
+        self.credit_strategy = credit.plan.strategy
         self._gather_signals: SignalGatherer = gather_signals or self._gather_from_actors
         if credit.requires and gather_signals is None:
             self._bind_actor_methods()

@@ -127,7 +127,7 @@ def _store(found: CreditArgs, flag: str, value: str) -> None:
         found.params[key] = value
 
 
-def parse_credit(argv: Sequence[str]) -> tuple[OpenRLHFCreditConfig, list[str]]:
+def parse_command_line(argv: Sequence[str]) -> tuple[OpenRLHFCreditConfig, list[str]]:
     """The validated credit settings of a command line, and the arguments for OpenRLHF."""
     found, passthrough = split_argv(argv)
     file_data = read_config_file(found.config_file) if found.config_file else None
@@ -166,7 +166,7 @@ def _print_help() -> None:
 
 
 def _launch(args: list[str], train: Callable[[OpenRLHFCreditConfig, Sequence[str]], None]) -> int:
-    cfg, passthrough = parse_credit(args)
+    cfg, passthrough = parse_command_line(args)
     if "-h" in passthrough or "--help" in passthrough:
         _print_help()
         return 0

@@ -23,10 +23,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from credit_core import CreditConfig, CreditError, CreditStrategy, get_strategy
+from backends.common.config_values import parse_credit, parse_direction
+from credit_core import CreditConfig, CreditError
 from credit_core.errors import validation_messages
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
-from credit_core.registry import validate_params
 
 Placement = Literal["auto", "reward", "policy"]
 
@@ -56,34 +56,8 @@ class OpenRLHFCreditConfig(BaseModel):
     @field_validator("direction")
     @classmethod
     def _direction_is_a_reward_model(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is None:
-            return None
-        from adapters.config import RewardModelConfig
-
-        validated: dict[str, Any] = RewardModelConfig.model_validate(value).model_dump(
-            exclude_unset=True
-        )
-        return validated
-
-    def strategy(self) -> CreditStrategy:
-        """A fresh strategy instance for ``credit``."""
-        return get_strategy(self.credit)
-
-    @property
-    def requires(self) -> frozenset[str]:
-        """The signals the strategy reads in its classic form (its ``requires``, within
-        ``credit_core.SIGNALS``); what the actors compute is ``ResolvedCredit.requires``."""
-        return self.strategy().requires
-
-
-def _normalized_credit(value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        return {"name": value}
-    if isinstance(value, Mapping):
-        return dict(value)
-    raise CreditError(
-        f"credit: expected a strategy name or a mapping with 'name', got {type(value).__name__}"
-    )
+        found = parse_direction(value, "direction")
+        return None if found is None else found.model_dump(exclude_unset=True)
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -121,27 +95,31 @@ def build_config(
     Raises ``CreditError`` naming every bad key.
     """
     data: dict[str, Any] = dict(file_data or {})
-    credit = _normalized_credit(data.get("credit", "uniform"))
-    if name is not None and name != credit.get("name"):
-        dropped = {k: v for k, v in credit.items() if k != "name"}
-        if dropped:
+    # each credit value is validated once (``parse_credit``): the file's, and the one the
+    # flags make of it; the model keeps the validated instance
+    credit = parse_credit(data["credit"], "credit") if "credit" in data else None
+    given: dict[str, Any] = {"name": "uniform"}
+    if credit is not None:
+        given = {"name": credit.name, **credit.params}
+    if name is not None and name != given["name"]:
+        if credit is not None and credit.params:
             print(
-                f"credit: --credit {name} replaces the file's strategy {credit.get('name')!r}; "
-                f"its parameters {dropped} are not used",
+                f"credit: --credit {name} replaces the file's strategy {credit.name!r}; "
+                f"its parameters {credit.params} are not used",
                 file=sys.stderr,
             )
-        credit = {"name": name}
-    credit.update({key: flag_value(text) for key, text in params.items()})
+        credit, given = None, {"name": name}
+    if params or credit is None:
+        flags = {key: flag_value(text) for key, text in params.items()}
+        credit = parse_credit({**given, **flags}, "credit")
     data["credit"] = credit
     if direction:
         data["direction"] = {**(data.get("direction") or {}), **direction}
     data.update(backend)
     try:
-        cfg = OpenRLHFCreditConfig.model_validate(data)
+        return OpenRLHFCreditConfig.model_validate(data)
     except ValidationError as exc:
         raise CreditError(_format_errors(exc)) from exc
-    typed = validate_params(cfg.credit.name, cfg.credit.params).model_dump()
-    return cfg.model_copy(update={"credit": CreditConfig.parse({"name": cfg.credit.name, **typed})})
 
 
 def flag_value(text: str) -> Any:

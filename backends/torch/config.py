@@ -23,10 +23,18 @@ from adapters.tiny import Family
 from backends.common.data import check_shardable
 from backends.common.errors import ConfigError, FieldError, format_config_errors
 from backends.common.tasks import task_problems
-from credit_core import CreditConfig, CreditError, strategy_class
+from credit_core import SIGNALS, CreditConfig, CreditError, strategy_class
+from credit_core.plan import FEATURES, Backend, sampling_problem, signals_read
 
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
+
+#: What the native trainer provides: every signal and feature (docs/backends.md). Its rewards
+#: are scored before the old policy's pass (W0 streamed), except on a path, whose gradient
+#: needs that pass's m1 first.
+BACKEND = Backend("native", "credit", SIGNALS, FEATURES, work_first=True, path_work=False)
+#: The values of the rollout's sampling keys that leave the distribution untruncated.
+SAMPLING_OFF: dict[str, tuple[object, ...]] = {"top_k": (0,), "top_p": (1.0,)}
 
 
 class Section(BaseModel):
@@ -334,22 +342,12 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _sampling_matches_stats(self) -> TrainConfig:
-        on = [
-            f"{key}={getattr(self.rollout, key)}"
-            for key, off in (("top_k", 0), ("top_p", 1.0))
-            if getattr(self.rollout, key) != off
-        ]
-        if not on:
-            return self
+        sampling = {f"rollout.{key}": getattr(self.rollout, key) for key in ("top_p", "top_k")}
         for credit in (self.credit, *self.credit_samples.compare):
-            if "policy_stats" in strategy_class(credit.name).requires:
-                key = "top_p" if self.rollout.top_p != 1.0 else "top_k"
-                raise FieldError(
-                    f"rollout.{key}",
-                    f"{', '.join(on)} truncates the sampling distribution, but credit strategy "
-                    f"{credit.name!r} needs the distribution actually sampled from "
-                    "(policy_stats); set rollout.top_k=0 and rollout.top_p=1.0",
-                )
+            reads = signals_read(strategy_class(credit.name))
+            problem = sampling_problem(credit.name, reads, sampling, SAMPLING_OFF)
+            if problem is not None:
+                raise FieldError(problem.key, problem.message)
         return self
 
     @model_validator(mode="after")

@@ -47,6 +47,7 @@ from backends.common.errors import ConfigError
 from backends.torch import checkpoint as ckpt
 from backends.torch.answer_span import AnswerSpan, build_answer_span
 from backends.torch.config import (
+    BACKEND,
     TrainConfig,
     check_batch_split,
     config_from_dict,
@@ -101,19 +102,18 @@ from backends.torch.step import (
     merged,
 )
 from credit_core import (
-    DIRECTION_SIGNALS,
+    CreditConfig,
     CreditError,
     CreditResult,
     CreditSignals,
     CreditStrategy,
     PolicyStats,
     assign_credit,
-    get_strategy,
     group_advantages,
 )
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
 from credit_core.answer_reweighting import ANSWER_SALIENCY
-from credit_core.implicit_rewards import ImplicitPRMSpec
+from credit_core.plan import CreditPlan
 from credit_core.preemption import PreemptionWatch, signal_name
 
 CONFIG_FILE = "config.yaml"
@@ -166,37 +166,27 @@ class PolicyPass:
     expected: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
-def _reads(strategy: CreditStrategy) -> frozenset[str]:
-    """The signals the trainer computes for ``strategy``: rewards are scored before the old
-    policy's pass, so a strategy with ``work_requires`` gets W0 streamed from the reward
-    gradient instead of ``PolicyStats``; except for a path-gradient strategy
-    (``reward_grad_points`` >= 1: ``datc_mid``, ``datc_ig``), whose gradient needs the old
-    policy's m1 first: it gets ``PolicyStats`` and the gradient. The old-policy pass gives
-    one policy-side signal: the entropy, or the statistics / W0, not both (no built-in
-    strategy reads both)."""
-    reads = type(strategy).signals_to_compute(reward_grad_first=not strategy.reward_grad_points)
-    if "token_entropy" in reads and reads & {"policy_stats", "unsigned_work"}:
+def credit_plan(credit: CreditConfig | CreditStrategy) -> CreditPlan:
+    """The native trainer's ``CreditPlan`` of ``credit`` (``BACKEND``). Its old-policy pass
+    gives one policy-side signal: the entropy, or the statistics / W0, not both (no
+    built-in strategy reads both); a strategy reading the implicit PRM says how it is
+    trained (``CreditStrategy.implicit_prm``). ``ConfigError`` naming ``credit`` otherwise."""
+    try:
+        plan = CreditPlan.build(credit, BACKEND)
+    except CreditError as err:
+        raise ConfigError(str(err)) from err
+    both = plan.signals & {"policy_stats", "unsigned_work"}
+    if "token_entropy" in plan.signals and both:
         raise ConfigError(
-            f"credit: strategy {strategy.name!r} reads token_entropy together with "
-            f"{sorted(reads & {'policy_stats', 'unsigned_work'})}; the native trainer's "
-            "old-policy pass gives one of them"
+            f"credit: strategy {plan.name!r} reads token_entropy together with "
+            f"{sorted(both)}; the native trainer's old-policy pass gives one of them"
         )
-    return reads
-
-
-def _implicit_prm_spec(strategy: CreditStrategy, reads: frozenset[str]) -> ImplicitPRMSpec | None:
-    """The implicit PRM the trainer hosts for ``strategy`` (PRIME), None if it reads none;
-    ``ConfigError`` for a strategy that reads ``implicit_log_ratio`` without saying how its
-    model is trained (``CreditStrategy.implicit_prm``)."""
-    if "implicit_log_ratio" not in reads:
-        return None
-    spec = strategy.implicit_prm
-    if spec is None:
+    if "implicit_log_ratio" in plan.signals and plan.trained_model is None:
         raise ConfigError(
-            f"credit: strategy {strategy.name!r} reads implicit_log_ratio but gives no "
+            f"credit: strategy {plan.name!r} reads implicit_log_ratio but gives no "
             "implicit_prm (how the native trainer builds and trains the implicit PRM)"
         )
-    return spec
+    return plan
 
 
 def _handed_expected(side: RolloutRewards) -> HandedExpectedEmbeddings | None:
@@ -242,10 +232,10 @@ class GRPORecipe:
         dev = self.ctx.device
 
         self.policy: Policy = build_policy(cfg.policy, seed=cfg.seed, device=dev)
-        self.strategy: CreditStrategy = get_strategy(cfg.credit)
-        # rewards are scored before the old policy's pass: W0 can be streamed (work_requires)
-        self.reads = _reads(self.strategy)
-        prm_spec = _implicit_prm_spec(self.strategy, self.reads)
+        #: the run's credit plan: its strategy (built once) and the signals it computes
+        self.plan = credit_plan(cfg.credit)
+        self.strategy: CreditStrategy = self.plan.strategy
+        prm_spec = self.plan.trained_model
         # the reference policy: for the KL term and for PRIME's log ratio (one pass serves both)
         self.ref_model = (
             copy.deepcopy(self.policy.model).requires_grad_(False)
@@ -276,20 +266,23 @@ class GRPORecipe:
             grad_points=self.strategy.reward_grad_points,
         )
         direction = self.reward.direction
-        if self.reads & DIRECTION_SIGNALS and direction is None:
+        if self.plan.needs_direction and direction is None:
             raise ConfigError(
                 f"credit: strategy {cfg.credit.name!r} needs a differentiable reward model "
                 "(reward.direction_model), but the config has none"
             )
-        if "reward_attention" in self.reads and not (direction and direction.gives_attention):
-            raise ConfigError(
-                f"credit: strategy {cfg.credit.name!r} reads the reward model's attention, "
-                f"but the direction model ({type(direction).__name__}) has none; use a "
-                "transformer reward model (seq_classification or encoder_similarity)"
+        if direction is not None:
+            problem = self.plan.direction_problem(
+                "reward.direction_model",
+                type(direction).__name__,
+                gives_attention=direction.gives_attention,
+                path_problem=None,  # build_prompts_and_reward built it for grad_points
             )
+            if problem is not None:
+                raise ConfigError(str(problem))
         # algorithm.estimator gae: the critic, copied from the policy before FSDP shards it
         critic = build_critic(self.policy.model, seed=cfg.seed) if self._gae else None
-        if "reward_attribution" in self.reads and direction is not None:
+        if "reward_attribution" in self.plan.signals and direction is not None:
             try:
                 direction.null_embedding(self.strategy.attribution_null)
             except CreditError as err:
@@ -302,7 +295,11 @@ class GRPORecipe:
             if span is None
             else build_answer_span(span, self.policy.tokenizer, self.policy.eos_ids)
         )
-        if ANSWER_SALIENCY in self.reads and self.ctx.active and cfg.distributed.strategy == "fsdp":
+        if (
+            ANSWER_SALIENCY in self.plan.signals
+            and self.ctx.active
+            and cfg.distributed.strategy == "fsdp"
+        ):
             raise ConfigError(
                 f"distributed.strategy: 'fsdp'; credit strategy {cfg.credit.name!r} takes the "
                 "policy's own input gradient (answer_saliency) on its whole, unsharded weights: "
@@ -642,12 +639,13 @@ class GRPORecipe:
         """
         cfg = self.cfg
         own_gae = self._gae and strategy in (None, self.strategy)
-        strategy = strategy or self.strategy
+        plan = self.plan if strategy in (None, self.strategy) else credit_plan(strategy)
+        strategy = plan.strategy
         side = rewards or self.reward
-        reads = _reads(strategy)
-        if reads & DIRECTION_SIGNALS and side.direction is None:
+        reads = plan.signals
+        if plan.needs_direction and side.direction is None:
             raise ConfigError(f"credit: strategy {strategy.name!r} needs a direction model")
-        path = bool(strategy.reward_grad_points)
+        path = plan.path
         if path:  # the path gradient starts from the old policy's m1: that pass comes first
             old = self._old_policy_pass(self.model, batch, embedding=side.embedding, stats=True)
             handed = _handed_expected(side)
@@ -656,7 +654,7 @@ class GRPORecipe:
         clock = PhaseClock(self.ctx.device)
         reward = side.compute(
             batch,
-            with_grad=bool(reads & {"reward_grad", "unsigned_work", "reward_attribution"}),
+            with_grad=plan.needs_reward_grad,
             micro_batch_size=cfg.algorithm.micro_batch_size,
             labels=_labels(batch, pool),
             with_attention="reward_attention" in reads,

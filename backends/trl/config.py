@@ -7,14 +7,16 @@ A YAML file read by ``TrlParser`` (``--config``) sets them like any other field:
     credit_stats_chunk_size: 4096
 
 On the command line (which overrides the YAML) ``--credit datc`` or a JSON mapping
-``--credit '{"name": "datc", "beta": 2}'``. ``__post_init__`` turns ``credit`` into a
-``credit_core.CreditConfig`` and ``direction`` into an ``adapters.config.RewardModelConfig``;
-a bad value raises ``CreditError`` whose message starts with the YAML key.
+``--credit '{"name": "datc", "beta": 2}'``. ``__post_init__`` parses the three keys into
+one ``backends.common.config_values.CreditSection`` (``credit`` a ``CreditConfig``,
+``direction`` a ``RewardModelConfig``) and builds the run's ``CreditPlan`` on ``BACKEND``
+(the strategy, once): a bad value or a strategy TRL cannot serve raises ``CreditError``
+whose message starts with the YAML key.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backends.trl.version import check_trl_version
@@ -24,22 +26,31 @@ check_trl_version()  # before importing TRL: an unsupported release is refused h
 from trl.trainer.grpo_config import GRPOConfig  # noqa: E402
 
 from adapters.config import RewardModelConfig  # noqa: E402
-from backends.common.config_values import parse_credit as parse_config_credit  # noqa: E402
-from backends.common.config_values import parse_direction as parse_config_direction  # noqa: E402
-from backends.common.config_values import trained_model_refusal  # noqa: E402
-from credit_core import CreditConfig, CreditError, strategy_class  # noqa: E402
-from credit_core.answer_reweighting import native_only_reason  # noqa: E402
+from backends.common.config_values import CreditSection, parse_credit, parse_section  # noqa: E402
+from credit_core import SIGNALS, CreditConfig, CreditError  # noqa: E402
+from credit_core.batch import TRAINED_MODEL_SIGNALS  # noqa: E402
+from credit_core.plan import Backend, CreditPlan  # noqa: E402
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE  # noqa: E402
 
-
-def parse_credit(value: Any, key: str = "credit") -> CreditConfig:
-    """``key`` (default ``credit``): a strategy name or ``{name: ..., <params>}``."""
-    return parse_config_credit(value, key)
-
-
-def parse_direction(value: Any) -> RewardModelConfig | None:
-    """``direction``: a ``RewardModelConfig`` mapping or None."""
-    return parse_config_direction(value, "direction")
+#: What the TRL backend provides: every signal but a second trained model's and the
+#: policy's own answer-span gradient; no rewards/groups or answer span reach its credit
+#: step; its reward gradient is known before the policy's forward (W0 streamed) except on a
+#: path (``backends.trl.trainer``).
+BACKEND = Backend(
+    "TRL",
+    "credit",
+    SIGNALS - TRAINED_MODEL_SIGNALS - {"answer_saliency"},
+    frozenset({"gather", "path_gradient"}),
+    work_first=True,
+    path_work=False,
+    hint="train it with the native trainer (python -m backends.torch, docs/backends.md)",
+)
+#: TRL's sampling keys (here and in ``generation_kwargs``) and their untruncated values.
+SAMPLING_OFF: dict[str, tuple[object, ...]] = {
+    "top_k": (0, None),
+    "top_p": (1.0, None),
+    "min_p": (0.0, None),
+}
 
 
 @dataclass
@@ -94,17 +105,25 @@ class CreditGRPOConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[no-untyped-call]
-        self.credit = parse_credit(self.credit)
-        self.direction = parse_direction(self.direction)
-        refusal = trained_model_refusal(self.credit_config.name, "TRL")
-        if refusal is not None:
-            raise CreditError(
-                f"credit: strategy {self.credit_config.name!r} is not served: {refusal}"
-            )
+        self.section: CreditSection = parse_section(
+            self.credit, self.direction, self.credit_stats_chunk_size
+        )
+        self.credit = self.section.credit
+        self.direction = self.section.direction
+        #: the run's credit plan: the strategy, built once, and the signals it computes
+        self.credit_plan: CreditPlan = CreditPlan.build(self.section.credit, BACKEND)
+        self.credit_samples_compare = list(self.credit_samples_compare or [])
+        self.credit_samples_configs: list[CreditConfig] = [
+            parse_credit(c, f"credit_samples_compare.{i}")
+            for i, c in enumerate(self.credit_samples_compare)
+        ]
+        #: (label, plan) of each compared strategy, built once
+        self.compare_plans: list[tuple[str, CreditPlan]] = [
+            (c.label, CreditPlan.build(c, replace(BACKEND, key=f"credit_samples_compare.{i}")))
+            for i, c in enumerate(self.credit_samples_configs)
+        ]
         self._check_sampling_matches_stats()
         self._check_one_entropy_selection()
-        self.credit_samples_compare = list(self.credit_samples_compare or [])
-        self._check_served()
         labels = [c.label for c in self.credit_samples_configs]
         if len(set(labels)) != len(labels):
             raise CreditError(f"credit_samples_compare: expected distinct strategies, got {labels}")
@@ -113,42 +132,19 @@ class CreditGRPOConfig(GRPOConfig):
             low = 1 if key == "credit_samples_count" else 0
             if value is not None and (not isinstance(value, int) or value < low):
                 raise CreditError(f"{key}: expected an integer >= {low}, got {value!r}")
-        if not isinstance(self.credit_stats_chunk_size, int) or self.credit_stats_chunk_size < 1:
-            raise CreditError(
-                "credit_stats_chunk_size: expected an integer >= 1, got "
-                f"{self.credit_stats_chunk_size!r}"
-            )
-
-    def _check_served(self) -> None:
-        """``CreditError`` naming the key of a strategy (``credit`` or a compared one) that
-        reads what only the native trainer computes (``native_only_reason``: ``oar_g``)."""
-        compared = enumerate(self.credit_samples_configs)
-        for key, credit in (
-            ("credit", self.credit_config),
-            *((f"credit_samples_compare.{i}", c) for i, c in compared),
-        ):
-            reason = native_only_reason(strategy_class(credit.name), "TRL")
-            if reason is not None:
-                raise CreditError(f"{key}: {reason}")
 
     def _check_sampling_matches_stats(self) -> None:
-        """A strategy that reads ``policy_stats`` needs the full softmax at ``temperature``
-        to be what was sampled: ``top_k``, ``top_p`` and ``min_p`` (here or in
-        ``generation_kwargs``) must be off; ``CreditError`` naming the key otherwise."""
-        if "policy_stats" not in strategy_class(self.credit_config.name).requires:
-            return
+        """A strategy whose signals reduce the distribution sampled from needs the full
+        softmax at ``temperature``: ``top_k``, ``top_p`` and ``min_p`` (here or in
+        ``generation_kwargs``) off (``CreditPlan.sampling_problem``)."""
         extra = self.generation_kwargs if isinstance(self.generation_kwargs, dict) else {}
-        for key, off in (("top_k", (0, None)), ("top_p", (1.0, None)), ("min_p", (0.0, None))):
-            for where, value in (
-                (key, getattr(self, key)),
-                (f"generation_kwargs.{key}", extra.get(key)),
-            ):
-                if value not in off:
-                    raise CreditError(
-                        f"{where}: {value!r} truncates the sampling distribution, but credit "
-                        f"strategy {self.credit_config.name!r} reads the distribution actually "
-                        f"sampled from (policy_stats); leave {key} off"
-                    )
+        settings: dict[str, object] = {}
+        for key in SAMPLING_OFF:
+            settings[key] = getattr(self, key)
+            settings[f"generation_kwargs.{key}"] = extra.get(key)
+        problem = self.credit_plan.sampling_problem(settings, SAMPLING_OFF)
+        if problem is not None:
+            raise CreditError(str(problem))
 
     def _check_one_entropy_selection(self) -> None:
         """``credit: entropy_top`` is TRL's ``top_entropy_quantile`` as a credit strategy:
@@ -163,20 +159,12 @@ class CreditGRPOConfig(GRPOConfig):
     @property
     def credit_config(self) -> CreditConfig:
         """``credit`` as the ``CreditConfig`` that ``__post_init__`` made of it."""
-        return parse_credit(self.credit)
-
-    @property
-    def credit_samples_configs(self) -> list[CreditConfig]:
-        """``credit_samples_compare`` as ``CreditConfig``s (``CreditError`` naming the entry)."""
-        return [
-            parse_credit(c, f"credit_samples_compare.{i}")
-            for i, c in enumerate(self.credit_samples_compare)
-        ]
+        return self.section.credit
 
     @property
     def direction_config(self) -> RewardModelConfig | None:
         """``direction`` as the ``RewardModelConfig`` that ``__post_init__`` made of it."""
-        return parse_direction(self.direction)
+        return self.section.direction
 
     def to_dict(self) -> dict[str, Any]:
         """TRL's ``to_dict`` with ``credit`` and ``direction`` as plain mappings (JSON-able)."""

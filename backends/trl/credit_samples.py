@@ -28,13 +28,8 @@ from typing import Any
 import torch
 
 from backends.samples.records import SamplesWriter, StepSamples, pick_rows, response_samples
-from credit_core import (
-    CreditConfig,
-    CreditError,
-    CreditSignals,
-    CreditStrategy,
-    get_strategy,
-)
+from credit_core import CreditError, CreditSignals
+from credit_core.plan import CreditPlan
 
 IMAGE_TAG = "credit/samples"
 
@@ -44,39 +39,38 @@ REWARDS_KEY = "credit_rewards"
 
 
 def compared_strategies(
-    run: CreditStrategy, run_label: str, compare: Sequence[CreditConfig]
-) -> list[tuple[str, CreditStrategy]]:
-    """(label, strategy) of each compared credit but the run's own (``run_label``, shown as
-    the run's row); ``CreditError`` naming ``credit_samples_compare.<i>`` when it needs a
-    signal ``run`` does not compute."""
-    have = type(run).signals_to_compute(reward_grad_first=True)
+    run: CreditPlan, run_label: str, compare: Sequence[tuple[str, CreditPlan]]
+) -> list[tuple[str, CreditPlan]]:
+    """(label, plan) of each compared credit (its label and its plan, built once from
+    ``credit_samples_compare.<i>``) but the run's own (``run_label``, shown as the run's
+    row); ``CreditError`` naming ``credit_samples_compare.<i>`` when it needs a signal the
+    run's plan does not compute, or takes the reward gradient elsewhere."""
+    have = run.signals
     out = []
-    for i, cfg in enumerate(compare):
-        if cfg.label == run_label:  # the run's own row shows it
+    for i, (label, plan) in enumerate(compare):
+        if label == run_label:  # the run's own row shows it
             continue
-        strategy = get_strategy(cfg)
-        needs = type(strategy).signals_to_compute(reward_grad_first=True)
+        needs = plan.signals
         key = f"credit_samples_compare.{i}"
         if not needs <= have:
             raise CreditError(
-                f"{key}: {cfg.name!r} reads {sorted(needs)}, but the run's strategy "
+                f"{key}: {plan.name!r} reads {sorted(needs)}, but the run's strategy "
                 f"{run.name!r} computes {sorted(have) or 'no signal'}; compare strategies "
                 "that read what the run computes"
             )
-        if needs and strategy.reward_grad_points != run.reward_grad_points:
+        if needs and plan.reward_grad_points != run.reward_grad_points:
             raise CreditError(
-                f"{key}: {cfg.name!r} takes the reward gradient at other points than "
-                f"{run.name!r} (reward_grad_points {strategy.reward_grad_points} vs "
+                f"{key}: {plan.name!r} takes the reward gradient at other points than "
+                f"{run.name!r} (reward_grad_points {plan.reward_grad_points} vs "
                 f"{run.reward_grad_points})"
             )
-        out.append((cfg.label, strategy))
+        out.append((label, plan))
     return out
 
 
-def compared_signals(strategy: CreditStrategy, signals: CreditSignals) -> CreditSignals:
-    """The part of the run's ``signals`` that the compared ``strategy`` reads."""
-    reads = type(strategy).signals_to_compute(reward_grad_first=True)
-    return CreditSignals(**{name: getattr(signals, name) for name in reads})
+def compared_signals(plan: CreditPlan, signals: CreditSignals) -> CreditSignals:
+    """The part of the run's ``signals`` that the compared ``plan`` reads."""
+    return CreditSignals(**{name: getattr(signals, name) for name in plan.signals})
 
 
 class TrlSampleRecorder:
@@ -88,7 +82,7 @@ class TrlSampleRecorder:
         interval: int,
         count: int,
         own: str,
-        compare: Sequence[tuple[str, CreditStrategy]],
+        compare: Sequence[tuple[str, CreditPlan]],
         tokenizer: Any,
         output_dir: str,
         enabled: bool,

@@ -73,11 +73,11 @@ from credit_core import (
     CreditStrategy,
     PolicyStats,
     assign_credit,
-    get_strategy,
     policy_stats,
     unsigned_work,
 )
 from credit_core.batch import Gather
+from credit_core.plan import CreditPlan
 
 #: The reward-side signals: the ``RewardOutput`` field that holds each, and the
 #: ``DirectionModel.score`` option that asks for it.
@@ -187,23 +187,17 @@ class CreditGRPOTrainer(GRPOTrainer):
         super().__init__(model, reward_funcs, args, *trainer_args, **trainer_kwargs)
         self.credit_args: CreditGRPOConfig = args
         self.policy: torch.nn.Module = self.model  # type: ignore[assignment]
-        self.strategy: CreditStrategy = get_strategy(args.credit_config)
-        if self.strategy.reads_groups:
-            raise CreditError(
-                f"credit: strategy {self.strategy.name!r} (mode paper) reads the response "
-                "rewards and their groups (CreditBatch.rewards/groups), which the TRL backend "
-                "does not pass to the credit step; use mode: mean"
-            )
+        #: the run's credit plan (``CreditGRPOConfig.credit_plan``: the strategy, built once)
+        self.plan: CreditPlan = args.credit_plan
+        self.strategy: CreditStrategy = self.plan.strategy
         #: the reward gradient is taken on the path to the policy's m1 (datc_mid, datc_ig)
-        self.path = bool(self.strategy.reward_grad_points)
+        self.path = self.plan.path
         # the reward gradient is known before the statistics are reduced, except on the path
-        self.reads = type(self.strategy).signals_to_compute(reward_grad_first=not self.path)
-        self.needs_reward_grad = bool(
-            self.reads & {"reward_grad", "unsigned_work", "reward_attribution"}
-        )
+        self.reads = self.plan.signals
+        self.needs_reward_grad = self.plan.needs_reward_grad
         #: the reward-side signals carried to the loss step: the scored ones and P2T's r_t
         self.attributes = "reward_attribution" in self.reads
-        self.needs_policy_stats = bool(self.reads & {"policy_stats", "unsigned_work"})
+        self.needs_policy_stats = self.plan.reads_sampled_distribution
         self.needs_entropy = "token_entropy" in self.reads
         #: the reward-side signals the direction model's scoring pass gives (``REWARD_SIDE``)
         gradient = frozenset({"reward_grad"} if self.needs_reward_grad else ())
@@ -265,7 +259,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         if interval == 0:
             return None
         own = args.credit_config.label
-        compare = compared_strategies(self.strategy, own, args.credit_samples_configs)
+        compare = compared_strategies(self.plan, own, args.compare_plans)
         return TrlSampleRecorder(
             interval=interval,
             count=args.credit_samples_count,
@@ -363,14 +357,16 @@ class CreditGRPOTrainer(GRPOTrainer):
 
     def _check_direction_gives(self, direction: DirectionModel) -> None:
         """``CreditError`` naming ``direction`` when the strategy reads the direction model's
-        attention (``reward_attention``) and ``direction`` gives none."""
-        if "reward_attention" in self.scored and not direction.gives_attention:
-            raise CreditError(
-                f"direction: strategy {self.strategy.name!r} reads the direction model's "
-                f"attention (reward_attention), but {type(direction).__name__} gives none "
-                "(gives_attention is False); use a direction model with attention over its "
-                "input (docs/reward_models.md)"
-            )
+        attention (``reward_attention``) and ``direction`` gives none
+        (``CreditPlan.direction_problem``)."""
+        problem = self.plan.direction_problem(
+            "direction",
+            type(direction).__name__,
+            gives_attention=direction.gives_attention,
+            path_problem=None,  # path_model(direction) refuses a model without a path
+        )
+        if problem is not None:
+            raise CreditError(str(problem))
 
     def _strategy_state_file(self) -> str:
         """``STRATEGY_STATE_FILE``; with several processes, this process's own file (each
@@ -489,7 +485,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         h = forward.hidden.float() if self.credit_args.cast_lm_head_to_fp32 else forward.hidden
         kw: dict[str, Any] = {
             "temperature": self.temperature,
-            "chunk_size": self.credit_args.credit_stats_chunk_size,
+            "chunk_size": self.credit_args.section.chunk_size,
         }
         E = self.direction.reward_embedding
         ids = forward.token_ids
@@ -716,9 +712,9 @@ class CreditGRPOTrainer(GRPOTrainer):
             and self.samples.due(step, self.state.max_steps)
         ):
             credits = {self.samples.own: token_adv}
-            for label, strategy in self.samples.compare:
-                theirs = compared_signals(strategy, signals)
-                credits[label] = self._assign(strategy, batch, mask, theirs)[0]
+            for label, plan in self.samples.compare:
+                theirs = compared_signals(plan, signals)
+                credits[label] = self._assign(plan.strategy, batch, mask, theirs)[0]
             shuffled = self.credit_phase == "loss"  # TRL shuffled the rows: one group
             group = mask.shape[0] if shuffled else int(self.num_generations or 1)
             self.samples.record(step, batch, credits, mask, group)

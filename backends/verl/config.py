@@ -9,11 +9,11 @@ algorithm keys::
       direction: {kind: seq_classification, path: /models/rm}
       credit_stats_chunk_size: 4096         # optional
 
-``credit_settings(config)`` turns them into ``CreditSettings`` and refuses, with a
-``CreditError`` naming the key, a bad value or a strategy this backend cannot serve
-(``unserved_reason``): the backend ships per-token scalars from verl's actor engine to the
-trainer (DATC's unsigned work W0, verl's own entropy), not the reward model's gradient
-tensor, its attention or its prefix scores.
+``credit_settings(config)`` parses them into the shared ``CreditSection`` and builds the
+run's ``CreditPlan`` on ``BACKEND`` (the strategy, once), refusing with a ``CreditError``
+naming the key a bad value or a strategy this backend cannot serve: the backend ships
+per-token scalars from verl's actor engine to the trainer (DATC's unsigned work W0, verl's
+own entropy), not the reward model's gradient tensor, its attention or its prefix scores.
 """
 
 from __future__ import annotations
@@ -23,58 +23,58 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.config import RewardModelConfig
-from backends.common.config_values import parse_credit as parse_config_credit
-from backends.common.config_values import parse_direction as parse_config_direction
-from backends.common.config_values import trained_model_refusal
-from credit_core import CreditConfig, CreditError, get_strategy, strategy_class
-from credit_core.answer_reweighting import native_only_reason
-from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
+from backends.common.config_values import CreditSection, SectionKeys, parse_section
+from credit_core import CreditError
+from credit_core.plan import Backend, CreditPlan
 
 #: The ``trainer.v1.trainer_mode`` of ``CreditPPOTrainer`` (``backends.verl.trainer``).
 TRAINER_MODE = "credit_sync"
 
 #: The keys of ``algorithm`` this backend reads (verl's own keys are left to verl).
 CREDIT_KEYS = ("credit", "direction", "credit_stats_chunk_size")
+SECTION_KEYS = SectionKeys(*(f"algorithm.{key}" for key in CREDIT_KEYS))
 
-#: The signals a served strategy may read, and where each comes from.
-SERVED_SIGNALS: dict[str, str] = {
-    "unsigned_work": "DATC's W0, reduced in the actor engine from the old-log-prob forward",
-    "token_entropy": "verl's own entropy of the old-log-prob forward",
-}
+#: What the verl backend provides: per-token scalars shipped from verl's actor engine to the
+#: trainer (DATC's W0, reduced in the old-log-prob forward with the reward gradient known
+#: first, on a path too; verl's own entropy); the credit step runs on the trainer with the
+#: step's whole batch (a batch-wide selection needs no gather), without rewards/groups or
+#: an answer span.
+BACKEND = Backend(
+    "verl",
+    SECTION_KEYS.credit,
+    frozenset({"unsigned_work", "token_entropy"}),
+    frozenset({"gather", "path_gradient"}),
+    work_first=True,
+    path_work=True,
+    hint=(
+        "verl's reward managers run in CPU-only Ray actors without a gradient, attention or "
+        "prefix scores; run it with the native trainer (python -m backends.torch) or TRL"
+    ),
+)
+#: verl's rollout sampling keys and their untruncated values.
+SAMPLING_OFF: dict[str, tuple[object, ...]] = {"top_k": (-1, 0, None), "top_p": (1.0, None)}
 
 
 @dataclass(frozen=True)
 class CreditSettings:
-    """The parsed credit keys: the strategy, the direction model (None when the strategy
-    reads none of its signals) and the vocabulary tile size of the streamed W0."""
+    """The parsed credit keys (``section``) and the run's ``plan``."""
 
-    credit: CreditConfig
-    direction: RewardModelConfig | None
-    chunk_size: int
+    section: CreditSection
+    plan: CreditPlan
 
-    @property
-    def reads(self) -> frozenset[str]:
-        """The signals the strategy reads, the reward gradient known first (W0 streamed)."""
-        return strategy_class(self.credit.name).signals_to_compute(reward_grad_first=True)
 
-    @property
-    def needs_work(self) -> bool:
-        """Whether the actor engine reduces W0 in the old-log-prob forward."""
-        return "unsigned_work" in self.reads
-
-    def work_request(self) -> str:
-        """What the trainer hands the engine with the old-log-prob batch (a JSON string, one
-        piece of non-tensor data): the direction model's settings, the tile size and the
-        strategy's ``reward_grad_points`` (0: the gradient at the sampled tokens)."""
-        assert self.direction is not None
-        return json.dumps(
-            {
-                "direction": self.direction.model_dump(mode="json"),
-                "chunk_size": self.chunk_size,
-                "points": get_strategy(self.credit).reward_grad_points,
-            }
-        )
+def work_request(settings: CreditSettings) -> str:
+    """What the trainer hands the engine with the old-log-prob batch when the plan reads W0
+    (a JSON string, one piece of non-tensor data): the direction model's settings, the tile
+    size and the plan's ``reward_grad_points`` (0: the gradient at the sampled tokens)."""
+    assert settings.section.direction is not None  # credit_settings refuses W0 without one
+    return json.dumps(
+        {
+            "direction": settings.section.direction.model_dump(mode="json"),
+            "chunk_size": settings.section.chunk_size,
+            "points": settings.plan.reward_grad_points,
+        }
+    )
 
 
 def _get(config: Any, path: str) -> Any:
@@ -98,35 +98,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def parse_credit(value: Any) -> CreditConfig:
-    """``algorithm.credit``: a strategy name or ``{name: ..., <params>}`` (default uniform)."""
-    return parse_config_credit(_plain(value), "algorithm.credit")
-
-
-def parse_direction(value: Any) -> RewardModelConfig | None:
-    """``algorithm.direction``: a ``RewardModelConfig`` mapping (docs/reward_models.md)."""
-    return parse_config_direction(_plain(value), "algorithm.direction")
-
-
-def unserved_reason(credit: CreditConfig) -> str | None:
-    """Why this backend cannot serve strategy ``credit``, or None when it can."""
-    refusal = trained_model_refusal(credit.name, "verl")
-    if refusal is not None:
-        return refusal
-    cls = strategy_class(credit.name)
-    native_only = native_only_reason(cls, "verl")
-    if native_only is not None:
-        return native_only
-    unserved = sorted(cls.signals_to_compute(reward_grad_first=True) - SERVED_SIGNALS.keys())
-    if unserved:
-        return (
-            f"it reads {unserved}; the verl backend ships per-token scalars from the actor "
-            f"engine to the trainer ({sorted(SERVED_SIGNALS)}), while verl's reward managers "
-            "run in CPU-only Ray actors without a gradient, attention or prefix scores"
-        )
-    return None
-
-
 def credit_settings(config: Any) -> CreditSettings:
     """The ``CreditSettings`` of verl config ``config`` (a mapping or an OmegaConf node);
     ``CreditError`` naming the key of a bad value, of a strategy the backend cannot serve,
@@ -142,17 +113,13 @@ def credit_settings(config: Any) -> CreditSettings:
             f"algorithm.{unknown[0]}: unknown credit key; the credit keys are "
             f"{', '.join('algorithm.' + k for k in CREDIT_KEYS)}"
         )
-    credit = parse_credit(_get(config, "algorithm.credit"))
-    reason = unserved_reason(credit)
-    if reason is not None:
-        raise CreditError(f"algorithm.credit: strategy {credit.name!r} is not served: {reason}")
-    chunk = _get(config, "algorithm.credit_stats_chunk_size")
-    chunk = DEFAULT_CHUNK_SIZE if chunk is None else chunk
-    if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
-        raise CreditError(
-            f"algorithm.credit_stats_chunk_size: expected an integer >= 1, got {chunk!r}"
-        )
-    settings = CreditSettings(credit, parse_direction(_get(config, "algorithm.direction")), chunk)
+    section = parse_section(
+        _plain(_get(config, "algorithm.credit")),
+        _plain(_get(config, "algorithm.direction")),
+        _get(config, "algorithm.credit_stats_chunk_size"),
+        SECTION_KEYS,
+    )
+    settings = CreditSettings(section, CreditPlan.build(section.credit, BACKEND))
     _check_verl_settings(config, settings)
     return settings
 
@@ -180,14 +147,14 @@ def sequence_parallel_size(config: Any) -> tuple[str, Any]:
 
 def _check_verl_settings(config: Any, settings: CreditSettings) -> None:
     """The verl settings the strategy's signals need (``CreditError`` naming the key)."""
-    name = settings.credit.name
-    estimator = _get(config, "algorithm.adv_estimator")
-    if name != "uniform" and estimator != "grpo":
-        raise CreditError(
-            f"algorithm.adv_estimator: {estimator!r}; credit strategy {name!r} spreads a "
-            "response's GRPO advantage over its tokens: set algorithm.adv_estimator=grpo"
-        )
-    policy_side = settings.reads & SERVED_SIGNALS.keys()
+    plan = settings.plan
+    name = plan.name
+    problem = plan.estimator_problem(
+        "algorithm.adv_estimator", _get(config, "algorithm.adv_estimator"), ("grpo",)
+    )
+    if problem is not None:
+        raise CreditError(str(problem))
+    policy_side = plan.signals
     if not policy_side:
         return
     if _get(config, "algorithm.rollout_correction.bypass_mode"):
@@ -200,22 +167,21 @@ def _check_verl_settings(config: Any, settings: CreditSettings) -> None:
             "actor_rollout_ref.rollout.multi_turn.enable: true; credit strategy "
             f"{name!r} reads per-token signals of single-turn responses only"
         )
-    if not settings.needs_work:
+    if "unsigned_work" not in plan.signals:
         return
-    if settings.direction is None:
+    if settings.section.direction is None:
         raise CreditError(
             f"algorithm.direction: credit strategy {name!r} reads the reward gradient of a "
             "frozen differentiable reward model: set algorithm.direction (e.g. "
             "{kind: seq_classification, path: ...}, docs/reward_models.md)"
         )
-    for key, off in (("top_k", (-1, 0, None)), ("top_p", (1.0, None))):
-        value = _get(config, f"actor_rollout_ref.rollout.{key}")
-        if value not in off:
-            raise CreditError(
-                f"actor_rollout_ref.rollout.{key}: {value!r} truncates the sampling "
-                f"distribution, but credit strategy {name!r} reads the distribution actually "
-                f"sampled from; leave {key} off"
-            )
+    sampling = {
+        f"actor_rollout_ref.rollout.{key}": _get(config, f"actor_rollout_ref.rollout.{key}")
+        for key in SAMPLING_OFF
+    }
+    problem = plan.sampling_problem(sampling, SAMPLING_OFF)
+    if problem is not None:
+        raise CreditError(str(problem))
     if _get(config, "actor_rollout_ref.model.use_fused_kernels"):
         raise CreditError(
             "actor_rollout_ref.model.use_fused_kernels: true never materializes the logits "

@@ -17,6 +17,7 @@ from verl.workers.utils.padding import response_from_nested, response_to_nested
 
 from backends.verl.engine import WORK_FIELD
 from credit_core import CreditDiagnostics, CreditError, CreditSignals, CreditStrategy, assign_credit
+from credit_core.plan import CreditPlan
 
 
 def response_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -62,13 +63,15 @@ def token_advantages(
 
 
 def credit_fields(
-    strategy: CreditStrategy, reads: frozenset[str], fields: TensorDict
+    plan: CreditPlan, fields: TensorDict
 ) -> tuple[torch.Tensor, CreditDiagnostics | None]:
-    """Nested token advantages (B, j) from the TransferQueue ``fields`` of a batch after verl's
+    """Nested token advantages (B, j) of ``plan``'s strategy from the TransferQueue ``fields``
+    of a batch after verl's
     ``_compute_advantage``: ``advantages``, ``response_mask``, ``responses`` (nested, response
     length), plus ``entropy`` (response layout) when ``token_entropy`` is read and
     ``WORK_FIELD`` (the engine's prompt + response layout) when ``unsigned_work`` is read."""
     response_mask = fields["response_mask"]
+    reads = plan.signals
     found = {}
     if "unsigned_work" in reads:
         if WORK_FIELD not in fields:
@@ -92,6 +95,6 @@ def credit_fields(
     mask = padded["response_mask"].bool()
     signals = CreditSignals(**{name: padded[name].float() for name in found})
     adv, diagnostics = token_advantages(
-        strategy, padded["advantages"], mask, padded["responses"], signals
+        plan.strategy, padded["advantages"], mask, padded["responses"], signals
     )
     return response_to_nested(adv, response_mask), diagnostics

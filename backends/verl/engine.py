@@ -47,7 +47,7 @@ from credit_core import (
 )
 
 #: Non-tensor key of the old-log-prob micro-batch that asks for W0
-#: (``CreditSettings.work_request``).
+#: (``backends.verl.config.work_request``).
 WORK_REQUEST_KEY = "credit_work_request"
 
 #: The model-output key (and TransferQueue field) of W0.

@@ -159,12 +159,3 @@ def test_a_non_finite_or_negative_saliency_is_refused(bad: float) -> None:
     s = torch.tensor([[0.1, bad, 0.2, 0.0]])
     with pytest.raises(CreditError, match=r"answer_saliency: expected finite values >= 0"):
         _assign(s, mask, answer, torch.tensor([1.0]))
-
-
-def test_oar_g_serves_only_in_the_native_trainer() -> None:
-    from credit_core.answer_reweighting import native_only_reason
-    from credit_core.registry import strategy_class
-
-    assert native_only_reason(strategy_class("datc"), "TRL") is None
-    reason = native_only_reason(strategy_class("oar_g"), "TRL")
-    assert reason is not None and "answer_saliency" in reason and "answer span" in reason

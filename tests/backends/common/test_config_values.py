@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from backends.common.config_values import parse_credit, parse_direction
+from backends.common.config_values import (
+    CreditSection,
+    SectionKeys,
+    parse_credit,
+    parse_direction,
+    parse_section,
+)
 from credit_core import CreditError
+from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
 
 
 def test_a_name_a_mapping_and_a_json_string_are_the_same_credit() -> None:
@@ -39,3 +46,23 @@ def test_direction_problems_are_named_under_the_key() -> None:
         parse_direction({"kind": "seq_classification", "pth": "/m"}, "algorithm.direction")
     with pytest.raises(CreditError, match=r"^direction: expected a mapping with 'kind'"):
         parse_direction([1], "direction")
+
+
+def test_the_section_holds_the_three_keys_typed() -> None:
+    keys = SectionKeys(
+        "algorithm.credit", "algorithm.direction", "algorithm.credit_stats_chunk_size"
+    )
+    section = parse_section("datc", {"kind": "seq_classification", "path": "/m"}, 128, keys)
+    assert section == CreditSection(
+        parse_credit("datc", "credit"),
+        parse_direction({"kind": "seq_classification", "path": "/m"}, "d"),
+        128,
+    )
+    assert parse_section(None, None, None).chunk_size == DEFAULT_CHUNK_SIZE
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.0, "8"])
+def test_a_bad_chunk_size_names_its_key(value: object) -> None:
+    keys = SectionKeys(chunk_size="--credit.stats_chunk_size")
+    with pytest.raises(CreditError, match=r"^--credit\.stats_chunk_size: expected an integer >= 1"):
+        parse_section("uniform", None, value, keys)

@@ -305,7 +305,10 @@ def test_abc_is_refused_at_install_when_the_direction_model_gives_no_attention(
     with pytest.raises(CreditError) as info:
         credit_maker(credit, policy, reward)
     text = str(info.value)
-    for fragment in ("'abc' reads 'reward_attention'", "gives_attention is False", "'red'"):
+    for fragment in (
+        "--credit.direction: strategy 'abc' reads the direction model's attention",
+        "gives_attention is False",
+    ):
         assert fragment in text
     red = resolved("red", [], direction=direction(attention=False), placement="policy")
     credit_maker(red, PolicyHost(VOCAB, seed=2, temperature=1.0))  # red reads no attention
@@ -452,7 +455,9 @@ def test_resolve_credit_serves_the_baselines_and_names_what_is_missing() -> None
             rf"its signals \['{signal}'\]",
         ):
             resolved(name, REMOTE_FLAGS)
-    with pytest.raises(CreditError, match=r"--algo.advantage.estimator gae: strategy 'random_top'"):
+    with pytest.raises(
+        CreditError, match=r"--algo.advantage.estimator: 'gae'; credit strategy 'random_top'"
+    ):
         resolve_credit(
             openrlhf_args(["--algo.advantage.estimator", "gae"]),
             OpenRLHFCreditConfig(credit=CreditConfig.parse("random_top")),
@@ -507,7 +512,9 @@ def test_baseline_parameters_come_from_credit_flags(capsys: pytest.CaptureFixtur
 
 def test_p2t_is_refused_at_start_up_naming_the_signal_the_actors_do_not_compute() -> None:
     with pytest.raises(
-        CreditError, match=r"'p2t' reads 'reward_attribution' .* the OpenRLHF backend's actors"
+        CreditError,
+        match=r"^--credit: strategy 'p2t' is not served: it reads \['reward_attribution'\], "
+        "which the OpenRLHF backend does not provide",
     ):
         resolved("p2t", RM_FLAGS)
 
@@ -521,7 +528,8 @@ def test_oar_g_is_refused_at_start_up_naming_its_signal_and_the_answer_span(
     with pytest.raises(CreditError) as info:
         resolved("oar_g", flags)
     text = str(info.value)
-    assert text.startswith("credit strategy 'oar_g' does not fit these OpenRLHF settings:")
-    assert "reads the signal 'answer_saliency'" in text
-    assert "answer span (CreditBatch.answer_mask)" in text
-    assert "the OpenRLHF backend computes neither" in text
+    assert text.startswith(
+        "--credit: strategy 'oar_g' is not served: it reads ['answer_saliency'] and each "
+        "response's answer span (CreditBatch.answer_mask)"
+    )
+    assert "which the OpenRLHF backend does not provide" in text

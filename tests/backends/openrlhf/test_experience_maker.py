@@ -13,9 +13,10 @@ import torch
 from adapters.policy import response_logprobs_and_stats
 from adapters.tiny import tiny_causal_lm
 from backends.openrlhf.actor_side import ActorSignals, reduce_policy_stats, reward_grad_for_actions
-from backends.openrlhf.compat import ResolvedCredit, resolve_credit
+from backends.openrlhf.compat import BACKEND, ResolvedCredit, resolve_credit
 from backends.openrlhf.settings import OpenRLHFCreditConfig
 from credit_core import CreditBatch, CreditConfig, CreditError, get_strategy
+from credit_core.plan import CreditPlan
 from tests.helpers.openrlhf import (
     TinyDirectionModel,
     multi_turn_sample,
@@ -121,8 +122,8 @@ def credit_maker(args: Any, name: str, actor: Any, rm: TinyDirectionModel, **par
     from backends.openrlhf.experience_maker import TokenCreditExperienceMaker
 
     cfg = OpenRLHFCreditConfig(credit=CreditConfig.parse({"name": name, **params}))
-    strategy = cfg.strategy()
-    credit = ResolvedCredit(cfg, strategy.requires, "policy", {"kind": "test"}, 1, False)
+    plan = CreditPlan.build(cfg.credit, BACKEND)  # the strategy's requires
+    credit = ResolvedCredit(cfg, plan, "policy", {"kind": "test"}, 1, False)
     return maker(
         TokenCreditExperienceMaker, args, credit=credit, gather_signals=local_signals(actor, rm)
     )
@@ -341,7 +342,7 @@ def test_compat_accepts_grpo_and_names_every_misfit() -> None:
         )
     text = str(info.value)
     for fragment in (
-        "--algo.advantage.estimator gae",
+        "--algo.advantage.estimator: 'gae'",
         "--algo.kl.init_coef > 0 without --algo.kl.use_loss",
         "--ds.ring_attn_size > 1",
         "--credit.placement reward",
@@ -370,9 +371,12 @@ def test_prime_is_refused_at_start_up_it_needs_a_second_trainable_model() -> Non
     with pytest.raises(CreditError) as info:
         resolve_credit(openrlhf_args(GRPO_FLAGS), cfg)
     text = str(info.value)
-    assert text.startswith("--credit prime: strategy 'prime' is not served")
-    assert "the OpenRLHF backend cannot host a second trainable model" in text
-    assert "python -m backends.torch" in text
+    assert text.startswith(
+        "--credit: strategy 'prime' is not served: it reads ['implicit_log_ratio']"
+    )
+    assert "the log-probs of a second trainable model" in text
+    assert "which the OpenRLHF backend does not provide" in text
+    assert "the native or TRL backend" in text
 
 
 def test_the_logged_weight_extremes_average_to_the_steps_max_and_min(

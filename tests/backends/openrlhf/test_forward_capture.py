@@ -23,10 +23,11 @@ from backends.openrlhf.actor_side import (
     reward_grad_for_actions,
     signals_method,
 )
-from backends.openrlhf.compat import ResolvedCredit, resolve_credit
+from backends.openrlhf.compat import BACKEND, ResolvedCredit, resolve_credit
 from backends.openrlhf.forward_capture import CaptureStore, keeping_logits
 from backends.openrlhf.settings import OpenRLHFCreditConfig
 from credit_core import CreditConfig, token_work
+from credit_core.plan import CreditPlan
 from tests.backends.openrlhf.policy_host import PolicyHost
 from tests.helpers.openrlhf import TinyDirectionModel, openrlhf_args, rollout_samples
 
@@ -174,7 +175,10 @@ def test_datc_advantages_from_captured_w0_equal_the_policy_stats_path() -> None:
     stock = stock_maker()
 
     def make(plan: frozenset[str], gather: Any) -> Any:
-        credit = ResolvedCredit(cfg, plan, "policy", {"kind": "test"}, 1, False)
+        first = plan == {"unsigned_work"}  # g known before the policy's forward
+        resolved = CreditPlan.build(cfg.credit, BACKEND, work_first=first)
+        assert resolved.signals == plan
+        credit = ResolvedCredit(cfg, resolved, "policy", {"kind": "test"}, 1, False)
         parts = (None, None, None, None, stock.kl_ctl, stock.strategy, stock.tokenizer)
         return TokenCreditExperienceMaker(*parts, credit=credit, gather_signals=gather)
 

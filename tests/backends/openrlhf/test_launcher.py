@@ -76,12 +76,7 @@ def test_main_hands_typed_settings_and_untouched_flags_to_training() -> None:
     [(cfg, argv)] = train.calls
     assert argv == OPENRLHF_FLAGS
     assert cfg.credit.name == "datc_shuffled"
-    assert cfg.credit.params == {
-        "beta": 1.0,
-        "lam": 0.25,
-        "on_nonfinite": "error",
-        "seed": 3,
-    }
+    assert cfg.credit.params == {"lam": 0.25, "seed": 3}  # as given, validated once
     assert cfg.placement == "auto"
 
 
@@ -147,7 +142,7 @@ def test_config_file_is_read_and_flags_override_it(tmp_path: Path) -> None:
     [(cfg, argv)] = train.calls
     assert argv == OPENRLHF_FLAGS
     assert cfg.credit.name == "datc"
-    assert cfg.credit.params == {"beta": 2.0, "lam": 0.25, "on_nonfinite": "error"}
+    assert cfg.credit.params == {"beta": 2.0, "lam": 0.25}
     assert (cfg.placement, cfg.stats_chunk_size) == ("policy", 64)
 
 
@@ -291,7 +286,7 @@ def test_incompatible_openrlhf_settings_fail_before_ray_starts(
         raise AssertionError("ray.init must not be reached")
 
     monkeypatch.setattr(ray, "init", no_ray)
-    cfg, argv = launcher.parse_credit(
+    cfg, argv = launcher.parse_command_line(
         [
             "--credit",
             "datc",
@@ -310,7 +305,7 @@ def test_incompatible_openrlhf_settings_fail_before_ray_starts(
     with pytest.raises(CreditError) as info:
         launcher.train_with_credit(cfg, argv)
     text = str(info.value)
-    assert "--algo.advantage.estimator gae" in text
+    assert "--algo.advantage.estimator: 'gae'" in text
     assert "--algo.kl.init_coef > 0 without --algo.kl.use_loss" in text
     assert "--ds.tensor_parallel_size > 1" in text
     assert sync_trainer.PPOTrainer is stock_trainer  # hooks are removed afterwards

@@ -182,7 +182,7 @@ def test_two_passes_stay_where_the_direction_model_is_not_openrlhfs_reward_model
             credit.config,
             credit.requires,
             credit.placement,
-            credit.config.strategy().reward_grad_points,
+            credit.plan.reward_grad_points,
         )
         assert problem is not None and reason in problem, name
     zero3 = resolved("datc", [*RM_FLAGS, "--ds.zero_stage", "3"])

@@ -137,7 +137,7 @@ def test_a_path_strategy_takes_m1_from_openrlhfs_forward_and_matches_a_recomputa
     for exp, want in zip(batches, stock_logp, strict=True):
         assert torch.equal(exp.action_log_probs, want)  # OpenRLHF's log-probs are untouched
 
-    strategy, datc = resolved_credit.config.strategy(), get_strategy("datc")
+    strategy, datc = resolved_credit.plan.strategy, get_strategy("datc")
     assert strategy.reward_grad_points == points
     policy.actor.eval()
     moved = 0.0
@@ -228,7 +228,7 @@ def test_credit_openrlhf_accepts_datc_mid_and_datc_ig(monkeypatch: pytest.Monkey
     for flags in (["--credit", "datc_mid"], ["--credit", "datc_ig", "--credit.points", "8"]):
         assert main([*flags, *FLAGS, *RM_FLAGS], train=lambda cfg, _: seen.append(cfg)) == 0
     assert [cfg.credit.name for cfg in seen] == ["datc_mid", "datc_ig"]
-    assert seen[1].strategy().reward_grad_points == 8
+    assert get_strategy(seen[1].credit).reward_grad_points == 8
 
     def reached(*args: object, **kwargs: object) -> None:
         raise RayReachedError
@@ -238,7 +238,7 @@ def test_credit_openrlhf_accepts_datc_mid_and_datc_ig(monkeypatch: pytest.Monkey
         ["--credit", "datc_mid"],
         ["--credit", "datc_mid", "--credit.placement", "policy"],
     ):
-        cfg, argv = launcher.parse_credit(
+        cfg, argv = launcher.parse_command_line(
             [*flags, "--actor.model_name_or_path", "/models/policy", *FLAGS, *RM_FLAGS]
         )
         with pytest.raises(RayReachedError):

@@ -17,11 +17,12 @@ import torch
 
 from adapters.tiny import tiny_causal_lm
 from backends.openrlhf.actor_side import ActorSignals, reduce_policy_stats, reward_grad_for_actions
-from backends.openrlhf.compat import ResolvedCredit, resolve_credit
+from backends.openrlhf.compat import BACKEND, ResolvedCredit, resolve_credit
 from backends.openrlhf.experience_maker import TokenCreditExperienceMaker
 from backends.openrlhf.injection import TrainerWithCredit
 from backends.openrlhf.settings import OpenRLHFCreditConfig
 from credit_core import CreditConfig
+from credit_core.plan import CreditPlan
 from tests.helpers.openrlhf import (
     TinyDirectionModel,
     openrlhf_args,
@@ -204,9 +205,7 @@ def test_a_datc_step_through_ray_runs_no_policy_forward_beyond_openrlhfs_own(
         FixedKLController(0.0),
         strategy,
         tokenizer,
-        credit=ResolvedCredit(
-            cfg, frozenset({"reward_grad", "policy_stats"}), "policy", {}, 1, False
-        ),
+        credit=ResolvedCredit(cfg, CreditPlan.build(cfg.credit, BACKEND), "policy", {}, 1, False),
         gather_signals=in_process_gatherer(),
     ).compute_advantages_and_returns(copy.deepcopy(batches))
     for got, want in zip(result["advantages"], previous, strict=True):  # same numbers

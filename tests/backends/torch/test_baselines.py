@@ -149,7 +149,7 @@ def test_a_path_gradient_strategy_takes_as_many_policy_forwards_as_grpo(
 def test_abc_is_refused_at_start_up_when_the_direction_model_has_no_attention(
     tmp_path: Path,
 ) -> None:
-    with pytest.raises(ConfigError, match=r"'abc' reads the reward model's attention.*ModuleRM"):
+    with pytest.raises(ConfigError, match=r"'abc' reads the direction model's attention.*ModuleRM"):
         train(tiny_config(tmp_path / "run", credit="abc"))
 
 

@@ -77,7 +77,8 @@ def test_prime_is_refused_when_the_config_is_parsed(tmp_path: Path) -> None:
     assert text.startswith(
         "credit: strategy 'prime' is not served: it reads ['implicit_log_ratio']"
     )
-    assert "the TRL backend cannot host a second trainable model" in text
+    assert "the log-probs of a second trainable model" in text
+    assert "which the TRL backend does not provide" in text
 
 
 def test_truncated_sampling_is_fine_for_strategies_without_stats(tmp_path: Path) -> None:
@@ -116,6 +117,8 @@ def test_oar_g_is_refused_at_start_up_naming_its_signal_and_the_answer_span(
     with pytest.raises(CreditError) as info:
         _parse(tmp_path, yaml_text)
     text = str(info.value)
-    assert text.startswith(f"{key}: strategy 'oar_g' reads the signal 'answer_saliency'")
-    assert "answer span (CreditBatch.answer_mask)" in text
-    assert "the TRL backend computes neither" in text and "backends.torch" in text
+    assert text.startswith(
+        f"{key}: strategy 'oar_g' is not served: it reads ['answer_saliency'] and each "
+        "response's answer span (CreditBatch.answer_mask)"
+    )
+    assert "which the TRL backend does not provide" in text and "backends.torch" in text

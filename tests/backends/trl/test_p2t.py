@@ -69,10 +69,10 @@ def test_a_null_the_direction_model_lacks_is_refused_when_built(
         make_trainer(task, tokenizer, tmp_path, credit={"name": "p2t", "null": "unk"})
 
 
-def test_the_paper_form_is_refused_when_built(
+def test_the_paper_form_is_refused_at_start_up(
     task: TaskData, tokenizer: Any, tmp_path: Path
 ) -> None:
     with pytest.raises(
-        CreditError, match=r"^credit: strategy 'p2t' \(mode paper\) reads the response"
+        CreditError, match=r"^credit: strategy 'p2t' is not served: it reads the response rewards"
     ):
         make_trainer(task, tokenizer, tmp_path, credit={"name": "p2t", "mode": "paper"})

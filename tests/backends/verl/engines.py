@@ -83,7 +83,7 @@ def infer(engine: Any, batch: TensorDict) -> tuple[dict[str, Any], int]:
 
 
 def work_request(rm: Path, points: int = 0) -> str:
-    """The trainer's request for W0 (``CreditSettings.work_request``) with the tiny RM as the
+    """The trainer's request for W0 (``backends.verl.config.work_request``) with the tiny RM as the
     direction model; ``points`` >= 1 takes its gradient on the path (datc_mid, datc_ig)."""
     direction = {"kind": "seq_classification", "path": str(rm)}
     return json.dumps({"direction": direction, "chunk_size": 64, "points": points})

@@ -13,7 +13,12 @@ import verl
 from hydra import compose, initialize_config_dir
 
 from backends.verl.cli import verl_overrides
-from backends.verl.config import SEQUENCE_PARALLEL_KEYS, credit_settings, sequence_parallel_size
+from backends.verl.config import (
+    SEQUENCE_PARALLEL_KEYS,
+    credit_settings,
+    sequence_parallel_size,
+    work_request,
+)
 from credit_core import CreditError
 
 CONFIG_DIR = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
@@ -36,9 +41,10 @@ def grpo():
 def test_hydra_config_reads_credit_name_and_mapping() -> None:
     cfg = verl_config("algorithm.adv_estimator=grpo", "algorithm.credit=datc", DIRECTION)
     settings = credit_settings(cfg)
-    assert settings.credit.name == "datc"
-    assert settings.direction is not None and settings.direction.path == "/models/rm"
-    assert settings.reads == {"unsigned_work"} and settings.needs_work
+    assert settings.section.credit.name == "datc"
+    assert settings.section.direction is not None
+    assert settings.section.direction.path == "/models/rm"
+    assert settings.plan.signals == {"unsigned_work"}
     cfg = verl_config(
         "algorithm.adv_estimator=grpo",
         "algorithm.credit={name:datc,beta:2.0}",
@@ -46,24 +52,25 @@ def test_hydra_config_reads_credit_name_and_mapping() -> None:
         DIRECTION,
     )
     settings = credit_settings(cfg)
-    assert settings.credit.params == {"beta": 2.0} and settings.chunk_size == 512
+    assert settings.section.credit.params == {"beta": 2.0} and settings.section.chunk_size == 512
 
 
 @pytest.mark.parametrize(("credit", "points"), [("datc_mid", 1), ("{name:datc_ig,points:3}", 3)])
 def test_a_path_strategy_asks_the_engine_for_w0_on_the_path(credit: str, points: int) -> None:
     cfg = verl_config("algorithm.adv_estimator=grpo", f"algorithm.credit={credit}", DIRECTION)
     settings = credit_settings(cfg)
-    assert settings.needs_work and json.loads(settings.work_request())["points"] == points
+    assert settings.plan.signals == {"unsigned_work"}
+    assert json.loads(work_request(settings))["points"] == points
 
 
 def test_no_credit_key_is_uniform(grpo) -> None:
     settings = credit_settings(grpo)
-    assert settings.credit.name == "uniform" and settings.reads == frozenset()
+    assert settings.section.credit.name == "uniform" and settings.plan.signals == frozenset()
 
 
 def test_entropy_top_needs_no_direction(grpo) -> None:
     cfg = verl_config("algorithm.adv_estimator=grpo", "algorithm.credit=entropy_top")
-    assert credit_settings(cfg).reads == {"token_entropy"}
+    assert credit_settings(cfg).plan.signals == {"token_entropy"}
 
 
 @pytest.mark.parametrize(
@@ -81,8 +88,7 @@ def test_entropy_top_needs_no_direction(grpo) -> None:
         (["algorithm.credit=p2t"], "'p2t' is not served: it reads ['reward_attribution']"),
         (  # PRIME's implicit PRM: a second trainable model (docs/verl.md)
             ["algorithm.credit=prime"],
-            "'prime' is not served: it reads ['implicit_log_ratio'], the log-probs of a "
-            "second trainable model",
+            "'prime' is not served: it reads ['implicit_log_ratio']",
         ),
         (
             ["algorithm.credit=datc", DIRECTION, "actor_rollout_ref.rollout.top_k=20"],

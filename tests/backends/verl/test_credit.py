@@ -19,9 +19,11 @@ from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.losses import ppo_loss
 
+from backends.verl.config import BACKEND
 from backends.verl.credit import credit_fields, response_advantages, token_advantages
 from backends.verl.engine import WORK_FIELD
 from credit_core import CreditConfig, CreditError, CreditSignals, assign_credit, get_strategy
+from credit_core.plan import CreditPlan
 from tests.backends.verl.layouts import as_stored, nested, v1_batch, verl_grpo
 from tests.backends.verl.test_config import verl_config
 
@@ -54,7 +56,7 @@ def test_uniform_is_verl_grpo_bit_for_bit(batch: TensorDict, grpo: torch.Tensor)
     assert adv.dtype == grpo.dtype and torch.equal(adv, grpo)
     fields = batch.select("responses", "response_mask")
     fields["advantages"] = as_stored(grpo, batch)
-    stored, _ = credit_fields(get_strategy("uniform"), frozenset(), fields)
+    stored, _ = credit_fields(CreditPlan.build("uniform", BACKEND), fields)
     assert torch.equal(stored.values(), fields["advantages"].values())
     assert torch.equal(stored.offsets(), fields["advantages"].offsets())
 
@@ -97,7 +99,7 @@ def test_datc_from_engine_layout_equals_assign_credit(
 ) -> None:
     fields, aligned = datc_fields(batch, grpo)
     strategy = get_strategy(CreditConfig.parse({"name": "datc", "beta": 1.0}))
-    stored, diagnostics = credit_fields(strategy, frozenset({"unsigned_work"}), fields)
+    stored, diagnostics = credit_fields(CreditPlan.build(strategy, BACKEND), fields)
     mask = padded_mask()
     expected = assign_credit(
         strategy,
@@ -115,7 +117,7 @@ def test_missing_engine_field_names_the_plugin(batch: TensorDict, grpo: torch.Te
     fields = batch.select("responses", "response_mask")
     fields["advantages"] = as_stored(grpo, batch)
     with pytest.raises(CreditError, match=f"gave no {WORK_FIELD}.*backends.verl.plugin"):
-        credit_fields(get_strategy("datc"), frozenset({"unsigned_work"}), fields)
+        credit_fields(CreditPlan.build("datc", BACKEND), fields)
 
 
 def actor_config():
@@ -133,7 +135,7 @@ def actor_config():
 def test_datc_token_advantages_reach_ppo_loss(batch: TensorDict, grpo: torch.Tensor) -> None:
     fields, _ = datc_fields(batch, grpo)
     strategy = get_strategy("datc")
-    token_adv, _ = credit_fields(strategy, frozenset({"unsigned_work"}), fields)
+    token_adv, _ = credit_fields(CreditPlan.build(strategy, BACKEND), fields)
     g = torch.Generator().manual_seed(2)
     log_probs = [-torch.rand(p + r, generator=g) for p, r in zip(PROMPTS, RESPONSES, strict=True)]
     old = [lp[p - 1 : p + r - 1] for lp, p, r in zip(log_probs, PROMPTS, RESPONSES, strict=True)]

@@ -35,15 +35,16 @@ from verl.workers.utils.padding import response_from_nested
 
 from adapters.config import build_direction_model
 from adapters.grad_path import path_alphas, path_reward_grad
+from backends.verl.config import BACKEND
 from backends.verl.credit import credit_fields
 from backends.verl.engine import WORK_FIELD, CreditFSDPEngine
 from credit_core import (
     CreditError,
-    get_strategy,
     policy_stats_from_logits,
     token_work,
     unsigned_work_from_logits,
 )
+from credit_core.plan import CreditPlan
 from tests.backends.verl.engines import (
     MICRO_BATCH,
     PROMPTS,
@@ -178,9 +179,7 @@ def test_an_actor_step_with_datc_token_advantages(
     scores = torch.tensor([1.0, 0.0, 0.25, 0.75])
     fields["advantages"] = as_stored(verl_grpo(scores, RESPONSES, group=2), old)
     fields[WORK_FIELD] = output[WORK_FIELD]
-    advantages, diagnostics = credit_fields(
-        get_strategy("datc"), frozenset({"unsigned_work"}), fields
-    )
+    advantages, diagnostics = credit_fields(CreditPlan.build("datc", BACKEND), fields)
     assert diagnostics is not None
     data = v1_batch(PROMPTS, RESPONSES, engine.model_config.hf_config.vocab_size)
     data["old_log_probs"] = response_from_nested(output["log_probs"], data["response_mask"])

@@ -48,7 +48,7 @@ def test_the_checks_pass_settings_verl_and_the_backend_accept(check: str, strate
     found = settings()
     overrides = [*verl_overrides(found["VERL_COMMON"] + found[check])]
     config = checked_config([*overrides, f"trainer.v1.trainer_mode={TRAINER_MODE}"])
-    assert credit_settings(config).credit.name == strategy
+    assert credit_settings(config).plan.name == strategy
 
 
 def test_the_setup_writes_models_and_data_verl_reads(tmp_path: Path) -> None:

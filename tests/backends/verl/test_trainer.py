@@ -53,8 +53,8 @@ def test_verl_builds_the_credit_trainer_as_its_sync_trainer() -> None:
     trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
     assert type(trainer) is CreditPPOTrainer
     assert trainer.trainer_mode == "sync" and type(trainer.replay_buffer) is ReplayBuffer
-    assert trainer.credit.credit.name == "datc" and trainer.credit.needs_work
-    assert trainer.strategy.name == "datc"
+    assert trainer.credit.plan.name == "datc" and trainer.work_request is not None
+    assert trainer.credit.plan.strategy.name == "datc"
 
 
 def test_a_bad_credit_key_stops_the_trainer_before_any_worker() -> None:
@@ -139,14 +139,12 @@ def test_old_log_prob_and_advantage_steps_through_transfer_queue(
     metrics: dict[str, Any] = {}
     batch = trainer._compute_old_log_prob(batch, metrics)
     assert WORK_REQUEST_KEY not in batch.extra_info
-    assert workers.requests == [trainer.credit.work_request()]
+    assert workers.requests == [trainer.work_request]
     assert workers.forwards == len(PROMPTS) // MICRO_BATCH  # verl's own count: no extra
     batch = trainer._compute_advantage(batch, metrics)
     stored = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages"])
 
-    direct, _ = infer(
-        engine, old_log_prob_batch(engine, trainer.credit.work_request(), temperature=1.0)
-    )
+    direct, _ = infer(engine, old_log_prob_batch(engine, trainer.work_request, temperature=1.0))
     work = response_from_nested(direct[WORK_FIELD], rows["response_mask"]).to_padded_tensor(0.0)
     mask = rows["response_mask"].to_padded_tensor(0).bool()
     grpo = verl_grpo(scores, RESPONSES, group=2)
