@@ -10,22 +10,20 @@ Every backend (native ``backends.torch``, TRL, OpenRLHF, verl):
 3. with ``uniform`` gives the framework's own GRPO advantages bit for bit;
 4. counts its policy forwards per step (none beyond the framework's own for the signals).
 
-Clauses 2 (run time), 3 and 4 run the backend's own test of each (``RUNTIME``: the node ids)
-in a child pytest of this interpreter, so each is written once, next to the backend's
-machinery, and listed here. A backend's case skips where its framework is not installed:
-the verl case runs in ``.venv-verl`` only (``make pytest-verl``), the others in ``.venv``.
+Clauses 2 (run time), 3 and 4 are the backend's own tests (``RUNTIME``: their node ids),
+written once next to the backend's machinery and run once, in their own files, by the same
+suite; this module lists them and fails when one is missing, renamed or skipped. A backend's
+case skips where its framework is not installed: the verl case runs in ``.venv-verl`` only
+(``make pytest-verl``), the others in ``.venv``.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -224,31 +222,45 @@ def test_the_backend_computes_only_the_signals_its_plan_reads(backend: str, tmp_
         cls = type(plan.strategy)
         assert plan.signals in (cls.requires, cls.work_requires), name
         assert plan.signals <= declared.signals, name
-    _run_own_tests(case.runtime[ONLY_READ])
+    _check_listed(case.runtime[ONLY_READ])
 
 
 @pytest.mark.parametrize("backend", sorted(CASES))
 def test_uniform_is_the_framework_s_own_grpo(backend: str) -> None:
-    _run_own_tests(case_of(backend).runtime[UNIFORM])
+    _check_listed(case_of(backend).runtime[UNIFORM])
 
 
 @pytest.mark.parametrize("backend", sorted(CASES))
 def test_the_policy_forwards_per_step_are_counted(backend: str) -> None:
-    _run_own_tests(case_of(backend).runtime[FORWARDS])
+    _check_listed(case_of(backend).runtime[FORWARDS])
 
 
-def _run_own_tests(node_ids: list[str]) -> None:
-    """Run the backend's own tests ``node_ids`` in a child pytest of this interpreter;
-    fail with its output unless every one passed (none skipped)."""
-    env: dict[str, Any] = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *node_ids],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    tail = done.stdout[-3000:] + done.stderr[-2000:]
-    assert done.returncode == 0, tail
-    assert "skipped" not in done.stdout.splitlines()[-1], tail
+def _check_listed(node_ids: list[str]) -> None:
+    """Check that each of the backend's own tests ``node_ids`` (``path::name[params]``) is a
+    test function defined in its file, parametrized where a parameter id is given, with no
+    skip mark; read from the source (``ast``), so no framework is imported here. The suite
+    runs each once, in its own file."""
+    for node in node_ids:
+        path, _, name = node.partition("::")
+        base, _, param = name.partition("[")
+        tree = ast.parse((REPO / path).read_text(), filename=path)
+        found = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == base]
+        assert base.startswith("test_") and len(found) == 1, f"{node}: no such test in {path}"
+        marks = [ast.unparse(d) for d in found[0].decorator_list]
+        assert not any(".skip" in m for m in marks), f"{node} is skipped: {marks}"
+        if param:
+            assert any("parametrize" in m for m in marks), f"{node}: not parametrized"
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        ("tests/backends/trl/test_trainer.py::test_no_such_thing", "no such test"),
+        ("tests/backends/trl/test_trainer.py::test_uniform_is_stock_trl_bit_for_bit[x]", "not"),
+    ],
+)
+def test_a_listed_test_that_is_missing_or_unparametrized_fails_the_contract(
+    node: str, message: str
+) -> None:
+    with pytest.raises(AssertionError, match=message):
+        _check_listed([node])
