@@ -63,9 +63,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy credit_core adapters backends ablations benchmarks
 
-# Tiny models run fastest on one thread; tests that measure threading set their own.
+# Tiny models run fastest on one thread; tests that measure threading set their own. Two
+# workers, a test file each at a time (--dist loadfile: a file's fixtures stay in one
+# process): 5:00 instead of 8:03 for the suite on 2 quiet cores (2026-12-05).
 pytest: $(STAMP)
-	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 # The verl backend's tests, in its own environment (they skip in .venv).
 pytest-verl: $(VERL_STAMP)
