@@ -34,7 +34,7 @@ extra policy forward and backward is in its signal phase, PRIME's pi_phi update 
 runs after the credit, in the update phase). Timings are
 only comparable on a quiet machine; the committed figures come from
 
-    OMP_NUM_THREADS=1 heavy --both python scripts/cost_length.py --steps 8 \
+    OMP_NUM_THREADS=1 python scripts/cost_length.py --steps 8 \
         --out docs/results/cost_length
 
 (about 5 min with the assets cached; ``--steps 3`` took 3.4 min on a shared machine).
