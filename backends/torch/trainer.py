@@ -794,15 +794,16 @@ class GRPORecipe:
         return torch.cat(parts)
 
     def _answer_mask(self, batch: RolloutBatch, strategy: CreditStrategy) -> torch.Tensor | None:
-        """(B, R) bool: each response's answer span (``data.answer_span``), or None when the
-        task declares none; ``ConfigError`` for a strategy that reads the span then."""
-        if self.answer_span is None:
-            if strategy.reads_answer_span:
-                raise ConfigError(
-                    f"data.answer_span: credit strategy {strategy.name!r} reads each "
-                    "response's answer span, but the task declares none"
-                )
+        """(B, R) bool: each response's answer span (``data.answer_span``) for a strategy that
+        reads it, else None (nothing is computed); ``ConfigError`` for a strategy that reads
+        the span where the task declares none."""
+        if not strategy.reads_answer_span:
             return None
+        if self.answer_span is None:
+            raise ConfigError(
+                f"data.answer_span: credit strategy {strategy.name!r} reads each "
+                "response's answer span, but the task declares none"
+            )
         return self.answer_span.mask(batch.response_ids, batch.response_mask)
 
     def _answer_saliency_pass(

@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 TIME_PREFIXES = ("time/", "throughput/")
 
 #: ``tiny_config`` updates of a run whose resume is checked bit for bit: a strategy with RNG
@@ -65,3 +67,21 @@ def build_policy_with_frequent_eos(*args: Any, **kwargs: Any) -> Any:
     policy = build_policy(*args, **kwargs)
     policy.eos_ids = [*policy.eos_ids, *range(2, 302)]
     return policy
+
+
+def crash_in_step_3(cfg: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Train ``cfg`` until step 3 raises (steps 1-2 done and checkpointed as ``cfg`` says),
+    then put the real ``GRPORecipe.train_step`` back, ready for a ``resume=True`` run."""
+    from backends.torch.trainer import GRPORecipe, train
+
+    real_step = GRPORecipe.train_step
+
+    def crashing(self: GRPORecipe) -> dict[str, float]:
+        if self.step == 2:
+            raise RuntimeError("simulated crash")
+        return real_step(self)
+
+    monkeypatch.setattr(GRPORecipe, "train_step", crashing)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(cfg)
+    monkeypatch.setattr(GRPORecipe, "train_step", real_step)

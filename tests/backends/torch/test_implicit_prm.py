@@ -27,7 +27,7 @@ from backends.torch.implicit_prm import ImplicitPRM
 from backends.torch.trainer import GRPORecipe, train
 from credit_core.implicit_rewards import ImplicitPRMSpec
 from tests.helpers.one_rank import join_one_rank_group
-from tests.helpers.torch_tiny import comparable, tiny_config
+from tests.helpers.torch_tiny import comparable, crash_in_step_3, tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -245,17 +245,7 @@ def test_a_resumed_prime_run_continues_pi_phi_and_its_optimizer_exactly(
 
     run = tmp_path / "run"
     cfg = tiny_config(run, **RESUMABLE_PRIME)
-    real_step = GRPORecipe.train_step
-
-    def crash_in_step_3(self: GRPORecipe) -> dict[str, float]:
-        if self.step == 2:
-            raise RuntimeError("simulated crash")
-        return real_step(self)
-
-    monkeypatch.setattr(GRPORecipe, "train_step", crash_in_step_3)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train(cfg)
-    monkeypatch.setattr(GRPORecipe, "train_step", real_step)
+    crash_in_step_3(cfg, monkeypatch)
     resumed = GRPORecipe(config_from_dict(cfg), resume=True)
     try:
         assert resumed.step == 2

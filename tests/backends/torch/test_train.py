@@ -39,7 +39,12 @@ from credit_core import CreditConfig, ScoreStrategy, get_strategy, group_advanta
 from credit_core.builtin_strategies import BUILTIN_STRATEGIES
 from tests.helpers.one_rank import join_one_rank_group
 from tests.helpers.paths import REPO
-from tests.helpers.torch_tiny import build_policy_with_frequent_eos, comparable, tiny_config
+from tests.helpers.torch_tiny import (
+    build_policy_with_frequent_eos,
+    comparable,
+    crash_in_step_3,
+    tiny_config,
+)
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -350,17 +355,7 @@ def test_resume_after_a_crash_reproduces_the_uninterrupted_run(
 ) -> None:
     run = tmp_path / "run"
     cfg = tiny_config(run, **RESUME_UPDATES)
-    real_step = GRPORecipe.train_step
-
-    def crash_in_step_3(self: GRPORecipe) -> dict[str, float]:
-        if self.step == 2:
-            raise RuntimeError("simulated crash")
-        return real_step(self)
-
-    monkeypatch.setattr(GRPORecipe, "train_step", crash_in_step_3)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train(cfg)
-    monkeypatch.setattr(GRPORecipe, "train_step", real_step)
+    crash_in_step_3(cfg, monkeypatch)
     resumed = train(cfg, resume=True)
     assert steps_of(resumed.history) == [3, 4]
     assert_same_run(run, uninterrupted)
@@ -495,17 +490,7 @@ def test_a_gae_run_logs_the_critic_and_resumes_it_bit_for_bit(
 
     run = tmp_path / "run"
     cfg = tiny_config(run, **updates)
-    real_step = GRPORecipe.train_step
-
-    def crash_in_step_3(self: GRPORecipe) -> dict[str, float]:
-        if self.step == 2:
-            raise RuntimeError("simulated crash")
-        return real_step(self)
-
-    monkeypatch.setattr(GRPORecipe, "train_step", crash_in_step_3)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train(cfg)
-    monkeypatch.setattr(GRPORecipe, "train_step", real_step)
+    crash_in_step_3(cfg, monkeypatch)
     resumed = train(cfg, resume=True)
     assert steps_of(resumed.history) == [3, 4]
     # values, value loss and the policy of steps 3-4 depend on the critic's weights and
