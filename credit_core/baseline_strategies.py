@@ -28,7 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from credit_core.allocation import weight_diagnostics
 from credit_core.batch import CreditBatch
-from credit_core.strategy import CreditResult, CreditStrategy, SeededStream, builtin
+from credit_core.strategy import (
+    CreditResult,
+    CreditStrategy,
+    CriticRewardForm,
+    SeededStream,
+    builtin,
+)
 from credit_core.tensor_checks import check_finite_at
 from credit_core.token_rewards import group_return_advantages
 from credit_core.token_selection import top_fraction
@@ -72,7 +78,8 @@ def paper_result(batch: CreditBatch, token_rewards: torch.Tensor, fallbacks: int
     a = batch.advantages.to(torch.float64).unsqueeze(1)
     w = torch.where(a != 0, adv.to(torch.float64) / torch.where(a != 0, a, 1.0), 1.0)
     w = torch.where(batch.mask, w, 0.0)
-    return CreditResult(adv, weight_diagnostics(w, batch.mask, 0, fallbacks))
+    r = torch.where(batch.mask, token_rewards.to(torch.float64), 0.0)
+    return CreditResult(adv, weight_diagnostics(w, batch.mask, 0, fallbacks), r)
 
 
 def last_valid(mask: torch.Tensor) -> torch.Tensor:
@@ -115,6 +122,12 @@ class _TopFractionStrategy(CreditStrategy):
     Params: ClassVar[type[BaseModel]] = TopFractionParams
     params: TopFractionParams
     gathers = True
+
+    @property
+    def critic_reward_form(self) -> CriticRewardForm | None:
+        """``weight`` mode keeps each response's mean; ``mask`` (A_t = A M_t) drops credit,
+        it does not move it, so a critic estimator cannot take it as token rewards."""
+        return "weights" if self.params.mode == "weight" else None
 
     @abstractmethod
     def keys(self, batch: CreditBatch) -> torch.Tensor:
@@ -185,6 +198,10 @@ class ABCStrategy(CreditStrategy):
     def reads_groups(self) -> bool:
         return self.params.mode == "paper"
 
+    @property
+    def critic_reward_form(self) -> CriticRewardForm | None:
+        return "token_rewards" if self.params.mode == "paper" else "weights"
+
     def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
         batch.require(self.requires, self.name)
         alpha = batch.reward_attention
@@ -233,6 +250,10 @@ class REDStrategy(CreditStrategy):
     @property
     def reads_groups(self) -> bool:
         return self.params.mode == "paper"
+
+    @property
+    def critic_reward_form(self) -> CriticRewardForm | None:
+        return "token_rewards" if self.params.mode == "paper" else "weights"
 
     def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
         batch.require(self.requires, self.name)

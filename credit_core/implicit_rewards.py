@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from credit_core.allocation import weight_diagnostics
 from credit_core.batch import CreditBatch, Gather
 from credit_core.errors import CreditError
-from credit_core.strategy import CreditResult, CreditStrategy, builtin
+from credit_core.strategy import CreditResult, CreditStrategy, CriticRewardForm, builtin
 from credit_core.tensor_checks import check_tensor
 
 #: The floor of the batch-norm divisor (the recipe's ``prime_norm``: max |G| + 1e-6).
@@ -271,6 +271,12 @@ class PrimeStrategy(CreditStrategy):
     @property
     def reads_groups(self) -> bool:
         return True
+
+    @property
+    def critic_reward_form(self) -> CriticRewardForm | None:
+        """None: PRIME's advantage is its own estimator (the implicit process rewards' and the
+        outcome's returns with their own baselines), not a redistribution of the reward."""
+        return None
 
     @property
     def implicit_prm(self) -> ImplicitPRMSpec | None:

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from credit_core.allocation import weight_diagnostics
 from credit_core.batch import CreditBatch
 from credit_core.errors import CreditError
-from credit_core.strategy import CreditResult, CreditStrategy, builtin
+from credit_core.strategy import CreditResult, CreditStrategy, CriticRewardForm, builtin
 
 #: A two-sided p-value at or above 1 - this counts as p = 1 (the observed table is a most
 #: probable one: no association, F = 0); the authors test p != 1.0 in float32.
@@ -271,6 +271,12 @@ class KTAEStrategy(CreditStrategy):
     @property
     def reads_groups(self) -> bool:
         return True
+
+    @property
+    def critic_reward_form(self) -> CriticRewardForm | None:
+        """None: A_t = A_i + k_{y_t} adds a token score to the response advantage, it does
+        not move the response reward between tokens."""
+        return None
 
     def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
         k, one_sided = key_token_scores(batch, self.params)

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from credit_core.attribution import DEFAULT_NULL, NullEmbedding
 from credit_core.baseline_strategies import RewardForm, aligned_result, paper_result
 from credit_core.batch import CreditBatch
-from credit_core.strategy import CreditResult, CreditStrategy, builtin
+from credit_core.strategy import CreditResult, CreditStrategy, CriticRewardForm, builtin
 from credit_core.tensor_checks import check_finite_at
 
 
@@ -65,6 +65,10 @@ class P2TStrategy(CreditStrategy):
     @property
     def reads_groups(self) -> bool:
         return self.params.mode == "paper"
+
+    @property
+    def critic_reward_form(self) -> CriticRewardForm | None:
+        return "token_rewards" if self.params.mode == "paper" else "weights"
 
     def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
         batch.require(self.requires, self.name)

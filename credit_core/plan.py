@@ -312,17 +312,33 @@ class CreditPlan:
         return sampling_problem(self.name, self.signals, settings, off)
 
     def estimator_problem(
-        self, key: str, estimator: object, allowed: Collection[str]
+        self,
+        key: str,
+        estimator: object,
+        allowed: Collection[str],
+        critic: Collection[str] = (),
     ) -> Problem | None:
-        """A ``Problem`` at ``key`` when ``estimator`` is not one of ``allowed`` (the backend's
-        response-level estimators): a strategy other than ``uniform`` splits one advantage
-        per response over its tokens. None for ``uniform`` (it serves any estimator)."""
+        """A ``Problem`` at ``key`` when ``estimator`` is neither one of ``allowed`` (the
+        backend's response-level estimators: a strategy other than ``uniform`` splits one
+        advantage per response over its tokens) nor one of ``critic`` (the backend's critic
+        estimators, served by ``critic_reward_shift`` for a strategy with a
+        ``critic_reward_form``). None for ``uniform`` (it serves any estimator)."""
         if self.name == "uniform" or estimator in allowed:
             return None
+        if estimator in critic:
+            if self.strategy.critic_reward_form is not None:
+                return None
+            return Problem(
+                key,
+                f"{estimator!r}; credit strategy {self.name!r} has no token-reward form for a "
+                "critic (its token advantages are no redistribution of the response reward, "
+                "docs/design.md, 'Credit under a critic'): use one of "
+                f"{sorted(allowed)}",
+            )
         return Problem(
             key,
             f"{estimator!r}; credit strategy {self.name!r} splits a response-level advantage "
-            f"over its tokens: use one of {sorted(allowed)}",
+            f"over its tokens: use one of {sorted([*allowed, *critic])}",
         )
 
     def direction_problem(

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 #: "Answer-gradient reweighting (OAR-G)").
 DEFAULT_ANSWER_NOISE_STD = 1e-3
 
+#: ``CreditStrategy.critic_reward_form``: mean-preserving weights, or the paper form's rewards.
+CriticRewardForm = Literal["weights", "token_rewards"]
+
 
 class NoParams(BaseModel):
     """Parameters of a strategy that takes none; any key is rejected."""
@@ -56,11 +59,15 @@ class CreditResult:
     """What ``assign_with_diagnostics`` returns.
 
     ``token_advantages`` (B, T) float32, exactly 0 where the mask is False;
-    ``diagnostics`` summarizes the weights (see ``CreditDiagnostics``).
+    ``diagnostics`` summarizes the weights (see ``CreditDiagnostics``); ``token_rewards``
+    (B, T) float64 or None: a paper-form strategy's token rewards r_t (0 at padding), from
+    which its advantages were formed, and which a critic estimator takes as they are
+    (``credit_core.token_rewards.critic_reward_shift``).
     """
 
     token_advantages: torch.Tensor
     diagnostics: CreditDiagnostics
+    token_rewards: torch.Tensor | None = None
 
 
 class CreditStrategy(ABC):
@@ -161,6 +168,16 @@ class CreditStrategy(ABC):
         into advantages by ``group_return_advantages``); a backend that cannot pass them
         refuses the strategy at start-up."""
         return False
+
+    @property
+    def critic_reward_form(self) -> CriticRewardForm | None:
+        """How a critic estimator (PPO's GAE) takes this strategy's credit as token rewards
+        (docs/design.md, "Credit under a critic"): ``"weights"`` for token advantages
+        A_t = A_i w_t that keep each response's mean (the reward's group deviation is moved
+        between tokens by w_t - 1), ``"token_rewards"`` for a paper form's own r_t
+        (``CreditResult.token_rewards``), None where the token advantages are no
+        redistribution of the response reward (a backend refuses the strategy with ``gae``)."""
+        return "weights"
 
     @property
     def implicit_prm(self) -> ImplicitPRMSpec | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from credit_core.errors import CreditError
+from credit_core.strategy import CreditResult, CriticRewardForm
 from credit_core.tensor_checks import check_tensor
 
 
@@ -67,3 +68,75 @@ def group_return_advantages(
     adv = (G - mean[index].unsqueeze(1)) / (std + eps).unsqueeze(1)
     adv = torch.where(mask & (std > 0).unsqueeze(1), adv, 0.0)
     return adv.to(torch.float32)
+
+
+def critic_reward_shift(
+    result: CreditResult,
+    advantages: torch.Tensor,
+    rewards: torch.Tensor,
+    groups: torch.Tensor,
+    mask: torch.Tensor,
+    form: CriticRewardForm,
+    *,
+    name: str = "strategy",
+) -> torch.Tensor:
+    """D (B, T) float32, 0 at padding: what a strategy's credit adds to the outcome token
+    rewards R_i 1[t = T_i] that a critic estimator (PPO's GAE) reads (docs/design.md, "Credit
+    under a critic").
+
+    - ``form == "weights"``: D_t = (R_i - mean_g R) (w_t - 1) / n_i with w_t = A_t / A_i the
+      strategy's mean-preserving weights (``result.token_advantages`` over ``advantages``
+      (B,), GRPO's response advantages they were formed from; D = 0 where A_i = 0). The
+      group deviation of the reward, whose sign w was formed with, moves between tokens;
+      sum_t D_t = 0, so the total token reward stays R_i (the sum-preserving twin of the
+      mean-preserving contract), and ``uniform`` (w = 1) adds exactly 0.
+    - ``form == "token_rewards"``: D_t = r_t - R_i 1[t = T_i], the paper form's own token
+      rewards (``result.token_rewards``) in place of the outcome reward.
+
+    ``rewards`` (B,), ``groups`` (B,) int64 with >= 2 responses per group, ``mask`` (B, T)
+    bool right-padded with >= 1 valid token per row. Raises ``CreditError`` when a
+    ``weights`` strategy's advantages change a response's mean (relative 1e-4), or a
+    ``token_rewards`` result carries none.
+    """
+    B, T = mask.shape
+    check_tensor("mask", mask, (None, None), dtype=torch.bool)
+    device = mask.device
+    check_tensor("advantages", advantages, (B,), floating=True, device=device)
+    check_tensor("rewards", rewards, (B,), floating=True, device=device)
+    check_tensor("groups", groups, (B,), dtype=torch.long, device=device)
+    check_tensor("token_advantages", result.token_advantages, (B, T), device=device)
+    R = rewards.to(torch.float64)
+    positions = torch.arange(T, device=device).expand(B, T)
+    last = positions == torch.where(mask, positions, -1).max(dim=1).values.unsqueeze(1)
+    if form == "token_rewards":
+        if result.token_rewards is None:
+            raise CreditError(
+                f"{name}: a paper-form strategy must return its token rewards "
+                "(CreditResult.token_rewards) to run under a critic estimator"
+            )
+        r = check_tensor("token_rewards", result.token_rewards, (B, T), device=device)
+        shift = r.to(torch.float64) - R.unsqueeze(1) * last
+        return torch.where(mask, shift, 0.0).to(torch.float32)
+    _, index = torch.unique(groups, return_inverse=True)
+    count = torch.bincount(index).to(torch.float64)
+    if bool((count < 2).any()):
+        lone = torch.unique(groups[(count < 2)[index]]).tolist()
+        raise CreditError(
+            f"groups: the group deviation of the reward needs >= 2 responses per group, "
+            f"groups {lone} have one"
+        )
+    deviation = R - (torch.bincount(index, weights=R) / count)[index]
+    a = advantages.to(torch.float64).unsqueeze(1)
+    w = torch.where(a != 0, result.token_advantages.to(torch.float64) / a.where(a != 0, 1.0), 1.0)
+    w = torch.where(mask, w, 1.0)
+    n = mask.sum(dim=1).to(torch.float64)
+    drift = (w - 1.0).sum(dim=1) / n
+    bad = drift.abs() > 1e-4
+    if bool(bad.any()):
+        raise CreditError(
+            f"{name}: its critic_reward_form is 'weights', but its token advantages change the "
+            f"mean of rows {torch.nonzero(bad).flatten().tolist()} (mean A_t / A_i - 1 up to "
+            f"{float(drift.abs().max()):.3g}); a critic estimator needs weights of mean 1"
+        )
+    shift = deviation.unsqueeze(1) * (w - 1.0) / n.unsqueeze(1)
+    return torch.where(mask, shift, 0.0).to(torch.float32)

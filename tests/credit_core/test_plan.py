@@ -129,6 +129,18 @@ def test_a_response_level_estimator_is_required_except_for_uniform() -> None:
     assert uniform.estimator_problem("algo.estimator", "gae", ["grpo"]) is None
 
 
+def test_a_critic_estimator_serves_the_strategies_with_a_token_reward_form() -> None:
+    datc = CreditPlan.build("datc", EVERYTHING)
+    assert datc.estimator_problem("algo.estimator", "gae", ["grpo"], critic=["gae"]) is None
+    paper = CreditPlan.build({"name": "red", "mode": "paper"}, EVERYTHING)
+    assert paper.estimator_problem("algo.estimator", "gae", ["grpo"], critic=["gae"]) is None
+    ktae = CreditPlan.build("ktae", EVERYTHING)
+    problem = ktae.estimator_problem("algo.estimator", "gae", ["grpo"], critic=["gae"])
+    assert problem is not None and problem.key == "algo.estimator"
+    assert "has no token-reward form for a critic" in str(problem)
+    assert "rloo" in str(datc.estimator_problem("k", "rloo", ["grpo"], critic=["gae"]))
+
+
 def test_the_direction_model_must_give_what_is_read() -> None:
     abc = CreditPlan.build("abc", EVERYTHING)
     problem = abc.direction_problem(
