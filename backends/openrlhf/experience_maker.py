@@ -35,6 +35,10 @@ a split); the credit lives in the standard ``advantages`` and ``info`` fields.
 
 With the ``uniform`` strategy nothing is gathered and the advantages are OpenRLHF's own,
 untouched: training is stock OpenRLHF bit for bit (only ``credit/*`` constants are logged).
+
+Under a critic (``--algo.advantage.estimator gae``, ``under_critic``) the advantages are
+OpenRLHF's GAE: the maker adds the strategy's shift D (``backends.openrlhf.critic``) to the
+token rewards OpenRLHF hands its ``get_advantages_and_returns``, and leaves the rest to it.
 """
 
 from __future__ import annotations
