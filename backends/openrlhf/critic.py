@@ -153,7 +153,7 @@ def critic_reward_shifts(
             diagnostics.append(result.diagnostics)
     step = CreditResult(token_advantages, diagnostics[0], token_rewards)
     shift = critic_reward_shift(step, advantages, rewards, groups, mask, form, name=strategy.name)
-    shifts = [part[:, :w] for part, w in zip(shift.split(sizes), widths, strict=True)]
+    shifts = [part[:, :w] for part, w in zip(torch.split(shift, sizes), widths, strict=True)]
     return CriticShifts(shifts, diagnostics)
 
 

@@ -267,7 +267,8 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
             return self.assign_token_credit(experiences)
         self._critic_step = experiences
         try:
-            return super().compute_advantages_and_returns(experiences)
+            shaped: list[Experience] = super().compute_advantages_and_returns(experiences)
+            return shaped
         finally:
             self._critic_step = None
             self._critic_shifts = []
