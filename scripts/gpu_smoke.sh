@@ -20,9 +20,11 @@
 #
 # Each check prints one "PASS name" or "FAIL name" line; the exit status is the number of
 # failures. Logs are in $WORK. OPENRLHF=1 also runs scripts/openrlhf_gpu_smoke.sh (OpenRLHF
-# and the older TRL runs, 5-10 more minutes) as two more checks: openrlhf (its unpacked runs
-# and TRL section) and openrlhf_packed_datc_mid (packed OpenRLHF GRPO with datc_mid:
-# --ds.packing_samples and --train.dynamic_batch_enable, 2-3 more minutes); VERL=1 also runs
+# and the older TRL runs, 5-10 more minutes) as three more checks: openrlhf (its unpacked runs
+# and TRL section), openrlhf_packed_datc_mid (packed OpenRLHF GRPO with datc_mid:
+# --ds.packing_samples and --train.dynamic_batch_enable, 2-3 more minutes) and
+# openrlhf_ppo_gae_abc (OpenRLHF PPO with a critic, --algo.advantage.estimator gae, and
+# --credit abc in its paper form, 2-3 more minutes); VERL=1 also runs
 # scripts/verl_gpu_smoke.sh (verl main_ppo with vLLM and credit datc, 3-5 more minutes)
 # with VERL_PYTHON (default PYTHON): verl 0.9.1 needs its own environment (docs/verl.md).
 #
@@ -168,6 +170,12 @@ if [[ "${OPENRLHF:-0}" == 1 ]] && wanted openrlhf_packed_datc_mid; then
   WORK=$WORK/openrlhf_packed RUNS=datc_mid_packed BENCH=0 TRL=0 \
     logged openrlhf_packed_datc_mid bash scripts/openrlhf_gpu_smoke.sh
   result openrlhf_packed_datc_mid $?
+fi
+if [[ "${OPENRLHF:-0}" == 1 ]] && wanted openrlhf_ppo_gae_abc; then
+  mkdir -p "$WORK/openrlhf_ppo_gae"
+  WORK=$WORK/openrlhf_ppo_gae RUNS=ppo_gae_abc BENCH=0 TRL=0 \
+    logged openrlhf_ppo_gae_abc bash scripts/openrlhf_gpu_smoke.sh
+  result openrlhf_ppo_gae_abc $?
 fi
 
 # -------------------------------------------------------------------------------- verl

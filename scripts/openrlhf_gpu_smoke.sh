@@ -12,7 +12,10 @@
 # experience maker was installed in the trainer actor, and that the credit diagnostics
 # reached OpenRLHF's TensorBoard logs (uniform: weights all 1; datc, datc_mid,
 # datc_mid_packed: uneven weights; datc: the reward logged; datc_mid, datc_mid_packed: no
-# extra policy forward).
+# extra policy forward). `ppo_gae_abc` (not in the default RUNS): PPO with OpenRLHF's critic
+# (`--algo.advantage.estimator gae`) and `--credit abc --credit.mode paper`, ABC's token
+# rewards shifting OpenRLHF's, its attention from the tiny Llama reward model (checks: a
+# critic loss logged, uneven weights).
 #
 # Needs: 1+ NVIDIA GPU; python with torch (CUDA), openrlhf 0.11.x, vllm, flash-attn,
 # deepspeed, ray, tensorboard, and this repository (run from its root, or installed).
@@ -45,6 +48,10 @@ TRL=${TRL:-1}
 # packed samples and dynamic batches: OpenRLHF packs with flash-attention only
 PACKED=(--ds.packing_samples --train.dynamic_batch_enable --rollout.max_tokens_per_gpu 256
   --train.max_tokens_per_gpu 256 --ds.attn_implementation flash_attention_2)
+# PPO with a critic (OpenRLHF's GAE, a critic from the reward model's folder) and ABC's paper
+# form: its token rewards shift OpenRLHF's (docs/openrlhf.md, "PPO with a critic")
+PPO_GAE=(--algo.advantage.estimator gae --critic.num_nodes 1 --critic.num_gpus_per_node 1
+  --critic.adam.lr 9e-6)
 # END SETTINGS
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -151,6 +158,7 @@ run uniform --credit uniform
 run datc --credit datc --credit.beta 1.0 --credit.lam 0.5
 run datc_mid --credit datc_mid --credit.beta 1.0 --credit.lam 0.5
 run datc_mid_packed --credit datc_mid --credit.beta 1.0 --credit.lam 0.5 "${PACKED[@]}"
+run ppo_gae_abc --credit abc --credit.mode paper "${PPO_GAE[@]}"
 
 echo "== checking the logged credit diagnostics"
 "$PYTHON" - "$WORK" "$RUNS" <<'EOF'
@@ -189,6 +197,11 @@ for name in ("datc_mid", "datc_mid_packed"):
         mid = logged[name]
         assert max(mid["train/credit/weight_max"]) > 1.0, f"{name} weights should be uneven"
         assert max(mid["train/credit/extra_policy_forwards"]) == 0.0, f"{name}: m1 from the forward"
+if "ppo_gae_abc" in logged:
+    gae = logged["ppo_gae_abc"]
+    assert "train/critic_loss" in gae, f"ppo_gae_abc: no critic trained; have {sorted(gae)}"
+    assert min(gae["train/credit/weight_entropy"]) < 1.0, "ppo_gae_abc: abc's attention unused"
+    print("ppo_gae_abc critic_loss:", [round(v, 4) for v in gae["train/critic_loss"]])
 print("SMOKE OK")
 EOF
 fi

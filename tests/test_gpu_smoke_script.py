@@ -109,3 +109,44 @@ def test_the_packed_openrlhf_run_passes_settings_openrlhf_and_the_credit_accept(
     assert args.ds.attn_implementation == "flash_attention_2"
     credit = resolve_credit(args, OpenRLHFCreditConfig(credit=CreditConfig.parse("datc_mid")))
     assert credit.requires == {"policy_stats", "reward_grad"} and credit.placement == "reward"
+
+
+def test_the_ppo_gae_openrlhf_run_passes_settings_openrlhf_and_the_credit_accept() -> None:
+    """``openrlhf_ppo_gae_abc``: gpu_smoke.sh runs openrlhf_gpu_smoke.sh's ``ppo_gae_abc``
+    run alone; its PPO_GAE flags, with the script's COMMON ones, parse in OpenRLHF (which
+    then takes the critic from the reward model's folder) and the credit serves ABC's paper
+    form under ``gae``."""
+    from backends.openrlhf.compat import resolve_credit
+    from backends.openrlhf.settings import OpenRLHFCreditConfig
+    from credit_core import CreditConfig
+    from tests.helpers.openrlhf import openrlhf_args
+
+    script = REPO / "scripts" / "openrlhf_gpu_smoke.sh"
+    block = f"eval \"$(sed -n '/^# BEGIN SETTINGS/,/^# END SETTINGS/p' {script})\"; "
+    out = subprocess.run(
+        ["bash", "-c", block + 'printf "%s\\0" "${PPO_GAE[@]}"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    ppo_gae = out.stdout.split("\0")[:-1]
+    text = script.read_text()
+    assert 'run ppo_gae_abc --credit abc --credit.mode paper "${PPO_GAE[@]}"' in text
+    assert "RUNS=ppo_gae_abc" in SCRIPT.read_text()
+    assert "wanted openrlhf_ppo_gae_abc" in SCRIPT.read_text()
+    common = [  # the script's COMMON flags that the credit reads
+        "--reward.model_name_or_path",
+        "/models/rm",
+        "--algo.advantage.estimator",
+        "group_norm",
+        "--algo.kl.use_loss",
+        "--rollout.n_samples_per_prompt",
+        "4",
+    ]
+    args = openrlhf_args([*common, *ppo_gae])  # later flags win, as in the script
+    assert args.algo.advantage.estimator == "gae"
+    assert (args.critic.num_nodes, args.critic.num_gpus_per_node) == (1, 1)
+    cfg = OpenRLHFCreditConfig(credit=CreditConfig.parse({"name": "abc", "mode": "paper"}))
+    credit = resolve_credit(args, cfg)
+    assert credit.requires == {"reward_attention"} and credit.placement == "reward"
+    assert credit.plan.strategy.critic_reward_form == "token_rewards"

@@ -7,12 +7,15 @@ of ``train_ppo_ray``: ``args.algo.advantage.estimator`` ...) and returns a
 ``uniform`` (stock OpenRLHF) fits every setting. Other strategies split a *response-level*
 advantage over tokens, so they need one: every estimator but ``gae``, ``reinforce`` only
 with gamma 1, and no KL penalty inside the reward (use ``--algo.kl.use_loss`` or
-``--algo.kl.init_coef 0``). Signals reduced from the policy's logits (policy statistics,
-DATC's W0, the token entropy) are read per sample from the logits of OpenRLHF's forward,
-packed (``--ds.packing_samples``, ``--train.dynamic_batch_enable``) or not; ring attention
-and DeepSpeed tensor parallelism (which split those logits over ranks) are rejected for
-strategies that read them; vision-language inputs are rejected for every strategy but
-``uniform``.
+``--algo.kl.init_coef 0``); or they run under OpenRLHF's critic (``gae``), as a shift of its
+token rewards (``backends.openrlhf.critic``; any KL penalty in the reward stays), which
+needs a ``critic_reward_form`` and >= 2 samples per prompt, and gives the strategy the
+step's rewards and groups (``CRITIC_BACKEND``: the paper forms are served there). Signals
+reduced from the policy's logits (policy statistics, DATC's W0, the token entropy) are read
+per sample from the logits of OpenRLHF's forward, packed (``--ds.packing_samples``,
+``--train.dynamic_batch_enable``) or not; ring attention and DeepSpeed tensor parallelism
+(which split those logits over ranks) are rejected for strategies that read them; vision-
+language inputs are rejected for every strategy but ``uniform``.
 
 What the actors compute (``ResolvedCredit.requires``) is the run's ``CreditPlan`` on
 ``BACKEND`` (the strategy built once per process): with the direction model on the policy
@@ -38,7 +41,7 @@ before the first step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from backends.common.config_values import parse_direction
@@ -70,6 +73,14 @@ BACKEND = Backend(
     path_work=False,
     hint="use the native or TRL backend (docs/backends.md)",
 )
+
+#: Under a critic (``CRITIC_ESTIMATORS``) the strategy also gets the step's rewards and
+#: groups: the token-credit maker holds the whole step (``backends.openrlhf.critic``).
+CRITIC_BACKEND = replace(BACKEND, features=BACKEND.features | {"groups"})
+
+#: OpenRLHF's critic estimator: credit enters as a shift of its token rewards
+#: (docs/design.md, "Credit under a critic").
+CRITIC_ESTIMATORS = ("gae",)
 
 #: OpenRLHF estimators whose token advantages are one value per response.
 RESPONSE_LEVEL_ESTIMATORS = (
@@ -161,7 +172,10 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
     Raises ``CreditError`` with one line per incompatible setting, naming the OpenRLHF flag.
     """
     # the strategy is built once; the placement below decides whether g comes first
-    plan = CreditPlan.build(cfg.credit, BACKEND)
+    estimator = _get(args, "algo.advantage.estimator")
+    critic = estimator in CRITIC_ESTIMATORS
+    backend = CRITIC_BACKEND if critic else BACKEND
+    plan = CreditPlan.build(cfg.credit, backend)
     strategy = plan.strategy
     requires = strategy.requires
     name = strategy.name
@@ -173,12 +187,21 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
         return ResolvedCredit(cfg, plan, None, None, duplicate_factor, colocate)
 
     problems: list[str] = []
-    estimator = _get(args, "algo.advantage.estimator")
     problem = plan.estimator_problem(
-        "--algo.advantage.estimator", estimator, RESPONSE_LEVEL_ESTIMATORS
+        "--algo.advantage.estimator",
+        estimator,
+        RESPONSE_LEVEL_ESTIMATORS,
+        critic=CRITIC_ESTIMATORS,
     )
     if problem is not None:
         problems.append(str(problem))
+    samples = int(_get(args, "rollout.n_samples_per_prompt", 1))
+    if critic and samples < 2:
+        problems.append(
+            f"--rollout.n_samples_per_prompt: {samples}; under a critic strategy {name!r} is "
+            "run on GRPO's group advantages of each prompt's samples and needs >= 2 "
+            "(docs/design.md, 'Credit under a critic')"
+        )
     if estimator == "reinforce" and float(_get(args, "algo.advantage.gamma", 1.0)) != 1.0:
         problems.append(
             "--algo.advantage.gamma: 'reinforce' with gamma != 1 gives per-token advantages; "
@@ -187,7 +210,7 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
     kl_in_reward = not _get(args, "algo.kl.use_loss", False) and (
         float(_get(args, "algo.kl.init_coef", 0.0)) > 0.0
     )
-    if kl_in_reward:
+    if kl_in_reward and not critic:  # under a critic the shift adds to the KL-shaped rewards
         problems.append(
             "--algo.kl.init_coef > 0 without --algo.kl.use_loss puts a per-token KL penalty "
             f"into the reward, so advantages differ within a response; strategy {name!r} needs "
@@ -254,7 +277,7 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
         direction = found.model_dump(exclude_unset=True)
     # W0 streams from g known before the policy's forward (placement policy); a path
     # strategy's g needs the policy's m1 from that forward first (the plan's rule)
-    plan = CreditPlan.build(strategy, BACKEND, work_first=placement == "policy")
+    plan = CreditPlan.build(strategy, backend, work_first=placement == "policy")
     points = plan.reward_grad_points
     one_pass = one_pass_problem(args, cfg, plan.signals, placement, points) is None
     return ResolvedCredit(cfg, plan, placement, direction, duplicate_factor, colocate, one_pass)

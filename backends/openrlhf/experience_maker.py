@@ -35,6 +35,10 @@ a split); the credit lives in the standard ``advantages`` and ``info`` fields.
 
 With the ``uniform`` strategy nothing is gathered and the advantages are OpenRLHF's own,
 untouched: training is stock OpenRLHF bit for bit (only ``credit/*`` constants are logged).
+
+Under a critic (``--algo.advantage.estimator gae``, ``under_critic``) the advantages are
+OpenRLHF's GAE: the maker adds the strategy's shift D (``backends.openrlhf.critic``) to the
+token rewards OpenRLHF hands its ``get_advantages_and_returns``, and leaves the rest to it.
 """
 
 from __future__ import annotations
@@ -66,16 +70,16 @@ from backends.openrlhf.compat import (
     ResolvedCredit,
     check_direction_capabilities,
 )
+from backends.openrlhf.critic import critic_reward_shifts
 from backends.openrlhf.layout import action_token_ids
+from backends.openrlhf.step_batch import padded, stacked_signals
 from credit_core import (
     CreditDiagnostics,
     CreditError,
-    CreditSignals,
     CreditStrategy,
     assign_credit,
 )
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
-from credit_core.batch import TOKEN_SIGNALS
 
 #: Gathers the signals of a list of micro-batches (one ``ActorSignals`` per Experience).
 SignalGatherer = Callable[[Sequence[Experience]], list[ActorSignals]]
@@ -149,35 +153,6 @@ def apply_token_credit(
     return result.diagnostics
 
 
-def _padded(values: torch.Tensor, width: int) -> torch.Tensor:
-    """(n, A) ``values`` with zero columns appended up to ``width`` >= A."""
-    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
-
-
-def _stacked_signals(credits: Sequence[CreditSignals], width: int) -> CreditSignals:
-    """The per-token signals of the micro-batches' ``credits`` (n_k, A_k), stacked along the
-    batch and zero-padded to ``width`` columns. A signal present in some micro-batches only
-    is a ``CreditError`` naming it."""
-    stacked: dict[str, torch.Tensor] = {}
-    for name in TOKEN_SIGNALS:
-        values = [getattr(credit, name) for credit in credits]
-        present = [value for value in values if value is not None]
-        if not present:
-            continue
-        if len(present) != len(values):
-            lacking = [k for k, value in enumerate(values) if value is None]
-            raise CreditError(
-                f"credit signals: {name!r} is missing from micro-batches {lacking} of the step"
-            )
-        stacked[name] = torch.cat([_padded(value, width) for value in present])
-    return CreditSignals(
-        unsigned_work=stacked.get("unsigned_work"),
-        token_entropy=stacked.get("token_entropy"),
-        reward_attention=stacked.get("reward_attention"),
-        prefix_rewards=stacked.get("prefix_rewards"),
-    )
-
-
 def apply_step_credit(
     experiences: Sequence[Experience], strategy: CreditStrategy, signals: Sequence[ActorSignals]
 ) -> CreditDiagnostics:
@@ -208,9 +183,9 @@ def apply_step_credit(
         result = assign_credit(
             strategy,
             torch.cat(advantages),
-            torch.cat([_padded(mask, width) for mask in masks]),
-            torch.cat([_padded(ids, width) for ids in token_ids]),
-            _stacked_signals(credits, width),
+            torch.cat([padded(mask, width) for mask in masks]),
+            torch.cat([padded(ids, width) for ids in token_ids]),
+            stacked_signals(credits, width),
         )
         start = 0
         for out, rows, mask in zip(token_advantages, rows_of, masks, strict=True):
@@ -254,6 +229,9 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         self.credit = credit
         self.credit_strategy = credit.plan.strategy
         self._gather_signals: SignalGatherer = gather_signals or self._gather_from_actors
+        #: under a critic, the step whose GAE OpenRLHF is computing, and its pending shifts
+        self._critic_step: list[Experience] | None = None
+        self._critic_shifts: list[tuple[Experience, torch.Tensor]] = []
         if credit.requires and gather_signals is None:
             self._bind_actor_methods()
 
@@ -273,11 +251,84 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
             credit=credit,
         )
 
+    @property
+    def under_critic(self) -> bool:
+        """PPO with a critic (``--algo.advantage.estimator gae``) and a strategy other than
+        ``uniform``: the credit enters as a shift of the token rewards
+        (``backends.openrlhf.critic``), not as token advantages."""
+        return self.advantage_estimator == "gae" and self.credit_strategy.name != "uniform"
+
     @torch.no_grad()
     def compute_advantages_and_returns(self, experiences: list[Experience]) -> list[Experience]:
-        """OpenRLHF's advantages and returns, then token credit (see the module docstring)."""
-        experiences = super().compute_advantages_and_returns(experiences)
-        return self.assign_token_credit(experiences)
+        """OpenRLHF's advantages and returns, then token credit (see the module docstring);
+        under a critic, OpenRLHF's with the credit's shift in its token rewards."""
+        if not self.under_critic:
+            experiences = super().compute_advantages_and_returns(experiences)
+            return self.assign_token_credit(experiences)
+        self._critic_step = experiences
+        try:
+            shaped: list[Experience] = super().compute_advantages_and_returns(experiences)
+            return shaped
+        finally:
+            self._critic_step = None
+            self._critic_shifts = []
+
+    @torch.no_grad()
+    def get_advantages_and_returns(
+        self,
+        values: torch.Tensor,
+        rewards: torch.Tensor,
+        action_mask: torch.Tensor,
+        gamma: float,
+        lambd: float,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """OpenRLHF's GAE on ``rewards`` (B, A), its token rewards of one micro-batch (the
+        outcome reward at the last action token plus its KL term), plus, under a critic, that
+        micro-batch's shift D. OpenRLHF calls it once per micro-batch in order, after its
+        length penalties: the first call computes the step's shifts (``critic_shifts``)."""
+        if self._critic_step is not None:
+            if not self._critic_shifts:
+                self._critic_shifts = self.critic_shifts(self._critic_step)
+            experience, shift = self._critic_shifts.pop(0)
+            if experience.action_mask is not action_mask:
+                raise CreditError(
+                    "get_advantages_and_returns: expected OpenRLHF to compute the micro-batches' "
+                    "GAE in the order of the step's experiences"
+                )
+            rewards = rewards + shift.to(device=rewards.device, dtype=rewards.dtype)
+        advantages, returns = super().get_advantages_and_returns(
+            values, rewards, action_mask, gamma, lambd
+        )
+        return advantages, returns
+
+    def critic_shifts(self, experiences: list[Experience]) -> list[tuple[Experience, torch.Tensor]]:
+        """Each micro-batch of the step with the shift D of its token rewards (gathering the
+        strategy's signals as under GRPO), logging the credit's diagnostics."""
+        args = self.strategy.args
+        start = time.perf_counter()
+        signals = self._signals(experiences)
+        elapsed = time.perf_counter() - start
+        found = critic_reward_shifts(
+            experiences,
+            self.credit_strategy,
+            signals,
+            n_samples_per_prompt=int(args.rollout.n_samples_per_prompt),
+            clip_range=args.reward.clip_range,
+        )
+        self._log(experiences, signals, found.diagnostics, elapsed)
+        return list(zip(experiences, found.shifts, strict=True))
+
+    def _signals(self, experiences: list[Experience]) -> list[ActorSignals]:
+        """The strategy's signals of every micro-batch (none gathered when it reads none)."""
+        if not self.credit.requires:
+            return [ActorSignals() for _ in experiences]
+        signals = self._gather_signals(experiences)
+        if len(signals) != len(experiences):
+            raise CreditError(
+                f"credit signals: expected one per micro-batch ({len(experiences)}), "
+                f"got {len(signals)}"
+            )
+        return signals
 
     def assign_token_credit(self, experiences: list[Experience]) -> list[Experience]:
         """Apply the strategy to every micro-batch of ``experiences`` (in place) and log."""
@@ -286,15 +337,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                 log_diagnostics(experience, UNIFORM_DIAGNOSTICS.to_dict())
             return experiences
         start = time.perf_counter()
-        if self.credit.requires:
-            signals = self._gather_signals(experiences)
-        else:
-            signals = [ActorSignals() for _ in experiences]
-        if len(signals) != len(experiences):
-            raise CreditError(
-                f"credit signals: expected one per micro-batch ({len(experiences)}), "
-                f"got {len(signals)}"
-            )
+        signals = self._signals(experiences)
         elapsed = time.perf_counter() - start
         if self.credit_strategy.gathers:
             step = apply_step_credit(experiences, self.credit_strategy, signals)
@@ -304,6 +347,17 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                 apply_token_credit(experience, self.credit_strategy, signal)
                 for experience, signal in zip(experiences, signals, strict=True)
             ]
+        self._log(experiences, signals, diagnostics, elapsed)
+        return experiences
+
+    def _log(
+        self,
+        experiences: Sequence[Experience],
+        signals: Sequence[ActorSignals],
+        diagnostics: Sequence[CreditDiagnostics],
+        elapsed: float,
+    ) -> None:
+        """Each micro-batch's credit diagnostics into its ``info`` (``log_diagnostics``)."""
         # OpenRLHF averages every info entry: the extremes are logged as the step's, the
         # same in each micro-batch, so that their average is the step's max and min
         extremes = {
@@ -320,7 +374,6 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
             log_diagnostics(experience, values)
             if signal.direction_reward is not None:
                 experience.info["credit/direction_reward"] = signal.direction_reward.float()
-        return experiences
 
     def _bind_actor_methods(self) -> None:
         """Bind the signal methods (and, on the policy actors, the forward wrapper that keeps

@@ -23,8 +23,8 @@ from adapters.tiny import Family
 from backends.common.data import check_shardable
 from backends.common.errors import ConfigError, FieldError, format_config_errors
 from backends.common.tasks import task_problems
-from credit_core import SIGNALS, CreditConfig, CreditError, strategy_class
-from credit_core.plan import FEATURES, Backend, sampling_problem, signals_read
+from credit_core import ESTIMATORS, SIGNALS, CreditConfig, CreditError, strategy_class
+from credit_core.plan import FEATURES, Backend, CreditPlan, sampling_problem, signals_read
 
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -188,7 +188,9 @@ class AlgorithmConfig(Section):
     ``estimator``: a group estimator (``credit_core.group_advantages``), or ``gae``: PPO with
     a learned critic (``critic`` section), token advantages by GAE with ``gamma`` and
     ``lam`` (docs/design.md, "PPO with a critic (GAE)"); ``gamma``/``lam`` are read only
-    by ``gae``.
+    by ``gae``. Under ``gae`` a credit strategy moves the outcome reward between tokens
+    (docs/design.md, "Credit under a critic"); one without a ``critic_reward_form`` is
+    refused at ``algorithm.estimator``.
     """
 
     estimator: Literal["group_norm", "dr_grpo", "rloo", "gae"] = "group_norm"
@@ -351,14 +353,16 @@ class TrainConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _gae_credit_is_uniform(self) -> TrainConfig:
-        if self.algorithm.estimator == "gae" and self.credit.name != "uniform":
-            raise FieldError(
-                "credit",
-                f"algorithm.estimator='gae' takes its token advantages from the critic (GAE), "
-                f"so credit must be 'uniform', got {self.credit.name!r}; use a group estimator "
-                "(algorithm.estimator: group_norm, dr_grpo or rloo) with this credit strategy",
-            )
+    def _estimator_serves_credit(self) -> TrainConfig:
+        plan = CreditPlan.unchecked(self.credit, BACKEND)
+        problem = plan.estimator_problem(
+            "algorithm.estimator",
+            self.algorithm.estimator,
+            ESTIMATORS,
+            critic=("gae",),
+        )
+        if problem is not None:
+            raise FieldError(problem.key, problem.message)
         return self
 
     @model_validator(mode="after")

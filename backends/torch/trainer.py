@@ -29,7 +29,7 @@ import copy
 import gc
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,10 +111,10 @@ from credit_core import (
     assign_credit,
     group_advantages,
 )
-from credit_core.allocation import UNIFORM_DIAGNOSTICS
 from credit_core.answer_reweighting import ANSWER_SALIENCY
 from credit_core.plan import CreditPlan
 from credit_core.preemption import PreemptionWatch, signal_name
+from credit_core.token_rewards import critic_reward_shift
 
 CONFIG_FILE = "config.yaml"
 CHECKPOINT_DIR = "checkpoints"
@@ -632,10 +632,12 @@ class GRPORecipe:
         (the ablation probes, ``benchmarks/step.py``). ``strategy`` and ``rewards`` replace
         the run's own for this call (the probes judge other credits on the same batch).
 
-        With ``algorithm.estimator: gae`` the run's own credit is PPO's (``_gae_credit``:
-        the critic's values, GAE, whitened); another ``strategy`` judged on the batch gets
-        GRPO's ``group_norm`` response advantages, the estimator the strategies are
-        defined with (docs/design.md, "PPO with a critic (GAE)").
+        Every strategy is run on GRPO's ``group_norm`` response advantages under
+        ``algorithm.estimator: gae`` (the estimator the strategies are defined with); the
+        run's own credit is then PPO's (``_gae_credit``: the strategy's result as a shift of
+        the outcome token rewards, the critic's values, GAE, whitened), while another
+        ``strategy`` judged on the batch keeps its token advantages (docs/design.md, "PPO
+        with a critic (GAE)", "Credit under a critic").
         """
         cfg = self.cfg
         own_gae = self._gae and strategy in (None, self.strategy)
@@ -694,16 +696,6 @@ class GRPORecipe:
         if cfg.algorithm.kl_coef > 0:
             assert ref_logp is not None
             kl_ref = kl_estimate(old.logp, ref_logp, cfg.algorithm.kl_estimator)
-        if own_gae:
-            return self._gae_credit(
-                batch,
-                reward.rewards,
-                old.logp,
-                ref_logp,
-                kl_ref,
-                reward.diagnostics,
-                reward_seconds,
-            )
         if "implicit_log_ratio" in reads:
             if self.prm is None or ref_logp is None:
                 raise ConfigError(
@@ -732,7 +724,7 @@ class GRPORecipe:
             gather=self.ctx.gather_values,
             answer_mask=answer_mask,
         )
-        return StepSignals(
+        signals = StepSignals(
             batch=batch,
             rewards=reward.rewards,
             advantages=advantages,
@@ -745,40 +737,44 @@ class GRPORecipe:
             policy_stats_rows=batch.size if old.stats is not None or old.work is not None else 0,
             reward_seconds=reward_seconds,
         )
+        return self._gae_credit(signals) if own_gae else signals
 
-    def _gae_credit(
-        self,
-        batch: RolloutBatch,
-        rewards: torch.Tensor,
-        old_logp: torch.Tensor,
-        ref_logp: torch.Tensor | None,
-        kl_ref: torch.Tensor | None,
-        reward_diagnostics: dict[str, float],
-        reward_seconds: float,
-    ) -> StepSignals:
-        """PPO's signals of ``batch``: the outcome reward at each response's last token, the
-        critic's values (one no-grad pass), GAE advantages and returns, the advantages
-        whitened over the step's valid tokens on all ranks (docs/design.md, "PPO with a
-        critic (GAE)"). The KL term, if any, stays in the loss (``micro_step``)."""
+    def _gae_credit(self, signals: StepSignals) -> StepSignals:
+        """PPO's signals from GRPO's ``signals`` of the run's own strategy: the outcome reward
+        at each response's last token plus the strategy's credit as a shift of it
+        (``critic_reward_shift`` of ``signals.credit``, formed on GRPO's ``group_norm``
+        response advantages; exactly 0 for ``uniform``), the critic's values (one no-grad
+        pass), GAE advantages and returns, the advantages whitened over the step's valid
+        tokens on all ranks; ``credit`` then holds the whitened GAE token advantages with the
+        strategy's diagnostics (docs/design.md, "PPO with a critic (GAE)", "Credit under a
+        critic"). The KL term, if any, stays in the loss (``micro_step``)."""
         alg = self.cfg.algorithm
+        batch = signals.batch
         mask = batch.response_mask
+        form = self.strategy.critic_reward_form
+        assert form is not None  # TrainConfig refuses a strategy without one under gae
+        shift = critic_reward_shift(
+            signals.credit,
+            signals.advantages,
+            signals.rewards,
+            self._group_ids(batch),
+            mask,
+            form,
+            name=self.strategy.name,
+        )
         values = self._critic_values(batch)
         adv, returns = gae_advantages_and_returns(
-            outcome_token_rewards(rewards, mask), values, mask, gamma=alg.gamma, lam=alg.lam
+            outcome_token_rewards(signals.rewards, mask) + shift,
+            values,
+            mask,
+            gamma=alg.gamma,
+            lam=alg.lam,
         )
         token_adv = whiten(adv, mask, self.ctx.all_reduce_sum)
-        return StepSignals(
-            batch=batch,
-            rewards=rewards,
+        return replace(
+            signals,
             advantages=token_adv[:, 0],
-            old_logp=old_logp,
-            ref_logp=ref_logp,
-            credit=CreditResult(token_adv, UNIFORM_DIAGNOSTICS),
-            kl_ref=kl_ref,
-            reward_diagnostics=reward_diagnostics,
-            reward_grad_rows=0,
-            policy_stats_rows=0,
-            reward_seconds=reward_seconds,
+            credit=CreditResult(token_adv, signals.credit.diagnostics),
             values=values,
             returns=returns,
         )

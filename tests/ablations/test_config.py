@@ -256,8 +256,8 @@ def test_a_ppo_gae_row_trains_with_a_critic_at_the_same_rollout_budget(tmp_path:
     ("row", "message"),
     [
         (
-            {**PPO_GAE, "name": "datc"},
-            r"(?s)strategies\.ppo_gae\.train\).*credit must be 'uniform', got 'datc'",
+            {**PPO_GAE, "name": "ktae"},
+            r"(?s)strategies\.ppo_gae\.train\).*'ktae' has no token-reward form for a critic",
         ),
         ({**PPO_GAE, "train": {"seed": 1}}, r"strategies\.ppo_gae\.train: \['seed'\] are set"),
     ],

@@ -18,6 +18,7 @@ from backends.torch.config import (
     dump_config,
     load_config,
 )
+from credit_core import get_strategy
 
 BASE = """\
 seed: 1
@@ -100,13 +101,20 @@ def test_gae_defaults_follow_the_ppo_recipes(tmp_path: Path) -> None:
     assert load_config(write(tmp_path, BASE), ["critic.lr=0.002"]).critic.learning_rate(1.0) == 2e-3
 
 
-@pytest.mark.parametrize("strategy", ["datc", "red"])
-def test_gae_with_a_credit_strategy_other_than_uniform_is_refused(
-    tmp_path: Path, strategy: str
-) -> None:
+@pytest.mark.parametrize("strategy", ["datc", "red", "{name: abc, mode: paper}"])
+def test_gae_serves_a_strategy_that_moves_the_outcome_reward(tmp_path: Path, strategy: str) -> None:
+    """docs/design.md, "Credit under a critic"."""
+    cfg = load_config(write(tmp_path, BASE), [f"credit={strategy}", "algorithm.estimator=gae"])
+    assert cfg.algorithm.estimator == "gae"
+    assert get_strategy(cfg.credit).critic_reward_form is not None
+
+
+@pytest.mark.parametrize("strategy", ["ktae", "prime", "entropy_top"])
+def test_gae_refuses_a_strategy_without_a_token_reward_form(tmp_path: Path, strategy: str) -> None:
     msg = error_of(write(tmp_path, BASE), [f"credit={strategy}", "algorithm.estimator=gae"])
-    assert "credit:" in msg and "algorithm.estimator='gae'" in msg
-    assert f"credit must be 'uniform', got {strategy!r}" in msg
+    assert "algorithm.estimator:" in msg and f"credit strategy {strategy!r}" in msg
+    assert "has no token-reward form for a critic" in msg
+    assert "['dr_grpo', 'group_norm', 'rloo']" in msg
 
 
 def test_credit_short_and_long_forms(tmp_path: Path) -> None:

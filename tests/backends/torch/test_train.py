@@ -37,6 +37,7 @@ from backends.torch.loss import aggregate, ppo_clip_loss
 from backends.torch.trainer import GRPORecipe, RunResult, train
 from credit_core import CreditConfig, ScoreStrategy, get_strategy, group_advantages, token_work
 from credit_core.builtin_strategies import BUILTIN_STRATEGIES
+from credit_core.token_rewards import critic_reward_shift
 from tests.helpers.one_rank import join_one_rank_group
 from tests.helpers.paths import REPO
 from tests.helpers.torch_tiny import (
@@ -469,6 +470,86 @@ def test_a_gae_step_credits_by_the_critic_and_updates_it_beside_the_policy(
         after = recipe.critic.state_dict()
         assert all(not torch.equal(after[k], critic[k]) for k in critic), "a critic tensor froze"
         assert any(not torch.equal(v, policy[k]) for k, v in recipe.model.state_dict().items())
+    finally:
+        recipe.close()
+
+
+def _gae_handed(
+    recipe: GRPORecipe, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, Any, torch.Tensor]:
+    """One rollout of ``recipe``, its signals, and the token rewards its GAE was handed."""
+    import backends.torch.trainer as trainer
+
+    handed: list[torch.Tensor] = []
+
+    def spy(token_rewards: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        handed.append(token_rewards.clone())
+        return gae_advantages_and_returns(token_rewards, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "gae_advantages_and_returns", spy)
+    prompts, positions, groups = recipe._my_prompts([0, 1], recipe.train_prompts)
+    batch = recipe.rollout(prompts, positions, groups, group_size=4, greedy=False, tag="rollout")
+    signals = recipe.signals(batch, recipe.train_prompts)
+    assert len(handed) == 1
+    return batch, signals, handed[0]
+
+
+def test_uniform_hands_gae_exactly_the_stock_outcome_rewards(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/design.md, "Credit under a critic": uniform's shift is 0, so PPO stays stock."""
+    recipe = GRPORecipe(config_from_dict(tiny_config(tmp_path / "run", **GAE_UPDATES)))
+    try:
+        batch, signals, handed = _gae_handed(recipe, monkeypatch)
+        mask = batch.response_mask
+        stock = outcome_token_rewards(signals.rewards, mask)
+        assert torch.equal(handed, stock)
+        assert signals.values is not None  # the critic's values: checked above
+        adv, returns = gae_advantages_and_returns(stock, signals.values, mask, gamma=1.0, lam=0.95)
+        assert torch.equal(signals.returns, returns)
+        assert torch.equal(signals.token_advantages, whiten(adv, mask, lambda t: t))
+    finally:
+        recipe.close()
+
+
+@pytest.mark.parametrize("credit", ["datc", {"name": "red", "mode": "paper"}])
+def test_a_gae_step_hands_gae_the_outcome_rewards_plus_the_strategys_shift(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, credit: Any
+) -> None:
+    """The strategy runs as under GRPO (group_norm advantages of the same rollouts) and its
+    shift D is added to the outcome token rewards GAE reads (docs/design.md, "Credit under a
+    critic"): datc keeps each response's total reward, red's paper form hands its own r_t."""
+    cfg = config_from_dict(tiny_config(tmp_path / "run", credit=credit, **GAE_UPDATES))
+    recipe = GRPORecipe(cfg)
+    try:
+        batch, signals, handed = _gae_handed(recipe, monkeypatch)
+        mask = batch.response_mask
+        outcome = outcome_token_rewards(signals.rewards, mask)
+        # the same strategy judged on the batch: GRPO's credit, no critic
+        grpo = recipe.signals(
+            batch, recipe.train_prompts, strategy=get_strategy(cfg.credit), rewards=recipe.reward
+        )
+        assert grpo.values is None
+        torch.testing.assert_close(grpo.advantages, group_advantages(signals.rewards, 4))
+        form = recipe.strategy.critic_reward_form
+        assert form is not None
+        shift = critic_reward_shift(
+            grpo.credit, grpo.advantages, grpo.rewards, torch.arange(8) // 4, mask, form
+        )
+        assert float(shift.abs().max()) > 1e-4, "the strategy moved no reward"
+        torch.testing.assert_close(handed, outcome + shift, atol=1e-6, rtol=0)
+        if form == "weights":  # the sum-preserving contract: each response's total stays R_i
+            torch.testing.assert_close(handed.sum(dim=1), signals.rewards, atol=1e-5, rtol=0)
+        else:  # the paper form's own token rewards replace the outcome reward
+            assert grpo.credit.token_rewards is not None
+            torch.testing.assert_close(handed, grpo.credit.token_rewards.float(), atol=1e-6, rtol=0)
+        assert bool((handed[~mask] == 0).all())
+        # GAE and the critic run on them unchanged
+        assert signals.values is not None
+        returns = gae_advantages_and_returns(handed, signals.values, mask, gamma=1.0, lam=0.95)[1]
+        assert torch.equal(signals.returns, returns)
+        # the logged credit diagnostics are the strategy's weights'
+        assert signals.credit.diagnostics == grpo.credit.diagnostics
     finally:
         recipe.close()
 
