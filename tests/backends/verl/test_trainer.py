@@ -59,8 +59,8 @@ def test_verl_builds_the_credit_trainer_as_its_sync_trainer() -> None:
 
 def test_a_bad_credit_key_stops_the_trainer_before_any_worker() -> None:
     config = smoke_config()
-    config.algorithm.credit = "red"
-    with pytest.raises(CreditError, match="'red' is not served"):
+    config.algorithm.credit = "saliency"
+    with pytest.raises(CreditError, match="'saliency' is not served"):
         CreditPPOTrainer(config=config)
 
 
