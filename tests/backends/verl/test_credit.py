@@ -22,9 +22,8 @@ from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.losses import ppo_loss
 
-from backends.verl.config import BACKEND
+from backends.verl.config import BACKEND, SIGNAL_FIELDS
 from backends.verl.credit import credit_fields, response_advantages, token_advantages
-from backends.verl.config import SIGNAL_FIELDS
 from backends.verl.engine import WORK_FIELD
 from credit_core import CreditConfig, CreditError, CreditSignals, assign_credit, get_strategy
 from credit_core.plan import CreditPlan

@@ -37,9 +37,8 @@ from verl.workers.utils.padding import response_from_nested
 
 from adapters.config import build_direction_model
 from adapters.grad_path import path_alphas, path_reward_grad
-from backends.verl.config import BACKEND
+from backends.verl.config import BACKEND, SIGNAL_FIELDS
 from backends.verl.credit import credit_fields
-from backends.verl.config import SIGNAL_FIELDS
 from backends.verl.engine import WORK_FIELD, CreditFSDPEngine
 from credit_core import (
     CreditError,

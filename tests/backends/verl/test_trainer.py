@@ -17,17 +17,20 @@ import torch
 import transfer_queue as tq
 from omegaconf import OmegaConf
 from tensordict import TensorDict
+from verl.trainer.ppo.core_algos import compute_gae_advantage_return, kl_penalty
 from verl.trainer.ppo.v1 import get_trainer_cls
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.padding import response_from_nested
 
 from backends.verl.cli import checked_config, verl_overrides
-from backends.verl.config import TRAINER_MODE
-from backends.verl.credit import response_advantages
+from backends.verl.config import BACKEND, SIGNAL_FIELDS, TRAINER_MODE
+from backends.verl.credit import grpo_advantages, response_advantages
 from backends.verl.engine import WORK_FIELD, WORK_REQUEST_KEY, CreditFSDPEngine
 from backends.verl.trainer import CreditPPOTrainer
 from credit_core import CreditError, CreditSignals, assign_credit, get_strategy
+from credit_core.plan import CreditPlan
+from credit_core.token_rewards import critic_reward_shift
 from tests.backends.verl.engines import (
     MICRO_BATCH,
     PROMPTS,
@@ -201,13 +204,6 @@ def test_gae_reads_verls_token_rewards_plus_the_strategys_shift(
     ``compute_gae_advantage_return`` of them; with KL in the reward, the stored
     ``token_level_rewards`` are verl's (scores - beta KL) + D; the stored scores are left
     as they were. ``uniform`` is verl's step bit for bit."""
-    from verl.trainer.ppo.core_algos import compute_gae_advantage_return, kl_penalty
-
-    from backends.verl.config import BACKEND, SIGNAL_FIELDS
-    from backends.verl.credit import grpo_advantages
-    from credit_core.plan import CreditPlan
-    from credit_core.token_rewards import critic_reward_shift
-
     policy, rm = models
     config = gae_config(credit, kl, policy, rm)
     trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
