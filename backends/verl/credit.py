@@ -20,6 +20,7 @@ token rewards before verl's own GAE (docs/design.md, "Credit under a critic").
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -95,17 +96,15 @@ def token_credit(
     if not bool(rows.any()):
         return None, rows
     every = bool(rows.all())
-    extra = {}
-    if context is not None:
-        picked = context if every else context.select(rows)
-        extra = {"rewards": picked.rewards, "groups": picked.groups}
+    picked = None if context is None else context if every else context.select(rows)
     result = assign_credit(
         strategy,
         A if every else A[rows],
         mask if every else mask[rows],
         token_ids.long() if every else token_ids[rows].long(),
         signals if every else signals.select(rows),
-        **extra,
+        rewards=None if picked is None else picked.rewards,
+        groups=None if picked is None else picked.groups,
     )
     return result, rows
 
@@ -214,7 +213,7 @@ def credit_fields(
 def grpo_advantages(scores: torch.Tensor, mask: torch.Tensor, uid: object) -> torch.Tensor:
     """verl's own GRPO advantages (B, T) (``compute_grpo_outcome_advantage``, normalized by
     the group's std) of the padded token-level ``scores`` within the groups of ``uid``."""
-    index = np.array([str(u) for u in uid.tolist()], dtype=object)  # type: ignore[attr-defined]
+    index: Any = np.array([str(u) for u in uid.tolist()], dtype=object)  # type: ignore[attr-defined]
     advantages, _ = compute_grpo_outcome_advantage(
         token_level_rewards=scores, response_mask=mask.float(), index=index
     )
