@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # GPU smoke check of the verl backend (docs/verl.md): verl's own main_ppo through
 # credit-verl, on one GPU, offline (a tiny random Qwen2 policy and a tiny Llama reward model
-# built from configs, 16 prompts written to parquet), about 3-5 minutes:
+# built from configs, 16 prompts written to parquet), about 4-7 minutes:
 #
 #   verl_uniform   algorithm.credit=uniform (verl's own GRPO), vLLM rollout, 2 steps
 #   verl_datc      algorithm.credit=datc with the reward model as the direction model: W0
 #                  reduced in the FSDP engine's old-log-prob forward, vLLM rollout, 2 steps;
 #                  passes when the run ends with status 0 and logs credit/weight_max
+#   verl_grpo_red  algorithm.credit=red with the reward model as the direction model: its
+#                  prefix rewards scored in the FSDP engine's old-log-prob forward request,
+#                  vLLM rollout, 2 steps; passes when the run ends with status 0 and logs
+#                  credit/weight_max
 #   verl_sp_refused  datc with actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2
 #                  (the key verl's engine reads): passes when credit-verl refuses it at
 #                  start-up, naming that key, before any worker starts (seconds)
@@ -56,6 +60,7 @@ VERL_COMMON=(
 )
 VERL_UNIFORM=(algorithm.credit=uniform)
 VERL_DATC=(algorithm.credit=datc "algorithm.direction={kind:seq_classification,path:$WORK/rm}")
+VERL_RED=(algorithm.credit=red "algorithm.direction={kind:seq_classification,path:$WORK/rm}")
 VERL_SP=(actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2)
 # END SETTINGS
 
@@ -111,6 +116,15 @@ if wanted verl_datc; then
     status=1
   fi
   result verl_datc $status
+fi
+if wanted verl_grpo_red; then
+  logged verl_grpo_red "$PYTHON" -m backends.verl "${VERL_COMMON[@]}" "${VERL_RED[@]}"
+  status=$?
+  if [[ $status -eq 0 ]] && ! grep -q "credit/weight_max" "$WORK/verl_grpo_red.log"; then
+    echo "   no credit/weight_max in the log: the credit did not reach verl's metrics"
+    status=1
+  fi
+  result verl_grpo_red $status
 fi
 if wanted verl_sp_refused; then
   logged verl_sp_refused "$PYTHON" -m backends.verl "${VERL_COMMON[@]}" "${VERL_DATC[@]}" "${VERL_SP[@]}"

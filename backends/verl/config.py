@@ -12,8 +12,11 @@ algorithm keys::
 ``credit_settings(config)`` parses them into the shared ``CreditSection`` and builds the
 run's ``CreditPlan`` on ``BACKEND`` (the strategy, once), refusing with a ``CreditError``
 naming the key a bad value or a strategy this backend cannot serve: the backend ships
-per-token scalars from verl's actor engine to the trainer (DATC's unsigned work W0, verl's
-own entropy), not the reward model's gradient tensor, its attention or its prefix scores.
+per-token scalars from verl's actor engine to the trainer (DATC's unsigned work W0, the
+direction model's attention and prefix rewards, verl's own entropy), not the reward model's
+gradient tensor. Under verl's critic estimator (``algorithm.adv_estimator=gae``) a strategy
+with a token-reward form is served as a shift of verl's token rewards (docs/design.md,
+"Credit under a critic"), which needs >= 2 samples per prompt.
 """
 
 from __future__ import annotations
@@ -27,6 +30,16 @@ from backends.common.config_values import CreditSection, SectionKeys, parse_sect
 from credit_core import CreditError
 from credit_core.plan import Backend, CreditPlan
 
+#: The signals verl's actor engine computes on request (``backends.verl.engine``, which
+#: imports verl; this module does not), each with its model-output key and TransferQueue
+#: field.
+SIGNAL_FIELDS: dict[str, str] = {
+    "unsigned_work": "credit_unsigned_work",
+    "reward_attention": "credit_reward_attention",
+    "prefix_rewards": "credit_prefix_rewards",
+}
+ENGINE_SIGNALS: frozenset[str] = frozenset(SIGNAL_FIELDS)
+
 #: The ``trainer.v1.trainer_mode`` of ``CreditPPOTrainer`` (``backends.verl.trainer``).
 TRAINER_MODE = "credit_sync"
 
@@ -36,21 +49,27 @@ SECTION_KEYS = SectionKeys(*(f"algorithm.{key}" for key in CREDIT_KEYS))
 
 #: What the verl backend provides: per-token scalars shipped from verl's actor engine to the
 #: trainer (DATC's W0, reduced in the old-log-prob forward with the reward gradient known
-#: first, on a path too; verl's own entropy); the credit step runs on the trainer with the
-#: step's whole batch (a batch-wide selection needs no gather), without rewards/groups or
-#: an answer span.
+#: first, on a path too; the direction model's attention and prefix rewards, scored there on
+#: the same tokens; verl's own entropy); the credit step runs on the trainer with the step's
+#: whole batch (a batch-wide selection needs no gather) and its response rewards and prompt
+#: groups (verl's scores and uids), without an answer span.
 BACKEND = Backend(
     "verl",
     SECTION_KEYS.credit,
-    frozenset({"unsigned_work", "token_entropy"}),
-    frozenset({"gather", "path_gradient"}),
+    frozenset({"unsigned_work", "token_entropy", "reward_attention", "prefix_rewards"}),
+    frozenset({"gather", "path_gradient", "groups"}),
     work_first=True,
     path_work=True,
     hint=(
-        "verl's reward managers run in CPU-only Ray actors without a gradient, attention or "
-        "prefix scores; run it with the native trainer (python -m backends.torch) or TRL"
+        "the actor engine ships per-token scalars of the direction model, not its gradient "
+        "tensor, and verl's reward managers run in CPU-only Ray actors without a gradient; "
+        "run it with the native trainer (python -m backends.torch) or TRL"
     ),
 )
+#: verl's response-level estimator the strategies split, and its critic estimator, served
+#: through ``credit_core.token_rewards.critic_reward_shift``.
+RESPONSE_ESTIMATORS = ("grpo",)
+CRITIC_ESTIMATORS = ("gae",)
 #: verl's rollout sampling keys and their untruncated values.
 SAMPLING_OFF: dict[str, tuple[object, ...]] = {"top_k": (-1, 0, None), "top_p": (1.0, None)}
 
@@ -63,13 +82,28 @@ class CreditSettings:
     plan: CreditPlan
 
 
-def work_request(settings: CreditSettings) -> str:
-    """What the trainer hands the engine with the old-log-prob batch when the plan reads W0
-    (a JSON string, one piece of non-tensor data): the direction model's settings, the tile
-    size and the plan's ``reward_grad_points`` (0: the gradient at the sampled tokens)."""
-    assert settings.section.direction is not None  # credit_settings refuses W0 without one
+def engine_signals(plan: CreditPlan) -> frozenset[str]:
+    """The plan's signals that verl's actor engine computes (``ENGINE_SIGNALS``)."""
+    return plan.signals & ENGINE_SIGNALS
+
+
+def critic_estimator(config: Any) -> bool:
+    """Whether ``config``'s ``algorithm.adv_estimator`` is verl's critic estimator (GAE)."""
+    return _get(config, "algorithm.adv_estimator") in CRITIC_ESTIMATORS
+
+
+def work_request(settings: CreditSettings) -> str | None:
+    """What the trainer hands the engine with the old-log-prob batch (a JSON string, one
+    piece of non-tensor data) when the plan reads a signal the engine computes: those
+    ``signals``, the direction model's settings, the tile size and the plan's
+    ``reward_grad_points`` (0: the gradient at the sampled tokens); None otherwise."""
+    signals = engine_signals(settings.plan)
+    if not signals:
+        return None
+    assert settings.section.direction is not None  # credit_settings refuses them without one
     return json.dumps(
         {
+            "signals": sorted(signals),
             "direction": settings.section.direction.model_dump(mode="json"),
             "chunk_size": settings.section.chunk_size,
             "points": settings.plan.reward_grad_points,
@@ -150,10 +184,25 @@ def _check_verl_settings(config: Any, settings: CreditSettings) -> None:
     plan = settings.plan
     name = plan.name
     problem = plan.estimator_problem(
-        "algorithm.adv_estimator", _get(config, "algorithm.adv_estimator"), ("grpo",)
+        "algorithm.adv_estimator",
+        _get(config, "algorithm.adv_estimator"),
+        RESPONSE_ESTIMATORS,
+        critic=CRITIC_ESTIMATORS,
     )
     if problem is not None:
         raise CreditError(str(problem))
+    samples = _get(config, "actor_rollout_ref.rollout.n")
+    if (
+        name != "uniform"
+        and critic_estimator(config)
+        and not (isinstance(samples, int) and samples >= 2)
+    ):
+        raise CreditError(
+            f"actor_rollout_ref.rollout.n: {samples!r}; under algorithm.adv_estimator="
+            f"{_get(config, 'algorithm.adv_estimator')!r} credit strategy {name!r} is run on "
+            "GRPO's group-normalized advantages of each prompt's samples (docs/design.md, "
+            "'Credit under a critic'): set it to >= 2"
+        )
     policy_side = plan.signals
     if not policy_side:
         return
@@ -167,14 +216,15 @@ def _check_verl_settings(config: Any, settings: CreditSettings) -> None:
             "actor_rollout_ref.rollout.multi_turn.enable: true; credit strategy "
             f"{name!r} reads per-token signals of single-turn responses only"
         )
+    if engine_signals(plan) and settings.section.direction is None:
+        raise CreditError(
+            f"algorithm.direction: credit strategy {name!r} reads "
+            f"{sorted(engine_signals(plan))} of a frozen differentiable reward model: set "
+            "algorithm.direction (e.g. {kind: seq_classification, path: ...}, "
+            "docs/reward_models.md)"
+        )
     if "unsigned_work" not in plan.signals:
         return
-    if settings.section.direction is None:
-        raise CreditError(
-            f"algorithm.direction: credit strategy {name!r} reads the reward gradient of a "
-            "frozen differentiable reward model: set algorithm.direction (e.g. "
-            "{kind: seq_classification, path: ...}, docs/reward_models.md)"
-        )
     sampling = {
         f"actor_rollout_ref.rollout.{key}": _get(config, f"actor_rollout_ref.rollout.{key}")
         for key in SAMPLING_OFF

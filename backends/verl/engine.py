@@ -1,22 +1,31 @@
-"""``CreditFSDPEngine``: verl's FSDP language-model engine, reducing DATC's W0 in the forward
-that already computes the old log-probs.
+"""``CreditFSDPEngine``: verl's FSDP language-model engine, computing the direction model's
+per-token signals (DATC's W0, ABC's attention, RED's prefix rewards) in the forward that
+already computes the old log-probs.
 
 verl's trainer asks the actor engine for the old-policy log-probs once per batch
 (``compute_log_prob``, no grad); ``FSDPEngineWithLMHead.prepare_model_outputs`` receives
 that forward's raw Hugging Face output, logits included. When the micro-batch carries the
-trainer's work request (``WORK_REQUEST_KEY``, a JSON string: the direction model's settings
-and the tile size), this subclass adds one more per-token output, ``WORK_FIELD``: DATC's
-unsigned work W0 at every position that predicts a response token (0 elsewhere), as a
-nested tensor laid out like verl's ``log_probs`` (row i: its prompt + response tokens, the
-value at j about the token at j + 1), so verl's own ``response_from_nested`` cuts it to the
-response. W0 comes from ``credit_core.unsigned_work_from_logits`` of that forward's logits
-at verl's temperature, with the reward gradient g of a frozen direction model (built in the
-engine's process from the request, once, and kept) scored on the same prompt and response
-tokens. A path-gradient strategy (``datc_mid``, ``datc_ig``: the request's ``points`` >= 1)
-takes g on the path to the policy's expected embeddings m1 instead: ``PolicyStats`` of the
-same logits first (m1 among them), then ``adapters.grad_path.path_reward_grad`` from m1,
-then W0 from the statistics and g (``credit_core.token_work``); still no extra policy
-forward. Without a request the engine is verl's own: no extra work, no extra key.
+trainer's work request (``WORK_REQUEST_KEY``, a JSON string: the direction model's settings,
+the tile size, the path points and the ``signals`` asked for, within ``ENGINE_SIGNALS``),
+this subclass adds one more per-token output per signal (``SIGNAL_FIELDS``), each a nested
+tensor laid out like verl's ``log_probs`` (row i: its prompt + response tokens, the value at
+j about the token at j + 1, 0 at every position that predicts no response token), so
+verl's own ``response_from_nested`` cuts it to the response. The frozen direction model is
+built in the engine's process from the request, once, and kept.
+
+- ``unsigned_work`` (W0): ``credit_core.unsigned_work_from_logits`` of that forward's logits
+  at verl's temperature, with the direction model's reward gradient g scored on the same
+  prompt and response tokens. A path-gradient strategy (``datc_mid``, ``datc_ig``: the
+  request's ``points`` >= 1) takes g on the path to the policy's expected embeddings m1
+  instead: ``PolicyStats`` of the same logits first (m1 among them), then
+  ``adapters.grad_path.path_reward_grad`` from m1, then W0 from the statistics and g
+  (``credit_core.token_work``).
+- ``reward_attention`` (ABC) and ``prefix_rewards`` (RED): the direction model's own
+  ``score(..., with_attention / with_prefix_rewards)`` (``adapters.direction.score_rollout``,
+  no gradient) of the same prompt and response tokens; they read the token ids only.
+
+No extra policy forward; without a request the engine is verl's own: no extra work, no
+extra key.
 
 The subclass is registered for ``actor_rollout_ref.actor.strategy`` fsdp/fsdp2 on NVIDIA
 GPUs (``register_engine``), where a vendor-specific entry takes precedence over verl's
@@ -36,8 +45,9 @@ from verl.workers.engine import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
 from adapters.config import RewardModelConfig, build_direction_model
-from adapters.direction import DirectionModel
+from adapters.direction import DirectionModel, score_rollout
 from adapters.grad_path import path_alphas, path_model, path_reward_grad
+from backends.verl.config import ENGINE_SIGNALS, SIGNAL_FIELDS
 from credit_core import (
     CreditError,
     PolicyStats,
@@ -46,12 +56,12 @@ from credit_core import (
     unsigned_work_from_logits,
 )
 
-#: Non-tensor key of the old-log-prob micro-batch that asks for W0
-#: (``backends.verl.config.work_request``).
+#: Non-tensor key of the old-log-prob micro-batch that asks for the direction model's
+#: signals (``backends.verl.config.work_request``).
 WORK_REQUEST_KEY = "credit_work_request"
 
 #: The model-output key (and TransferQueue field) of W0.
-WORK_FIELD = "credit_unsigned_work"
+WORK_FIELD = SIGNAL_FIELDS["unsigned_work"]
 
 
 def response_lengths(micro_batch: TensorDict) -> torch.Tensor:
@@ -124,7 +134,8 @@ def split_rows(
 
 
 class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
-    """verl's FSDP LM engine plus W0 in the old-log-prob forward when asked (module doc)."""
+    """verl's FSDP LM engine plus the direction model's per-token signals in the
+    old-log-prob forward when asked (module doc)."""
 
     _credit_direction: tuple[str, DirectionModel] | None = None
 
@@ -140,9 +151,10 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
         )
         request = tu.get_non_tensor_data(data=micro_batch, key=WORK_REQUEST_KEY, default=None)
         if request is not None:
-            work = self.unsigned_work(output, micro_batch, str(request))
             offsets = micro_batch["input_ids"].offsets()
-            model_output[WORK_FIELD] = torch.nested.nested_tensor_from_jagged(work, offsets)
+            for signal, values in self.credit_signals(output, micro_batch, str(request)).items():
+                field = SIGNAL_FIELDS[signal]
+                model_output[field] = torch.nested.nested_tensor_from_jagged(values, offsets)
         return model_output
 
     def direction_model(
@@ -164,12 +176,72 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
             self._credit_direction = (key, model)
         return self._credit_direction[1]
 
-    def unsigned_work(self, output: Any, micro_batch: TensorDict, request: str) -> torch.Tensor:
-        """W0 (N,) float32 at the micro-batch's N packed positions: at the position that
-        predicts response token t, W0_t of the forward's logits and g_t; 0 elsewhere. The
-        logits are read one row's response span at a time, as views (no copy).
-        ``CreditError`` under Ulysses sequence parallelism (verl's ``use_ulysses_sp``): the
-        logits are then sequence-local, the row offsets global."""
+    def credit_signals(
+        self, output: Any, micro_batch: TensorDict, request: str
+    ) -> dict[str, torch.Tensor]:
+        """Each signal of the request's ``signals`` (within ``ENGINE_SIGNALS``) as (N,)
+        float32 at the micro-batch's N packed positions: at the position that predicts
+        response token t, the signal's value at t; 0 elsewhere. ``CreditError`` for a signal
+        the engine does not compute."""
+        asked = json.loads(request)
+        signals = list(asked["signals"])
+        unknown = sorted(set(signals) - ENGINE_SIGNALS)
+        if unknown:
+            raise CreditError(
+                f"{WORK_REQUEST_KEY}: the engine computes {sorted(ENGINE_SIGNALS)}, not {unknown}"
+            )
+        input_ids = micro_batch["input_ids"]
+        values, offsets = input_ids.values(), input_ids.offsets()
+        resp_lens = response_lengths(micro_batch).to(offsets.device)
+        found = {
+            s: torch.zeros(int(offsets[-1]), dtype=torch.float32, device=values.device)
+            for s in signals
+        }
+        if int(resp_lens.max()) == 0:
+            return found
+        pad_id = self.model_config.tokenizer.pad_token_id or 0
+        rollout = split_rows(values, offsets, resp_lens, int(pad_id))
+        lengths = resp_lens.tolist()
+        ends = offsets[1:].tolist()
+        per_row: dict[str, torch.Tensor] = {}
+        if "unsigned_work" in found:
+            per_row["unsigned_work"] = self.unsigned_work(output, micro_batch, asked, rollout)
+        scored = [s for s in ("reward_attention", "prefix_rewards") if s in found]
+        if scored:
+            vocab = int(self.model_config.hf_config.vocab_size)
+            direction = self.direction_model(asked["direction"], vocab, values.device)
+            with torch.autocast(device_type=values.device.type, enabled=False):
+                out = score_rollout(
+                    direction,
+                    *rollout,
+                    with_grad=False,
+                    with_attention="reward_attention" in found,
+                    with_prefix_rewards="prefix_rewards" in found,
+                )
+            if out.attention is not None:
+                per_row["reward_attention"] = out.attention
+            if out.prefix_rewards is not None:
+                per_row["prefix_rewards"] = out.prefix_rewards
+        for signal, rows in per_row.items():
+            target = found[signal]
+            for i, r in enumerate(lengths):
+                # the position predicting response token t of row i: ends[i] - r - 1 + t
+                if r:
+                    target[ends[i] - r - 1 : ends[i] - 1] = rows[i, :r].float().to(target.device)
+        return found
+
+    def unsigned_work(
+        self,
+        output: Any,
+        micro_batch: TensorDict,
+        asked: dict[str, Any],
+        rollout: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """W0 (B, R) float32, response-aligned (0 at padding), of the forward's logits and
+        g for the ``rollout`` (prompt ids/mask, response ids/mask: ``split_rows``) of the
+        micro-batch; the logits are read one row's response span at a time, as views (no
+        copy). ``CreditError`` under Ulysses sequence parallelism (verl's
+        ``use_ulysses_sp``): the logits are then sequence-local, the row offsets global."""
         if getattr(self, "use_ulysses_sp", False):
             # the forward's logits are this rank's slice of the padded packed sequence, while
             # the rows' offsets are global: slicing them would give another token's W0
@@ -179,27 +251,18 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
                 "each rank holds a slice of every sequence's logits, and W0 is reduced from "
                 "whole sequences: set it to 1"
             )
-        asked = json.loads(request)
-        input_ids = micro_batch["input_ids"]
-        values, offsets = input_ids.values(), input_ids.offsets()
-        resp_lens = response_lengths(micro_batch).to(offsets.device)
-        work = torch.zeros(int(offsets[-1]), dtype=torch.float32, device=values.device)
-        if int(resp_lens.max()) == 0:
-            return work
-        spans = response_logits(output, micro_batch, resp_lens)
+        response_ids, response_mask = rollout[2], rollout[3]
+        lengths = response_mask.sum(dim=1).tolist()
+        spans = response_logits(output, micro_batch, response_mask.sum(dim=1))
         V, device = int(spans[0].shape[-1]), spans[0].device
         direction = self.direction_model(asked["direction"], V, device)
-        pad_id = self.model_config.tokenizer.pad_token_id or 0
-        rollout = split_rows(values, offsets, resp_lens, int(pad_id))
-        response_ids = rollout[2]
         points = int(asked.get("points", 0))
         kw: dict[str, Any] = {
             "temperature": sampling_temperature(micro_batch),
             "chunk_size": int(asked["chunk_size"]),
         }
-        lengths = resp_lens.tolist()
-        ends = offsets[1:].tolist()
         E = direction.reward_embedding
+        work = torch.zeros(response_ids.shape, dtype=torch.float32, device=device)
         stats: list[PolicyStats | None] = [None] * len(spans)
         if points:  # the path starts at m1 of this forward: the statistics come first
             with torch.no_grad():
@@ -220,8 +283,7 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
                 else:
                     ids = response_ids[i, :r].unsqueeze(0).to(device)
                     w = unsigned_work_from_logits(span.unsqueeze(0), ids, E, g_i, **kw)
-                # the position predicting response token t of row i: ends[i] - r - 1 + t
-                work[ends[i] - r - 1 : ends[i] - 1] = w.squeeze(0).float().to(work.device)
+                work[i, :r] = w.squeeze(0).float()
         return work
 
     @staticmethod

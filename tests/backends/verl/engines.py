@@ -82,8 +82,10 @@ def infer(engine: Any, batch: TensorDict) -> tuple[dict[str, Any], int]:
     return out["model_output"], len(calls)
 
 
-def work_request(rm: Path, points: int = 0) -> str:
-    """The trainer's request for W0 (``backends.verl.config.work_request``) with the tiny RM as the
-    direction model; ``points`` >= 1 takes its gradient on the path (datc_mid, datc_ig)."""
+def work_request(rm: Path, points: int = 0, signals: tuple[str, ...] = ("unsigned_work",)) -> str:
+    """The trainer's request (``backends.verl.config.work_request``) for ``signals`` (W0 by
+    default) with the tiny RM as the direction model; ``points`` >= 1 takes its gradient on
+    the path (datc_mid, datc_ig)."""
     direction = {"kind": "seq_classification", "path": str(rm)}
-    return json.dumps({"direction": direction, "chunk_size": 64, "points": points})
+    request = {"signals": sorted(signals), "direction": direction, "chunk_size": 64}
+    return json.dumps({**request, "points": points})

@@ -82,8 +82,8 @@ def test_entropy_top_needs_no_direction(grpo) -> None:
         (["algorithm.credit_stats_chunk_size=0"], "algorithm.credit_stats_chunk_size:"),
         (["algorithm.credit=datc"], "algorithm.direction: credit strategy 'datc' reads"),
         (["algorithm.credit=datc", "algorithm.direction={kind:nope}"], "algorithm.direction"),
-        (["algorithm.credit=abc"], "'abc' is not served: it reads ['reward_attention']"),
-        (["algorithm.credit=red"], "'red' is not served: it reads ['prefix_rewards']"),
+        (["algorithm.credit=abc"], "algorithm.direction: credit strategy 'abc' reads"),
+        (["algorithm.credit=red"], "algorithm.direction: credit strategy 'red' reads"),
         (["algorithm.credit=saliency"], "'saliency' is not served: it reads ['reward_grad']"),
         (["algorithm.credit=p2t"], "'p2t' is not served: it reads ['reward_attribution']"),
         (  # PRIME's implicit PRM: a second trainable model (docs/verl.md)
@@ -119,9 +119,68 @@ def test_bad_settings_are_refused_naming_the_key(overrides: list[str], message: 
     assert message in str(err.value)
 
 
-def test_non_grpo_estimator_is_refused() -> None:
-    cfg = verl_config("algorithm.adv_estimator=gae", "algorithm.credit=entropy_top")
-    with pytest.raises(CreditError, match=r"algorithm.adv_estimator: 'gae'"):
+@pytest.mark.parametrize(
+    ("credit", "signal"),
+    [
+        ("abc", "reward_attention"),
+        ("{name:abc,mode:paper,beta:0.5}", "reward_attention"),
+        ("red", "prefix_rewards"),
+        ("{name:red,mode:paper}", "prefix_rewards"),
+    ],
+)
+def test_abc_and_red_ask_the_engine_for_the_direction_models_signal(
+    credit: str, signal: str
+) -> None:
+    cfg = verl_config("algorithm.adv_estimator=grpo", f"algorithm.credit={credit}", DIRECTION)
+    settings = credit_settings(cfg)
+    assert settings.plan.signals == {signal}
+    request = work_request(settings)
+    assert request is not None
+    assert json.loads(request)["signals"] == [signal]
+    assert json.loads(request)["direction"]["path"] == "/models/rm"
+
+
+def test_a_plan_without_engine_signals_sends_no_request(grpo) -> None:
+    cfg = verl_config("algorithm.adv_estimator=grpo", "algorithm.credit=entropy_top")
+    assert work_request(credit_settings(cfg)) is None
+
+
+GAE = ("algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=4")
+
+
+@pytest.mark.parametrize(
+    "credit", ["uniform", "datc", "{name:red,mode:paper}", "abc", "{name:entropy_top,mode:weight}"]
+)
+def test_a_strategy_with_a_token_reward_form_is_served_under_gae(credit: str) -> None:
+    cfg = verl_config(*GAE, f"algorithm.credit={credit}", DIRECTION)
+    assert credit_settings(cfg).plan.strategy.critic_reward_form in ("weights", "token_rewards")
+
+
+@pytest.mark.parametrize("credit", ["ktae", "entropy_top"])
+def test_a_strategy_without_a_token_reward_form_is_refused_under_gae(credit: str) -> None:
+    """``ktae`` (a token score added to A_i) and ``entropy_top``'s default ``mask`` mode
+    (credit dropped, not moved): the plan's message, naming the estimator's key."""
+    cfg = verl_config(*GAE, f"algorithm.credit={credit}")
+    with pytest.raises(CreditError) as err:
+        credit_settings(cfg)
+    assert str(err.value).startswith(
+        f"algorithm.adv_estimator: 'gae'; credit strategy '{credit}' has no token-reward form "
+        "for a critic"
+    )
+
+
+def test_gae_needs_two_samples_per_prompt_for_a_strategy_other_than_uniform() -> None:
+    one = ("algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=1")
+    with pytest.raises(CreditError, match=r"^actor_rollout_ref.rollout.n: 1; .* set it to >= 2"):
+        credit_settings(verl_config(*one, "algorithm.credit=datc", DIRECTION))
+    assert credit_settings(verl_config(*one)).plan.name == "uniform"
+    with pytest.raises(CreditError, match=r"^actor_rollout_ref.rollout.n: 1"):
+        credit_settings(verl_config(*one, "algorithm.credit=red", DIRECTION))
+
+
+def test_another_estimator_is_refused() -> None:
+    cfg = verl_config("algorithm.adv_estimator=reinforce_plus_plus", "algorithm.credit=datc")
+    with pytest.raises(CreditError, match=r"algorithm.adv_estimator: 'reinforce_plus_plus'"):
         credit_settings(cfg)
 
 

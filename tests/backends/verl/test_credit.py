@@ -4,6 +4,9 @@
   nested TransferQueue layout;
 - DATC's token advantages from the engine-layout W0 equal ``credit_core.assign_credit`` on
   the response-aligned W0 (the one-token shift of verl's ``response_from_nested``);
+- ABC's and RED's (mean and paper forms) from the engine-layout attention and prefix rewards,
+  and KTAE's, equal ``assign_credit`` on the response-aligned signal with verl's scores
+  summed as the rewards and its uids as the groups;
 - they reach verl's ``ppo_loss`` unchanged: its gradient with respect to each token's
   log-prob is -A_t / N (token-mean, ratio 1 at the old policy).
 """
@@ -19,7 +22,7 @@ from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.losses import ppo_loss
 
-from backends.verl.config import BACKEND
+from backends.verl.config import BACKEND, SIGNAL_FIELDS
 from backends.verl.credit import credit_fields, response_advantages, token_advantages
 from backends.verl.engine import WORK_FIELD
 from credit_core import CreditConfig, CreditError, CreditSignals, assign_credit, get_strategy
@@ -113,6 +116,71 @@ def test_datc_from_engine_layout_equals_assign_credit(
     assert not torch.allclose(stored.to_padded_tensor(0.0), grpo)  # not uniform
 
 
+SCORES = [1.0, 0.0, 0.5, 1.0, 0.0, 0.0, 1.0, 0.25]
+
+
+def reward_fields(batch: TensorDict) -> TensorDict:
+    """verl's stored ``rm_scores`` (each response's score at its last token, nested) and
+    ``uid`` (one string per prompt, GROUP samples each)."""
+    rows = []
+    for score, r in zip(SCORES, RESPONSES, strict=True):
+        row = torch.zeros(r)
+        row[r - 1] = score
+        rows.append(row)
+    fields = TensorDict({"rm_scores": nested(rows)}, batch_size=len(RESPONSES))
+    fields["uid"] = torch.tensor([i // GROUP for i in range(len(RESPONSES))])
+    return fields
+
+
+@pytest.mark.parametrize(
+    ("credit", "signal"),
+    [
+        ({"name": "abc", "beta": 0.5}, "reward_attention"),
+        ({"name": "abc", "beta": 0.5, "mode": "paper"}, "reward_attention"),
+        ({"name": "red"}, "prefix_rewards"),
+        ({"name": "red", "mode": "paper"}, "prefix_rewards"),
+        ({"name": "ktae"}, None),
+    ],
+    ids=["abc", "abc_paper", "red", "red_paper", "ktae"],
+)
+def test_abc_red_and_ktae_equal_assign_credit_with_verls_rewards_and_groups(
+    batch: TensorDict, grpo: torch.Tensor, credit: dict[str, object], signal: str | None
+) -> None:
+    strategy = get_strategy(CreditConfig.parse(credit))
+    plan = CreditPlan.build(strategy, BACKEND)
+    fields = batch.select("responses", "response_mask")
+    fields["advantages"] = as_stored(grpo, batch)
+    fields.update(reward_fields(batch))
+    signals = CreditSignals()
+    if signal is not None:
+        values, aligned = engine_layout_work(batch, seed=3)
+        if signal == "reward_attention":  # alpha >= 0, sum 1 over each response
+            aligned = aligned.abs() / aligned.abs().sum(dim=1, keepdim=True)
+            values = nested(
+                [
+                    torch.cat([torch.zeros(p - 1), aligned[i, :r], torch.zeros(1)])
+                    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True))
+                ]
+            )
+        fields[SIGNAL_FIELDS[signal]] = values
+        signals = CreditSignals(**{signal: aligned})
+    stored, diagnostics = credit_fields(plan, fields)
+    mask = padded_mask()
+    expected = assign_credit(
+        strategy,
+        response_advantages(grpo, mask),
+        mask,
+        batch["responses"].to_padded_tensor(0).long(),
+        signals,
+        rewards=torch.tensor(SCORES),
+        groups=torch.tensor([i // GROUP for i in range(len(RESPONSES))]),
+    )
+    assert diagnostics is not None
+    got = stored.to_padded_tensor(0.0)
+    torch.testing.assert_close(got, expected.token_advantages)
+    assert not torch.allclose(got, grpo)  # not uniform
+
+
 def test_missing_engine_field_names_the_plugin(batch: TensorDict, grpo: torch.Tensor) -> None:
     fields = batch.select("responses", "response_mask")
     fields["advantages"] = as_stored(grpo, batch)
@@ -156,3 +224,14 @@ def test_datc_token_advantages_reach_ppo_loss(batch: TensorDict, grpo: torch.Ten
         expected[start + p - 1 : start + p + r - 1] = -token_adv[row] / n_tokens
         start += p + r
     torch.testing.assert_close(grad, expected)
+
+
+def test_uniforms_shift_under_a_critic_is_exactly_zero(batch: TensorDict) -> None:
+    """``uniform`` under GAE adds D = 0 exactly: verl's token rewards stay its own."""
+    from backends.verl.credit import critic_shift_fields
+
+    fields = batch.select("responses", "response_mask")
+    fields.update(reward_fields(batch))
+    shift, _ = critic_shift_fields(CreditPlan.build("uniform", BACKEND), fields)
+    assert torch.equal(shift.values(), torch.zeros_like(shift.values()))
+    assert torch.equal(shift.offsets(), batch["response_mask"].offsets())

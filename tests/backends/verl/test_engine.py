@@ -4,9 +4,11 @@
   Hugging Face forward of the same weights and a separately built direction model's gradient;
   for ``datc_mid``/``datc_ig`` (the gradient on the path to m1), ``token_work`` of that
   forward's ``PolicyStats`` and ``path_reward_grad``;
-- with or without the work request (``datc`` or ``datc_mid``), the engine runs exactly as many
-  policy forwards as verl's own engine (one per micro-batch) and gives verl's own log-probs
-  bit for bit;
+- the direction model's attention (``abc``) and prefix rewards (``red``) shipped from the same
+  forward's request equal the direction model's own ``score`` on the same rows;
+- with or without the work request (``datc``, ``datc_mid``, ``abc`` or ``red``), the engine
+  runs exactly as many policy forwards as verl's own engine (one per micro-batch) and gives
+  verl's own log-probs bit for bit;
 - verl's ``EngineRegistry`` picks the subclass for fsdp/fsdp2 on NVIDIA GPUs;
 - the actor side of a step runs: old-log-prob forward with W0, DATC token advantages,
   verl's ``train_batch`` with its ``ppo_loss``.
@@ -35,7 +37,7 @@ from verl.workers.utils.padding import response_from_nested
 
 from adapters.config import build_direction_model
 from adapters.grad_path import path_alphas, path_reward_grad
-from backends.verl.config import BACKEND
+from backends.verl.config import BACKEND, SIGNAL_FIELDS
 from backends.verl.credit import credit_fields
 from backends.verl.engine import WORK_FIELD, CreditFSDPEngine
 from credit_core import (
@@ -136,19 +138,82 @@ def test_w0_from_the_old_log_prob_forward_equals_credit_core(
     assert torch.equal(work[~mask], torch.zeros_like(work[~mask]))
 
 
-@pytest.mark.parametrize("points", [0, 1], ids=["datc", "datc_mid"])
+def direct_signal(policy: Path, rm: Path, batch: TensorDict, signal: str) -> torch.Tensor:
+    """The attention or prefix rewards (B, R) of a separately built direction model's own
+    ``score`` on the batch's prompt (left-padded) and response (right-padded) token ids."""
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    B, P = len(PROMPTS), max(PROMPTS)
+    ids = batch["input_ids"].to_padded_tensor(0)
+    prompt_ids = torch.zeros(B, P, dtype=torch.long)
+    prompt_mask = torch.zeros(B, P, dtype=torch.long)
+    for i, p in enumerate(PROMPTS):
+        prompt_ids[i, P - p :] = ids[i, :p]
+        prompt_mask[i, P - p :] = 1
+    responses = batch["responses"].to_padded_tensor(0)
+    response_mask = batch["response_mask"].to_padded_tensor(0)
+    direction = build_direction_model({"kind": "seq_classification", "path": str(rm)}, tokenizer)
+    out = direction.score(
+        prompt_ids,
+        prompt_mask,
+        responses,
+        response_mask,
+        with_grad=False,
+        with_attention=signal == "reward_attention",
+        with_prefix_rewards=signal == "prefix_rewards",
+    )
+    found = out.attention if signal == "reward_attention" else out.prefix_rewards
+    assert found is not None
+    return found
+
+
+@pytest.mark.parametrize("signal", ["reward_attention", "prefix_rewards"], ids=["abc", "red"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["fixed_bsz", "dynamic_bsz"])
+def test_attention_and_prefix_rewards_equal_the_direction_models_own(
+    models: tuple[Path, Path], engines: tuple[Any, Any], dynamic: bool, signal: str
+) -> None:
+    """ABC's and RED's signal from the old-log-prob forward's request, cut to the response
+    by verl's ``response_from_nested``, is the direction model's own on the same rows (the
+    micro-batches score subsets of the rows: the values are per row)."""
+    policy, rm = models
+    credit, _ = engines
+    batch = old_log_prob_batch(credit, work_request(rm, signals=(signal,)), dynamic)
+    output, _ = infer(credit, batch)
+    assert set(output) & set(SIGNAL_FIELDS.values()) == {SIGNAL_FIELDS[signal]}
+    shipped = response_from_nested(output[SIGNAL_FIELDS[signal]], batch["response_mask"])
+    got = shipped.to_padded_tensor(0.0)
+    expected = direct_signal(policy, rm, batch, signal)
+    mask = batch["response_mask"].to_padded_tensor(0).bool()
+    assert float(expected[mask].abs().max()) > 0
+    torch.testing.assert_close(got[mask], expected[mask], rtol=1e-4, atol=1e-5)
+    assert torch.equal(got[~mask], torch.zeros_like(got[~mask]))
+    if signal == "reward_attention":  # alpha sums to 1 over each response
+        torch.testing.assert_close(got.sum(dim=1), torch.ones(len(PROMPTS)))
+
+
+REQUESTS = {
+    "datc": ("unsigned_work", 0),
+    "datc_mid": ("unsigned_work", 1),
+    "abc": ("reward_attention", 0),
+    "red": ("prefix_rewards", 0),
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(REQUESTS))
 def test_forward_count_and_log_probs_equal_verl_own_engine(
-    models: tuple[Path, Path], engines: tuple[Any, Any], points: int
+    models: tuple[Path, Path], engines: tuple[Any, Any], strategy: str
 ) -> None:
     _, rm = models
     credit, stock = engines
-    with_work, n_with = infer(credit, old_log_prob_batch(credit, work_request(rm, points)))
+    signal, points = REQUESTS[strategy]
+    request = work_request(rm, points, signals=(signal,))
+    with_work, n_with = infer(credit, old_log_prob_batch(credit, request))
     without, n_without = infer(credit, old_log_prob_batch(credit, None))
     own, n_own = infer(stock, old_log_prob_batch(stock, None))
     assert n_with == n_without == n_own == len(PROMPTS) // MICRO_BATCH
-    assert WORK_FIELD not in without and WORK_FIELD not in own
+    fields = set(SIGNAL_FIELDS.values())
+    assert not fields & set(without) and not fields & set(own)
+    assert set(with_work) - set(own) == {SIGNAL_FIELDS[signal]}
     for output in (with_work, without):
-        assert set(output) - {WORK_FIELD} == set(own)
         for key in own:
             assert torch.equal(output[key].values(), own[key].values()), key
 

@@ -22,7 +22,7 @@ from backends.verl.config import TRAINER_MODE, credit_settings
 from tests.helpers.paths import REPO
 
 SCRIPT = REPO / "scripts" / "verl_gpu_smoke.sh"
-NAMES = ["VERL_COMMON", "VERL_UNIFORM", "VERL_DATC"]
+NAMES = ["VERL_COMMON", "VERL_UNIFORM", "VERL_DATC", "VERL_RED"]
 
 
 def settings() -> dict[str, list[str]]:
@@ -42,7 +42,8 @@ def test_the_script_parses() -> None:
 
 
 @pytest.mark.parametrize(
-    ("check", "strategy"), [("VERL_UNIFORM", "uniform"), ("VERL_DATC", "datc")]
+    ("check", "strategy"),
+    [("VERL_UNIFORM", "uniform"), ("VERL_DATC", "datc"), ("VERL_RED", "red")],
 )
 def test_the_checks_pass_settings_verl_and_the_backend_accept(check: str, strategy: str) -> None:
     found = settings()

@@ -17,17 +17,20 @@ import torch
 import transfer_queue as tq
 from omegaconf import OmegaConf
 from tensordict import TensorDict
+from verl.trainer.ppo.core_algos import compute_gae_advantage_return, kl_penalty
 from verl.trainer.ppo.v1 import get_trainer_cls
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.padding import response_from_nested
 
 from backends.verl.cli import checked_config, verl_overrides
-from backends.verl.config import TRAINER_MODE
-from backends.verl.credit import response_advantages
+from backends.verl.config import BACKEND, SIGNAL_FIELDS, TRAINER_MODE
+from backends.verl.credit import grpo_advantages, response_advantages
 from backends.verl.engine import WORK_FIELD, WORK_REQUEST_KEY, CreditFSDPEngine
 from backends.verl.trainer import CreditPPOTrainer
 from credit_core import CreditError, CreditSignals, assign_credit, get_strategy
+from credit_core.plan import CreditPlan
+from credit_core.token_rewards import critic_reward_shift
 from tests.backends.verl.engines import (
     MICRO_BATCH,
     PROMPTS,
@@ -59,8 +62,8 @@ def test_verl_builds_the_credit_trainer_as_its_sync_trainer() -> None:
 
 def test_a_bad_credit_key_stops_the_trainer_before_any_worker() -> None:
     config = smoke_config()
-    config.algorithm.credit = "red"
-    with pytest.raises(CreditError, match="'red' is not served"):
+    config.algorithm.credit = "saliency"
+    with pytest.raises(CreditError, match="'saliency' is not served"):
         CreditPPOTrainer(config=config)
 
 
@@ -159,3 +162,127 @@ def test_old_log_prob_and_advantage_steps_through_transfer_queue(
     torch.testing.assert_close(got, expected.token_advantages)
     assert not torch.allclose(got, grpo)
     assert metrics["credit/weight_max"] > 1.0
+
+
+def gae_config(credit: str, kl: bool, policy: Path, rm: Path):
+    """The smoke run's settings with verl's critic estimator (GAE), 2 samples per prompt,
+    ``credit`` and, with ``kl``, verl's KL penalty in the reward."""
+    found = settings()
+    common = [o for o in found["VERL_COMMON"] if not o.startswith("algorithm.adv_estimator=")]
+    extra = [
+        "algorithm.adv_estimator=gae",
+        "algorithm.gamma=0.9",
+        "algorithm.lam=0.8",
+        f"algorithm.use_kl_in_reward={str(kl).lower()}",
+        "algorithm.kl_ctrl.kl_coef=0.1",
+        "actor_rollout_ref.rollout.n=2",
+        "critic.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        f"critic.model.path={policy}",
+        f"algorithm.credit={credit}",
+        f"algorithm.direction={{kind:seq_classification,path:{rm}}}",
+        "algorithm.credit_stats_chunk_size=64",
+    ]
+    overrides = verl_overrides([*common, *extra])
+    config = checked_config([*overrides, f"trainer.v1.trainer_mode={TRAINER_MODE}"])
+    OmegaConf.resolve(config)
+    return config
+
+
+SIGNAL_OF = {"datc": "unsigned_work", "{name:red,mode:paper}": "prefix_rewards"}
+
+
+@pytest.mark.parametrize("kl", [False, True], ids=["no_kl", "kl_in_reward"])
+@pytest.mark.parametrize("credit", ["uniform", "datc", "{name:red,mode:paper}"])
+def test_gae_reads_verls_token_rewards_plus_the_strategys_shift(
+    models: tuple[Path, Path], process_group: None, transfer_queue: None, credit: str, kl: bool
+) -> None:
+    """Under ``algorithm.adv_estimator=gae`` the credit trainer's ``_compute_advantage`` is
+    verl's own on token rewards = stock + D (docs/design.md, "Credit under a critic"): D =
+    ``critic_reward_shift`` of the strategy run on verl's GRPO advantages of the same
+    rollouts and the engine's signal; the stored advantages and returns are verl's
+    ``compute_gae_advantage_return`` of them; with KL in the reward, the stored
+    ``token_level_rewards`` are verl's (scores - beta KL) + D; the stored scores are left
+    as they were. ``uniform`` is verl's step bit for bit."""
+    policy, rm = models
+    config = gae_config(credit, kl, policy, rm)
+    trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
+    assert trainer.critic
+    engine = build_engine(CreditFSDPEngine, policy, packed=True)
+    workers = EngineWorkerGroup(engine)
+    trainer.actor_rollout_wg = workers
+
+    rows = v1_batch(PROMPTS, RESPONSES, engine.model_config.hf_config.vocab_size)
+    scores = torch.tensor([1.0, 0.0, 0.25, 0.75])
+    rm_scores = [torch.zeros(r) for r in RESPONSES]
+    for row, r in enumerate(RESPONSES):
+        rm_scores[row][r - 1] = scores[row]
+    gen = torch.Generator().manual_seed(5)
+    rows["rm_scores"] = nested(rm_scores)
+    rows["uid"] = torch.tensor([0, 0, 1, 1])
+    rows["rollout_log_probs"] = nested([-torch.ones(r) for r in RESPONSES])
+    rows["values"] = nested([torch.randn(r, generator=gen) for r in RESPONSES])
+    rows["ref_log_prob"] = nested([-torch.rand(r, generator=gen) for r in RESPONSES])
+    keys = [f"g{credit}{kl}_{i}_0" for i in range(len(PROMPTS))]
+    batch = tq.kv_batch_put(keys=keys, partition_id="train", fields=rows)
+
+    metrics: dict[str, Any] = {}
+    batch = trainer._compute_old_log_prob(batch, metrics)
+    assert workers.forwards == len(PROMPTS) // MICRO_BATCH
+    workers.forwards = 0
+    batch = trainer._compute_advantage(batch, metrics)
+    names = ["advantages", "returns", "rm_scores", "old_log_probs"]
+    stored = tq.kv_batch_get(
+        keys=keys,
+        partition_id="train",
+        select_fields=names + (["token_level_rewards"] if kl else []),
+    ).to_padded_tensor()
+
+    mask = rows["response_mask"].to_padded_tensor(0).bool()
+    padded = rows.select("rm_scores", "values", "ref_log_prob").to_padded_tensor()
+    stock = padded["rm_scores"]
+    if kl:
+        beta = trainer.kl_ctrl_in_reward.value
+        kld = kl_penalty(
+            stored["old_log_probs"], padded["ref_log_prob"], config.algorithm.kl_penalty
+        )
+        stock = stock - beta * (kld * mask)
+    shift = torch.zeros_like(stock)
+    plan = CreditPlan.build(trainer.credit.section.credit, BACKEND)
+    if plan.name != "uniform":
+        signal = SIGNAL_OF[credit]
+        request = trainer.work_request
+        direct, _ = infer(engine, old_log_prob_batch(engine, request, temperature=1.0))
+        values = response_from_nested(direct[SIGNAL_FIELDS[signal]], rows["response_mask"])
+        groups = rows["uid"]
+        grpo = grpo_advantages(padded["rm_scores"], mask, groups)
+        A = response_advantages(grpo, mask)
+        result = assign_credit(
+            plan.strategy,
+            A,
+            mask,
+            rows["responses"].to_padded_tensor(0).long(),
+            CreditSignals(**{signal: values.to_padded_tensor(0.0)}),
+            rewards=scores,
+            groups=groups,
+        )
+        form = plan.strategy.critic_reward_form
+        assert form is not None
+        shift = critic_reward_shift(result, A, scores, groups, mask, form)
+        assert float(shift.abs().max()) > 0 and metrics["credit/weight_max"] != 1.0
+    want_adv, want_ret = compute_gae_advantage_return(
+        stock + shift, padded["values"], mask.float(), config.algorithm.gamma, config.algorithm.lam
+    )
+    assert torch.equal(stored["rm_scores"], padded["rm_scores"])  # put back as they were
+    got_adv, got_ret = stored["advantages"][mask], stored["returns"][mask]
+    if plan.name == "uniform":  # verl's own step: bit for bit
+        assert torch.equal(got_adv, want_adv[mask]) and torch.equal(got_ret, want_ret[mask])
+        return
+    if kl:
+        torch.testing.assert_close(stored["token_level_rewards"][mask], (stock + shift)[mask])
+    torch.testing.assert_close(got_adv, want_adv[mask])
+    torch.testing.assert_close(got_ret, want_ret[mask])
+    _, stock_ret = compute_gae_advantage_return(
+        stock, padded["values"], mask.float(), config.algorithm.gamma, config.algorithm.lam
+    )
+    assert not torch.allclose(got_ret, stock_ret[mask])  # the shift moved the returns
