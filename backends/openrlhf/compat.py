@@ -125,9 +125,12 @@ def one_pass_problem(
     reward model (no ``--credit.direction.*``: it defaults to ``--reward.model_name_or_path``),
     it runs on the reward-model actors (placement ``reward``), the strategy reads the
     gradient at the sampled tokens (``reward_grad_points`` 0: the ``datc`` family,
-    ``saliency``) and no other signal of the direction model, and the RM's weights are whole
-    on each actor with each micro-batch whole on it (not ZeRO-3 or ring attention; packed
-    samples are fine: the RM packs the padded micro-batch itself)."""
+    ``saliency``) and no other signal of the direction model, and each micro-batch is whole
+    on its actor (not ring attention, which splits the RM's packed input over the ring and
+    takes its backward through ring-flash-attention's collective kernels, not written or
+    tested here). Packed samples are fine (the RM packs the padded micro-batch itself), and
+    so is ZeRO-3 (DeepSpeed's module hooks gather the partitioned weights in the forward
+    and in the input-gradient backward; ``actor_side.reward_and_input_grad``)."""
     if placement != "reward":
         return "the direction model runs on the policy actors, OpenRLHF's reward model on its own"
     if "reward_grad" not in plan:
@@ -139,8 +142,6 @@ def one_pass_problem(
     others = sorted(plan & SCORING_SIGNALS - {"reward_grad"})
     if others:
         return f"the strategy also reads {others} from the direction model"
-    if int(_get(args, "ds.zero_stage", 0) or 0) == 3:
-        return "--ds.zero_stage 3 partitions the reward model's weights"
     if int(_get(args, "ds.ring_attn_size", 1)) > 1:
         return "ring attention splits the reward model's input over ranks"
     return None
