@@ -10,7 +10,7 @@ with gamma 1, and no KL penalty inside the reward (use ``--algo.kl.use_loss`` or
 ``--algo.kl.init_coef 0``). Signals reduced from the policy's logits (policy statistics,
 DATC's W0, the token entropy) are read per sample from the logits of OpenRLHF's forward,
 packed (``--ds.packing_samples``, ``--train.dynamic_batch_enable``) or not; ring attention
-and DeepSpeed tensor parallelism (which split those logits over ranks) are rejected for
+(which splits those logits over ranks) and DeepSpeed tensor parallelism are rejected for
 strategies that read them; vision-language inputs are rejected for every strategy but
 ``uniform``.
 
@@ -212,10 +212,17 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
             problems.append(
                 f"--ds.ring_attn_size > 1: ring attention is not supported (the signals "
                 f"{from_logits} are reduced from the policy's logits, of which each rank of a "
-                "ring holds a slice of the packed row)"
+                "ring holds a slice of the packed row; gathering the per-token results over "
+                "the ring, as OpenRLHF's gather_and_pad_tensor gathers log-probs, is not "
+                "written yet)"
             )
         if int(_get(args, "ds.tensor_parallel_size", 1)) > 1:
-            problems.append("--ds.tensor_parallel_size > 1: tensor parallelism is not supported")
+            problems.append(
+                "--ds.tensor_parallel_size > 1: tensor parallelism is not supported (the "
+                f"signals {from_logits} are reduced from the policy's logits; DeepSpeed "
+                "AutoTP's lm_head gathers its output, but a check that each rank's logits "
+                "span the whole vocabulary and a test under AutoTP are not written yet)"
+            )
 
     placement: Literal["reward", "policy"] | None = None
     direction = cfg.direction
