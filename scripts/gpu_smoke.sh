@@ -20,11 +20,13 @@
 #
 # Each check prints one "PASS name" or "FAIL name" line; the exit status is the number of
 # failures. Logs are in $WORK. OPENRLHF=1 also runs scripts/openrlhf_gpu_smoke.sh (OpenRLHF
-# and the older TRL runs, 5-10 more minutes) as three more checks: openrlhf (its unpacked runs
+# and the older TRL runs, 5-10 more minutes) as four more checks: openrlhf (its unpacked runs
 # and TRL section), openrlhf_packed_datc_mid (packed OpenRLHF GRPO with datc_mid:
-# --ds.packing_samples and --train.dynamic_batch_enable, 2-3 more minutes) and
+# --ds.packing_samples and --train.dynamic_batch_enable, 2-3 more minutes),
 # openrlhf_ppo_gae_abc (OpenRLHF PPO with a critic, --algo.advantage.estimator gae, and
-# --credit abc in its paper form, 2-3 more minutes); VERL=1 also runs
+# --credit abc in its paper form, 2-3 more minutes) and openrlhf_zero3_one_pass_datc (OpenRLHF
+# GRPO with --ds.zero_stage 3 and datc, its reward and gradient from one pass of the
+# partitioned reward model, 2-3 more minutes); VERL=1 also runs
 # scripts/verl_gpu_smoke.sh (verl main_ppo with vLLM and credit datc, 3-5 more minutes)
 # with VERL_PYTHON (default PYTHON): verl 0.9.1 needs its own environment (docs/verl.md).
 #
@@ -164,6 +166,12 @@ if [[ "${OPENRLHF:-0}" == 1 ]] && wanted openrlhf; then
   mkdir -p "$WORK/openrlhf"
   WORK=$WORK/openrlhf RUNS="$OPENRLHF_RUNS" logged openrlhf bash scripts/openrlhf_gpu_smoke.sh
   result openrlhf $?
+fi
+if [[ "${OPENRLHF:-0}" == 1 ]] && wanted openrlhf_zero3_one_pass_datc; then
+  mkdir -p "$WORK/openrlhf_zero3"
+  WORK=$WORK/openrlhf_zero3 RUNS=datc_zero3 BENCH=0 TRL=0 \
+    logged openrlhf_zero3_one_pass_datc bash scripts/openrlhf_gpu_smoke.sh
+  result openrlhf_zero3_one_pass_datc $?
 fi
 if [[ "${OPENRLHF:-0}" == 1 ]] && wanted openrlhf_packed_datc_mid; then
   mkdir -p "$WORK/openrlhf_packed"

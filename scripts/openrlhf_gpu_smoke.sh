@@ -5,7 +5,8 @@
 # DeepSpeed, vLLM rollouts) with `--credit uniform`, then with `--credit datc` (the one-pass
 # path: OpenRLHF's reward model gives the reward and its gradient), then `--credit datc_mid`
 # (m1 from OpenRLHF's log-prob forward, the path gradient on the reward actors), then
-# `datc_mid_packed`: `--credit datc_mid` with packed samples and dynamic batches
+# `datc_mid_packed`: `--credit datc_mid` with packed samples and dynamic batches; `datc_zero3`:
+# `--credit datc` with `--ds.zero_stage 3` (the one reward-model pass through ZeRO-3 partitions)
 # (`--ds.packing_samples --train.dynamic_batch_enable`, flash-attention 2: the statistics
 # read from the Actor's packed logits), on a tiny Qwen2 policy and a tiny Llama reward model
 # created from configs (no download). Checks that each run finishes, that the token-credit
@@ -24,7 +25,7 @@
 #         instead of the tiny ones; the RM must load as a one-label sequence classifier
 #         and share the policy's tokenizer), ATTN (sdpa), RUN_TIMEOUT (seconds per run, 1200),
 #         BENCH (1; 0 skips the benchmark), BENCH_ARGS (extra benchmark flags, e.g. --quick),
-#         RUNS (the OpenRLHF runs, default "uniform datc datc_mid datc_mid_packed"),
+#         RUNS (the OpenRLHF runs, default "uniform datc datc_mid datc_mid_packed"; datc_zero3 on request),
 #         TRL (1; 0 skips the TRL section)
 #
 # TRL section (after the OpenRLHF runs; TRL_ONLY=1 runs it alone): credit-trl (TRL 1.16,
@@ -52,6 +53,7 @@ PACKED=(--ds.packing_samples --train.dynamic_batch_enable --rollout.max_tokens_p
 # form: its token rewards shift OpenRLHF's (docs/openrlhf.md, "PPO with a critic")
 PPO_GAE=(--algo.advantage.estimator gae --critic.num_nodes 1 --critic.num_gpus_per_node 1
   --critic.adam.lr 9e-6)
+ZERO3=(--ds.zero_stage 3)  # datc_zero3: the one reward-model pass through ZeRO-3 partitions
 # END SETTINGS
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -159,6 +161,7 @@ run datc --credit datc --credit.beta 1.0 --credit.lam 0.5
 run datc_mid --credit datc_mid --credit.beta 1.0 --credit.lam 0.5
 run datc_mid_packed --credit datc_mid --credit.beta 1.0 --credit.lam 0.5 "${PACKED[@]}"
 run ppo_gae_abc --credit abc --credit.mode paper "${PPO_GAE[@]}"
+run datc_zero3 --credit datc --credit.beta 1.0 --credit.lam 0.5 "${ZERO3[@]}"
 
 echo "== checking the logged credit diagnostics"
 "$PYTHON" - "$WORK" "$RUNS" <<'EOF'
@@ -185,13 +188,14 @@ if "uniform" in logged:
     uniform = logged["uniform"]
     assert all(abs(v - 1.0) < 1e-6 for v in uniform["train/credit/weight_max"]), "uniform: w = 1"
     assert all(abs(v - 1.0) < 1e-6 for v in uniform["train/credit/weight_entropy"])
-if "datc" in logged:
-    datc = logged["datc"]
-    assert max(datc["train/credit/weight_max"]) > 1.0, "datc weights should be uneven"
-    assert min(datc["train/credit/weight_entropy"]) < 1.0
-    assert "train/credit/direction_reward" in datc and "train/credit/signal_time_s" in datc
-    print("credit signal time per step (s):",
-          [round(v, 3) for v in datc["train/credit/signal_time_s"]])
+for name in ("datc", "datc_zero3"):
+    if name in logged:
+        datc = logged[name]
+        assert max(datc["train/credit/weight_max"]) > 1.0, f"{name} weights should be uneven"
+        assert min(datc["train/credit/weight_entropy"]) < 1.0
+        assert "train/credit/direction_reward" in datc and "train/credit/signal_time_s" in datc
+        print(f"{name} credit signal time per step (s):",
+              [round(v, 3) for v in datc["train/credit/signal_time_s"]])
 for name in ("datc_mid", "datc_mid_packed"):
     if name in logged:
         mid = logged[name]

@@ -150,3 +150,32 @@ def test_the_ppo_gae_openrlhf_run_passes_settings_openrlhf_and_the_credit_accept
     credit = resolve_credit(args, cfg)
     assert credit.requires == {"reward_attention"} and credit.placement == "reward"
     assert credit.plan.strategy.critic_reward_form == "token_rewards"
+
+
+def test_the_zero3_openrlhf_run_takes_the_one_reward_model_pass() -> None:
+    """``openrlhf_zero3_one_pass_datc``: gpu_smoke.sh runs openrlhf_gpu_smoke.sh's
+    ``datc_zero3`` run alone; its ZERO3 flags parse in OpenRLHF (stage 3) and, with the
+    script's common flags, the credit serves datc on the one-pass path."""
+    from backends.openrlhf.compat import resolve_credit
+    from backends.openrlhf.settings import OpenRLHFCreditConfig
+    from credit_core import CreditConfig
+    from tests.helpers.openrlhf import openrlhf_args
+
+    script = REPO / "scripts" / "openrlhf_gpu_smoke.sh"
+    block = f"eval \"$(sed -n '/^# BEGIN SETTINGS/,/^# END SETTINGS/p' {script})\"; "
+    out = subprocess.run(
+        ["bash", "-c", block + 'printf "%s\\0" "${ZERO3[@]}"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    zero3 = out.stdout.split("\0")[:-1]
+    text = script.read_text()
+    assert 'run datc_zero3 --credit datc --credit.beta 1.0 --credit.lam 0.5 "${ZERO3[@]}"' in text
+    assert "RUNS=datc_zero3" in SCRIPT.read_text()
+    assert "result openrlhf_zero3_one_pass_datc" in SCRIPT.read_text()
+    base = ["--algo.advantage.estimator", "group_norm", "--algo.kl.use_loss"]
+    args = openrlhf_args([*base, "--reward.model_name_or_path", "/models/rm", *zero3])
+    assert args.ds.zero_stage == 3
+    credit = resolve_credit(args, OpenRLHFCreditConfig(credit=CreditConfig.parse("datc")))
+    assert credit.one_pass and credit.placement == "reward"

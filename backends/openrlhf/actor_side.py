@@ -65,10 +65,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
+import torch.distributed as dist
 
 from adapters.direction import embedding_for_vocab, score_rollout
 from adapters.grad_path import path_alphas, path_model, path_problem, path_reward_grad
 from adapters.input_grad import forward_with_input_grad, unwrapped
+from adapters.partitioned import gathered, holds_zero3_params
 from backends.openrlhf.compat import EMBEDDING_SIGNALS, LOGITS_SIGNALS, SCORING_SIGNALS
 from backends.openrlhf.forward_capture import CaptureStore, keeping_logits
 from backends.openrlhf.layout import (
@@ -442,8 +444,20 @@ def reward_and_input_grad(
     (B, T, d), from ONE forward and ONE backward pass of OpenRLHF's own reward model.
 
     ``model`` is what a ``RewardModelActor`` holds (OpenRLHF's ``RewardModel``, possibly in a
-    DeepSpeed engine); it is called exactly as ``RewardModelActor.forward`` calls it
-    (``pad_sequence=True``), so the reward is OpenRLHF's (its pooling at the last attended
+    DeepSpeed engine); the ``RewardModel`` is called exactly as ``RewardModelActor.forward``
+    calls it (``pad_sequence=True``), inside the engine: DeepSpeed's engine ``forward``
+    registers hooks on its outputs that refuse any backward not run by ``engine.backward``
+    when the engine holds no ZeRO optimizer (OpenRLHF's eval engine), and it adds nothing
+    else to an eval forward (the rewards are bitwise the engine's). Under ZeRO-3 the
+    ``RewardModel``'s own module hooks, which DeepSpeed installs on every submodule, gather
+    its partitioned weights in the forward and again in the backward (their
+    pre-backward function sits on each submodule output that needs a gradient, here the
+    activations downstream of the embedding leaf, whether or not the weights do), so
+    forward and backward are collectives every process must enter, as stock OpenRLHF's
+    forward is; the engine's ``empty_partition_cache`` then releases what the backward
+    left gathered (DeepSpeed's parameter trace, recorded on OpenRLHF's no-grad forwards,
+    does not release it: measured, the whole model stayed resident). The reward is
+    OpenRLHF's (its pooling at the last attended
     token, value head, ``--reward.normalize_enable`` mean/std), with gradients enabled: a
     forward hook on its input-embedding module makes that module's output E[sequences] a
     leaf, and ``torch.autograd.grad`` of the summed reward gives dR/dx there (the weights
@@ -452,9 +466,10 @@ def reward_and_input_grad(
     ``packing_samples``: it unpads the micro-batch into one row itself) the embeddings are
     (1, N, d) and their gradient is scattered to (B, T, d) (``packing.to_padded``).
     """
+    module = unwrapped(model)  # the engine's forward would refuse the backward (above)
     reward, grad = forward_with_input_grad(
         model,
-        lambda: model(
+        lambda: module(
             sequences,
             attention_mask,
             ring_attn_group=ring_attn_group,
@@ -463,6 +478,8 @@ def reward_and_input_grad(
         ),
         lambda out: out,
     )
+    if holds_zero3_params([module]) and hasattr(model, "empty_partition_cache"):
+        model.empty_partition_cache()  # the backward's gathers stay whole otherwise
     return reward.detach(), to_padded(grad, attention_mask)
 
 
@@ -506,10 +523,19 @@ def _one_pass_signals(
 ) -> ActorSignals:
     """The reward gradient (B, A, d) float32 in action coordinates and OpenRLHF's reward, as
     the one-pass forward kept them for this micro-batch (or, if that forward was not seen,
-    from one more ``reward_and_input_grad`` now)."""
+    from one more ``reward_and_input_grad`` now).
+
+    Under ZeRO-3 that pass is a collective while whether a micro-batch was seen may differ
+    between the reward-model actors: they agree (``_any_process``, once per micro-batch:
+    OpenRLHF dispatches as many to each actor as their forwards), and every actor runs the
+    pass when one needs it, an actor that kept its micro-batch's gradient dropping the
+    result."""
     check_layout(sequences, attention_mask, action_mask)
     kept = state.scored.take(sequences, attention_mask)
-    if kept is None:
+    needed = kept is None
+    if holds_zero3_params([unwrapped(actor_self.model)]):
+        needed = _any_process(needed)
+    if needed:
         device = _device()
         reward, grad = reward_and_input_grad(
             actor_self.model,
@@ -517,12 +543,25 @@ def _one_pass_signals(
             attention_mask.to(device),
             ring_attn_group=getattr(actor_self.strategy, "ring_attn_group", None),
         )
-        kept = (reward.cpu(), grad.cpu())
+        if kept is None:
+            kept = (reward.cpu(), grad.cpu())
+    assert kept is not None  # taken, or computed just now
     reward, grad = kept
     T, A = sequences.shape[1], action_mask.shape[1]
     on = action_mask.bool().cpu().unsqueeze(2)
     reward_grad = torch.where(on, grad[:, T - A :].float(), 0.0)
     return ActorSignals(reward_grad=reward_grad, direction_reward=reward.float())
+
+
+def _any_process(flag: bool) -> bool:
+    """Whether ``flag`` holds on any process of the default ``torch.distributed`` group
+    (the reward-model actors' group; one all-reduce, on the actor's device as NCCL needs),
+    or ``flag`` itself without a group."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    value = torch.tensor([int(flag)], device=_device())
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 @dataclass
@@ -827,20 +866,25 @@ def _state(actor_self: Any, role: Role) -> ActorCreditState:
     return states[role]
 
 
-def export_reward_embedding(actor_self: Any) -> torch.Tensor:
-    """Run through ``__ray_call__`` on a reward-role actor: its direction model's
+def export_reward_embedding(actor_self: Any, keep: bool = True) -> torch.Tensor | None:
+    """Run through ``__ray_call__`` on every reward-role actor: its direction model's
     embedding table, on the CPU; on the one-pass path, OpenRLHF's reward model's own input
-    embedding table (float32; its weights are whole on the actor: ZeRO-3 takes two passes,
-    ``compat.one_pass_problem``), cut to the policy tokenizer's length (a padded RM
+    embedding table (float32), cut to the policy tokenizer's length (a padded RM
     vocabulary may be wider than the policy's LM head; the policy statistics pad it to the
-    head where it is narrower)."""
+    head where it is narrower). Under ZeRO-3 that table is a partition, gathered for the
+    copy (``adapters.partitioned.gathered``: a collective, hence the call on every actor).
+    ``keep`` False: the actor takes part and returns None (one copy crosses Ray)."""
     state = _state(actor_self, "reward")
     if state.one_pass:
-        weight = unwrapped(actor_self.model).get_input_embeddings().weight.detach()
-        if hasattr(state.tokenizer, "__len__"):  # rows past the tokenizer are never text
-            weight = weight[: len(state.tokenizer)]
-        return weight.float().cpu()  # type: ignore[no-any-return]
-    return _reward_embedding(state, _device()).cpu()
+        param = unwrapped(actor_self.model).get_input_embeddings().weight
+        with gathered(param):
+            weight = param.detach()
+            if hasattr(state.tokenizer, "__len__"):  # rows past the tokenizer are never text
+                weight = weight[: len(state.tokenizer)]
+            table = weight.float().cpu()
+        return table if keep else None
+    table = _reward_embedding(state, _device()).cpu()
+    return table if keep else None
 
 
 def import_reward_embedding(actor_self: Any, reward_embedding: torch.Tensor) -> None:

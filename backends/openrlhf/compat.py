@@ -13,9 +13,9 @@ needs a ``critic_reward_form`` and >= 2 samples per prompt, and gives the strate
 step's rewards and groups (``CRITIC_BACKEND``: the paper forms are served there). Signals
 reduced from the policy's logits (policy statistics, DATC's W0, the token entropy) are read
 per sample from the logits of OpenRLHF's forward, packed (``--ds.packing_samples``,
-``--train.dynamic_batch_enable``) or not; ring attention and DeepSpeed tensor parallelism
-(which split those logits over ranks) are rejected for strategies that read them; vision-
-language inputs are rejected for every strategy but ``uniform``.
+``--train.dynamic_batch_enable``) or not; ring attention (which splits those logits over ranks) and DeepSpeed
+tensor parallelism are rejected for strategies that read them; vision-language inputs are
+rejected for every strategy but ``uniform``.
 
 What the actors compute (``ResolvedCredit.requires``) is the run's ``CreditPlan`` on
 ``BACKEND`` (the strategy built once per process): with the direction model on the policy
@@ -136,9 +136,12 @@ def one_pass_problem(
     reward model (no ``--credit.direction.*``: it defaults to ``--reward.model_name_or_path``),
     it runs on the reward-model actors (placement ``reward``), the strategy reads the
     gradient at the sampled tokens (``reward_grad_points`` 0: the ``datc`` family,
-    ``saliency``) and no other signal of the direction model, and the RM's weights are whole
-    on each actor with each micro-batch whole on it (not ZeRO-3 or ring attention; packed
-    samples are fine: the RM packs the padded micro-batch itself)."""
+    ``saliency``) and no other signal of the direction model, and each micro-batch is whole
+    on its actor (not ring attention, which splits the RM's packed input over the ring and
+    takes its backward through ring-flash-attention's collective kernels, not written or
+    tested here). Packed samples are fine (the RM packs the padded micro-batch itself), and
+    so is ZeRO-3 (DeepSpeed's module hooks gather the partitioned weights in the forward
+    and in the input-gradient backward; ``actor_side.reward_and_input_grad``)."""
     if placement != "reward":
         return "the direction model runs on the policy actors, OpenRLHF's reward model on its own"
     if "reward_grad" not in plan:
@@ -150,8 +153,6 @@ def one_pass_problem(
     others = sorted(plan & SCORING_SIGNALS - {"reward_grad"})
     if others:
         return f"the strategy also reads {others} from the direction model"
-    if int(_get(args, "ds.zero_stage", 0) or 0) == 3:
-        return "--ds.zero_stage 3 partitions the reward model's weights"
     if int(_get(args, "ds.ring_attn_size", 1)) > 1:
         return "ring attention splits the reward model's input over ranks"
     return None
@@ -234,10 +235,17 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
             problems.append(
                 f"--ds.ring_attn_size > 1: ring attention is not supported (the signals "
                 f"{from_logits} are reduced from the policy's logits, of which each rank of a "
-                "ring holds a slice of the packed row)"
+                "ring holds a slice of the packed row; gathering the per-token results over "
+                "the ring, as OpenRLHF's gather_and_pad_tensor gathers log-probs, is not "
+                "written yet)"
             )
         if int(_get(args, "ds.tensor_parallel_size", 1)) > 1:
-            problems.append("--ds.tensor_parallel_size > 1: tensor parallelism is not supported")
+            problems.append(
+                "--ds.tensor_parallel_size > 1: tensor parallelism is not supported (the "
+                f"signals {from_logits} are reduced from the policy's logits; DeepSpeed "
+                "AutoTP's lm_head gathers its output, but a check that each rank's logits "
+                "span the whole vocabulary and a test under AutoTP are not written yet)"
+            )
 
     placement: Literal["reward", "policy"] | None = None
     direction = cfg.direction

@@ -465,10 +465,16 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         return signals
 
     def _share_reward_embedding(self) -> None:
-        # One copy of the (V, d) table, from the first reward-model actor (RayActorGroup has
-        # no public per-actor call in OpenRLHF 0.11).
-        first = self.reward_model_group._actor_handlers[0]
-        ref = first.__ray_call__.remote(export_reward_embedding)
+        # One copy of the (V, d) table, from the first reward-model actor; every actor takes
+        # part (under ZeRO-3 the table is gathered, a collective). RayActorGroup has no
+        # public per-actor call in OpenRLHF 0.11.
+        refs = [
+            handle.__ray_call__.remote(export_reward_embedding, i == 0)
+            for i, handle in enumerate(self.reward_model_group._actor_handlers)
+        ]
         ray.get(
-            self.actor_model_group.async_run_method("__ray_call__", import_reward_embedding, ref)
+            self.actor_model_group.async_run_method(
+                "__ray_call__", import_reward_embedding, refs[0]
+            )
         )
+        ray.get(refs[1:])

@@ -72,7 +72,8 @@ class RewardHost:
     execute_batch = reward_actor_class().execute_batch
 
     def __init__(self, model: Any) -> None:
-        self.model = model.eval()
+        model.eval()  # a DeepSpeed engine's eval() returns None
+        self.model = model
         self.strategy = SimpleNamespace(ring_attn_group=None, is_rank_0=lambda: False)
         self.forwards = self.backwards = 0
         getattr(model, model.base_model_prefix).register_forward_pre_hook(self._count_forward)

@@ -442,6 +442,11 @@ def test_resolve_credit_serves_the_baselines_and_names_what_is_missing() -> None
     assert "--ds.ring_attn_size > 1: ring attention is not supported" in text
     assert "the signals ['token_entropy'] are reduced from the policy's logits" in text
     assert "--ds.packing_samples" not in text
+    with pytest.raises(CreditError) as info:
+        resolved("datc", [*RM_FLAGS, "--ds.tensor_parallel_size", "2"])
+    text = str(info.value)
+    assert "--ds.tensor_parallel_size > 1: tensor parallelism is not supported" in text
+    assert "a check that each rank's logits span the whole vocabulary" in text
 
     abc = resolved("abc", RM_FLAGS)
     assert abc.requires == {"reward_attention"} and abc.placement == "reward"

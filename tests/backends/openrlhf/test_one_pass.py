@@ -13,6 +13,7 @@ config), the policy actor ``PolicyHost``, both in-process as in ``test_baselines
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +157,8 @@ def test_one_pass_datc_equals_a_recomputation_from_the_reward_models_own_layers(
 
 def test_two_passes_stay_where_the_direction_model_is_not_openrlhfs_reward_model() -> None:
     """The one-pass path needs OpenRLHF's RM as the direction model, on its actors, the
-    gradient at the samples and the RM's weights whole; each other case says why not."""
+    gradient at the samples and each micro-batch whole on its actor (ZeRO-3 is served, ring
+    attention is not); each other case says why not."""
     base = ["--algo.advantage.estimator", "group_norm", "--algo.kl.use_loss", *RM_FLAGS]
     datc = resolved("datc", RM_FLAGS)
     assert datc.one_pass
@@ -185,12 +187,12 @@ def test_two_passes_stay_where_the_direction_model_is_not_openrlhfs_reward_model
             credit.plan.reward_grad_points,
         )
         assert problem is not None and reason in problem, name
-    zero3 = resolved("datc", [*RM_FLAGS, "--ds.zero_stage", "3"])
-    assert not zero3.one_pass
+    assert resolved("datc", [*RM_FLAGS, "--ds.zero_stage", "3"]).one_pass
+    ring = ["--ds.ring_attn_size", "2", "--ds.packing_samples"]
     problem = one_pass_problem(
-        openrlhf_args([*base, "--ds.zero_stage", "3"]), datc.config, datc.requires, "reward", 0
+        openrlhf_args([*base, *ring]), datc.config, datc.requires, "reward", 0
     )
-    assert problem == "--ds.zero_stage 3 partitions the reward model's weights"
+    assert problem == "ring attention splits the reward model's input over ranks"
 
 
 def test_one_pass_shares_the_reward_models_own_table_cut_to_the_policy_tokenizer(
@@ -241,3 +243,32 @@ def test_a_micro_batch_whose_reward_forward_was_not_seen_takes_one_pass_then(
     assert torch.equal(late.direction_reward, kept.direction_reward)
     assert float(kept.reward_grad[~batch.action_mask.bool()].abs().sum()) == 0.0
     assert float(kept.reward_grad[batch.action_mask.bool()].abs().min()) > 0.0
+
+
+def test_one_pass_under_real_deepspeed_zero3_gives_stock_rewards_and_the_whole_models_gradient(
+    tmp_path: Path,
+) -> None:
+    """Two gloo processes, each a reward-model actor holding OpenRLHF's ``RewardModel``
+    under real DeepSpeed ZeRO-3 (CPU accelerator; shape-[0] partitions), scoring micro-batches
+    of their own: the one-pass rewards are bitwise stock OpenRLHF's (the engine under
+    no_grad), the gradient equals the unpartitioned model's, every process runs one forward
+    and one backward per micro-batch and no more when the signals are gathered; a
+    micro-batch whose forward one process did not see costs one pass on BOTH (the other
+    drops its result: the passes are collectives); the embedding table is gathered whole on
+    every process (one copy kept); the weights are partitions again after all of it."""
+    from tests.backends.openrlhf import zero3_worker
+    from tests.helpers.gloo_ranks import run_ranks
+
+    classifier = tiny_seq_classifier("llama", VOCAB, hidden=16, seed=31)
+    classifier.config.mean, classifier.config.std = zero3_worker.MEAN, zero3_worker.STD
+    classifier.save_pretrained(tmp_path / "rm")
+    args = (str(tmp_path / "rm"), VOCAB - 5, str(tmp_path))
+    run_ranks(zero3_worker.main, tmp_path, args, timeout=240)
+    ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
+    for rank in ranks:
+        assert rank["partitioned"]
+        assert rank["released_after_passes"] and rank["released_after_export"]
+        assert rank["rewards_bitwise"] and rank["grad_equals_unpartitioned"]
+        assert rank["passes"] == rank["passes_after_signals"] == [2, 2]
+        assert rank["late_passes"] == [1, 1]
+    assert ranks[0]["table"] is True and ranks[1]["table"] is None
