@@ -13,9 +13,9 @@ needs a ``critic_reward_form`` and >= 2 samples per prompt, and gives the strate
 step's rewards and groups (``CRITIC_BACKEND``: the paper forms are served there). Signals
 reduced from the policy's logits (policy statistics, DATC's W0, the token entropy) are read
 per sample from the logits of OpenRLHF's forward, packed (``--ds.packing_samples``,
-``--train.dynamic_batch_enable``) or not; ring attention (which splits those logits over ranks) and DeepSpeed
-tensor parallelism are rejected for strategies that read them; vision-language inputs are
-rejected for every strategy but ``uniform``.
+``--train.dynamic_batch_enable``) or not; ring attention (which splits those logits over
+ranks) and DeepSpeed tensor parallelism are rejected for strategies that read them;
+vision-language inputs are rejected for every strategy but ``uniform``.
 
 What the actors compute (``ResolvedCredit.requires``) is the run's ``CreditPlan`` on
 ``BACKEND`` (the strategy built once per process): with the direction model on the policy

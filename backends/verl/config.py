@@ -223,6 +223,14 @@ def _check_verl_settings(config: Any, settings: CreditSettings) -> None:
             "algorithm.direction (e.g. {kind: seq_classification, path: ...}, "
             "docs/reward_models.md)"
         )
+    key, sp = sequence_parallel_size(config)
+    if engine_signals(plan) and sp != 1:
+        raise CreditError(
+            f"{key}: {sp!r}; Ulysses sequence parallelism splits each sequence (its logits "
+            f"and its per-token outputs) over ranks, and credit strategy {name!r}'s signals "
+            f"{sorted(engine_signals(plan))} are computed from whole sequences on one rank: "
+            "set it to 1"
+        )
     if "unsigned_work" not in plan.signals:
         return
     sampling = {
@@ -236,13 +244,6 @@ def _check_verl_settings(config: Any, settings: CreditSettings) -> None:
         raise CreditError(
             "actor_rollout_ref.model.use_fused_kernels: true never materializes the logits "
             f"that credit strategy {name!r}'s W0 is reduced from; set it to false"
-        )
-    key, sp = sequence_parallel_size(config)
-    if sp != 1:
-        raise CreditError(
-            f"{key}: {sp!r}; Ulysses sequence parallelism splits each sequence's logits over "
-            f"ranks, and credit strategy {name!r}'s W0 reduction needs them on one rank: set "
-            "it to 1"
         )
     strategy_key = _get(config, "actor_rollout_ref.actor.strategy")
     if strategy_key not in (None, "fsdp", "fsdp2"):

@@ -110,6 +110,10 @@ def test_entropy_top_needs_no_direction(grpo) -> None:
             ["algorithm.credit=datc", DIRECTION, f"{SP_ACTOR}=4"],
             f"{SP_ACTOR}: 4; Ulysses sequence parallelism",
         ),
+        (  # red's prefix rewards are computed from whole sequences too
+            ["algorithm.credit=red", DIRECTION, f"{SP_ENGINE}=2"],
+            f"{SP_ENGINE}: 2; Ulysses sequence parallelism splits each sequence",
+        ),
     ],
 )
 def test_bad_settings_are_refused_naming_the_key(overrides: list[str], message: str) -> None:
