@@ -445,18 +445,11 @@ def reward_and_input_grad(
 
     ``model`` is what a ``RewardModelActor`` holds (OpenRLHF's ``RewardModel``, possibly in a
     DeepSpeed engine); the ``RewardModel`` is called exactly as ``RewardModelActor.forward``
-    calls it (``pad_sequence=True``), inside the engine: DeepSpeed's engine ``forward``
-    registers hooks on its outputs that refuse any backward not run by ``engine.backward``
-    when the engine holds no ZeRO optimizer (OpenRLHF's eval engine), and it adds nothing
-    else to an eval forward (the rewards are bitwise the engine's). Under ZeRO-3 the
-    ``RewardModel``'s own module hooks, which DeepSpeed installs on every submodule, gather
-    its partitioned weights in the forward and again in the backward (their
-    pre-backward function sits on each submodule output that needs a gradient, here the
-    activations downstream of the embedding leaf, whether or not the weights do), so
-    forward and backward are collectives every process must enter, as stock OpenRLHF's
-    forward is; the engine's ``empty_partition_cache`` then releases what the backward
-    left gathered (DeepSpeed's parameter trace, recorded on OpenRLHF's no-grad forwards,
-    does not release it: measured, the whole model stayed resident). The reward is
+    calls it (``pad_sequence=True``), inside the engine (``adapters.input_grad``: the
+    engine's own ``forward`` would refuse the backward; the rewards are bitwise the
+    engine's). Under ZeRO-3 the forward and the backward are collectives every process must
+    enter, as stock OpenRLHF's forward is, and the engine's gathered weights are released
+    after them (``forward_with_input_grad``). The reward is
     OpenRLHF's (its pooling at the last attended
     token, value head, ``--reward.normalize_enable`` mean/std), with gradients enabled: a
     forward hook on its input-embedding module makes that module's output E[sequences] a
@@ -466,10 +459,9 @@ def reward_and_input_grad(
     ``packing_samples``: it unpads the micro-batch into one row itself) the embeddings are
     (1, N, d) and their gradient is scattered to (B, T, d) (``packing.to_padded``).
     """
-    module = unwrapped(model)  # the engine's forward would refuse the backward (above)
     reward, grad = forward_with_input_grad(
         model,
-        lambda: module(
+        lambda module: module(
             sequences,
             attention_mask,
             ring_attn_group=ring_attn_group,
@@ -478,8 +470,6 @@ def reward_and_input_grad(
         ),
         lambda out: out,
     )
-    if holds_zero3_params([module]) and hasattr(model, "empty_partition_cache"):
-        model.empty_partition_cache()  # the backward's gathers stay whole otherwise
     return reward.detach(), to_padded(grad, attention_mask)
 
 

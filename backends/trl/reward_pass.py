@@ -47,12 +47,16 @@ class RewardPass:
 
 
 class GradientRewardModel(torch.nn.Module):
-    """``model`` (TRL's reward model, possibly as the DeepSpeed engine TRL prepared) that
-    also keeps dR/d(input embeddings) of every call (``take``).
+    """``model`` (TRL's reward model, or the DeepSpeed engine TRL's ``prepare_deepspeed``
+    wrapped it in under any DeepSpeed config) that also keeps dR/d(input embeddings) of
+    every call (``take``).
 
     ``forward(**inputs)`` returns ``model``'s output on the same inputs with its logits
-    detached, from one forward with grad and one backward (``forward_with_input_grad``;
-    the model's weights get no gradient).
+    detached (bitwise the engine's), from one forward with grad and one backward of the
+    module inside the engine (``forward_with_input_grad``: the engine's own forward would
+    refuse the backward, or scale it for gradient accumulation; the weights get no
+    gradient). Under ZeRO-3 the pass is a collective, as TRL's forward is (one per call on
+    every process), and the weights are partitions again after it.
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
@@ -68,7 +72,7 @@ class GradientRewardModel(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> Any:
         out, grad = forward_with_input_grad(
             self.model,
-            lambda: self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs),
+            lambda module: module(input_ids=input_ids, attention_mask=attention_mask, **kwargs),
             lambda out: out.logits[:, 0],
         )
         mask = attention_mask.bool().unsqueeze(2)

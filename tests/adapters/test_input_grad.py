@@ -17,7 +17,9 @@ def test_the_gradient_is_autograds_on_the_input_embeddings() -> None:
     rm = tiny_seq_classifier("llama", 40, pad_token_id=0)
     ids = torch.randint(1, 40, (3, 5), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():  # as the frameworks call their reward models
-        out, grad = forward_with_input_grad(rm, lambda: rm(input_ids=ids), lambda o: o.logits[:, 0])
+        out, grad = forward_with_input_grad(
+            rm, lambda m: m(input_ids=ids), lambda o: o.logits[:, 0]
+        )
     x = rm.get_input_embeddings()(ids).detach().requires_grad_(True)
     logits = rm(inputs_embeds=x).logits[:, 0]
     (expected,) = torch.autograd.grad(logits.sum(), x)
@@ -30,9 +32,9 @@ def test_a_model_that_embeds_twice_is_refused() -> None:
     rm = tiny_seq_classifier("llama", 40, pad_token_id=0)
     ids = torch.ones(1, 3, dtype=torch.long)
 
-    def twice() -> Any:
-        rm(input_ids=ids)
-        return rm(input_ids=ids)
+    def twice(module: torch.nn.Module) -> Any:
+        module(input_ids=ids)
+        return module(input_ids=ids)
 
     with pytest.raises(CreditError, match="one call of its input embeddings"):
         forward_with_input_grad(rm, twice, lambda o: o.logits[:, 0])
