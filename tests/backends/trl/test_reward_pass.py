@@ -21,7 +21,7 @@ from adapters.tiny import tiny_seq_classifier
 from backends.trl import CreditGRPOConfig, CreditGRPOTrainer
 from backends.trl.reward_pass import GradientRewardModel, RewardPass, completion_reward_grad
 from backends.trl.tasks import PolicyPreset, TaskData, tiny_policy
-from tests.backends.trl import zero3_worker
+from tests.backends.trl import engine_worker, zero3_worker
 from tests.backends.trl.conftest import BASE
 from tests.helpers.gloo_ranks import run_ranks
 from tests.helpers.zero3 import FakeZero3
@@ -286,3 +286,61 @@ def test_a_direction_model_of_zero3_partitions_agrees_on_its_passes(
     assert agree is not None and direction.agree_count is agree and agree(1) == 3
     accelerator.num_processes = 1
     assert CreditGRPOTrainer.collective_agreement(trainer, direction) is None
+
+
+def test_under_real_deepspeed_zero3_the_one_pass_gives_stock_rewards_and_the_whole_models_gradient(
+    tmp_path: Path, tokenizer: Any, rm: torch.nn.Module
+) -> None:
+    """Two gloo processes, each holding TRL's reward model as ``GRPOTrainer`` holds it under
+    ZeRO-3 (``from_pretrained`` under the live DeepSpeed config: shape-[0] partitions; then
+    TRL's own ``prepare_deepspeed``, a real engine, bf16), rows of their own: TRL's own
+    ``_calculate_rewards`` with the ``GradientRewardModel`` gives rewards bitwise those with
+    the engine (stock TRL) and the unpartitioned model's, from one forward and one backward
+    of the reward model per process; the weights are partitions again after the pass (the
+    engine's own forward refuses that backward: docs/trl.md, "One reward-model pass").
+    Process 0 has a row that pass cannot place, process 1 none: with the trainer's count
+    agreement (``collective_agreement``) both run the direction model's pass once (no
+    hang), and the weights are partitions again after it. dR/dx, of the pass and of that
+    row, is the unpartitioned model's to within half a bf16 step of its largest entry
+    (2^-8 of it: not bitwise, as DeepSpeed's ZeRO-3 backward, its hook functions around
+    every submodule, accumulates the bf16 gradients otherwise than plain autograd, with
+    ``memory_efficient_linear`` on or off alike: measured about 2e-3; a gradient scaled
+    for accumulation, as through the engine's own forward, would be 0.75 off)."""
+    rm.to(torch.bfloat16).save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    args = (str(tmp_path / "rm"), 3, "bf16", False, str(tmp_path))
+    run_ranks(engine_worker.main, tmp_path, args, timeout=240)
+    ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
+    for rank in ranks:
+        assert rank["partitioned"] and rank["released_after_pass"]
+        assert rank["rewards_bitwise"] and rank["rewards_equal_unpartitioned"]
+        assert rank["passes"] == [1, 1]
+        assert rank["agrees"] and rank["fill_passes"] == [1, 1]
+        assert rank["released_after_fill"]
+        assert rank["grad_nonzero"] and rank["grad_error"] <= 2**-8 and rank["fill_error"] <= 2**-8
+    assert ranks[0]["matched"] == [True, True, False] and ranks[0]["filled"] == 1
+    assert ranks[1]["matched"] == [True, True] and ranks[1]["filled"] == 0
+
+
+@pytest.mark.parametrize(
+    ("dtype", "autocast"),
+    [("fp32", False), ("bf16", False), ("fp32", True)],
+    ids=["fp32", "bf16", "torch_autocast"],
+)
+def test_under_deepspeed_without_zero3_the_one_pass_gives_stock_rewards_and_the_modules_gradient(
+    tmp_path: Path, tokenizer: Any, rm: torch.nn.Module, dtype: str, autocast: bool
+) -> None:
+    """TRL wraps a reward model in a DeepSpeed engine under any DeepSpeed config (stage 0
+    unless ZeRO-3). Through the engine's own forward the backward was refused in fp32 and
+    dR/dx came out divided by the gradient accumulation steps (4) in bf16; the pass runs the
+    module inside the engine, under the engine's ``torch_autocast`` where it has one: TRL's
+    rewards bitwise stock, dR/dx the model's own (under the same autocast)."""
+    model = rm.to(torch.bfloat16) if dtype == "bf16" else rm
+    model.save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    args = (str(tmp_path / "rm"), 2, dtype, autocast, str(tmp_path))
+    run_ranks(engine_worker.main, tmp_path, args, world=1, timeout=180)
+    rank = json.loads((tmp_path / "rank0.json").read_text())
+    assert rank["rewards_bitwise"] and rank["rewards_equal_unpartitioned"]
+    assert rank["grad_nonzero"] and rank["grad_equals_unpartitioned"]
+    assert rank["passes"] == [1, 1]
