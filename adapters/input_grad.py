@@ -52,6 +52,16 @@ def forward_with_input_grad(
     where nothing reaches the reward. Grad is enabled (inference mode off) for the call;
     the caller detaches what it keeps of the output. ``CreditError`` unless the embeddings
     are computed exactly once."""
+    out, _, grad = forward_with_input_and_grad(model, forward, reward_of)
+    return out, grad
+
+
+def forward_with_input_and_grad(
+    model: Any, forward: Callable[[], Out], reward_of: Callable[[Out], torch.Tensor]
+) -> tuple[Out, torch.Tensor, torch.Tensor]:
+    """``forward_with_input_grad`` that also gives x (B, L, d), the input embeddings the
+    forward read (the output of ``get_input_embeddings()``, detached, in the model's dtype):
+    P2T's e_t (``credit_core.attribution``) of the same pass."""
     module = unwrapped(model)
     leaves: list[torch.Tensor] = []
 
@@ -72,4 +82,5 @@ def forward_with_input_grad(
             (grad,) = torch.autograd.grad(reward_of(out).sum(), leaves[0], allow_unused=True)
     finally:
         handle.remove()
-    return out, torch.zeros_like(leaves[0]) if grad is None else grad
+    x = leaves[0].detach()
+    return out, x, torch.zeros_like(x) if grad is None else grad
