@@ -85,6 +85,18 @@ def forward_with_input_grad(
     detaches what it keeps of the output. Under ZeRO-3 a collective (module docstring), the
     engine's gathered weights released after it. ``CreditError`` unless the embeddings are
     computed exactly once."""
+    out, _, grad = forward_with_input_and_grad(model, forward, reward_of)
+    return out, grad
+
+
+def forward_with_input_and_grad(
+    model: Any,
+    forward: Callable[[torch.nn.Module], Out],
+    reward_of: Callable[[Out], torch.Tensor],
+) -> tuple[Out, torch.Tensor, torch.Tensor]:
+    """``forward_with_input_grad`` that also gives x (B, L, d), the input embeddings the
+    forward read (the output of ``get_input_embeddings()``, detached, in the model's dtype):
+    P2T's e_t (``credit_core.attribution``) of the same pass."""
     module = unwrapped(model)
     leaves: list[torch.Tensor] = []
 
@@ -108,4 +120,5 @@ def forward_with_input_grad(
         handle.remove()
     if model is not module and holds_zero3_params([module]):
         model.empty_partition_cache()  # the backward's gathers stay whole otherwise
-    return out, torch.zeros_like(leaves[0]) if grad is None else grad
+    x = leaves[0].detach()
+    return out, x, torch.zeros_like(x) if grad is None else grad

@@ -16,9 +16,9 @@ direction model is:
   forward runs, so the logits are reduced to ``PolicyStats`` (B, A, d) and W is formed in the
   experience maker from those and the reward actors' g.
 
-The direction model's signals (g, its attention over the response, its prefix rewards) come
-from one scoring call on the actors hosting it (``direction_signals_for_actions``), with two
-exceptions:
+The direction model's signals (g, P2T's attribution r_t = (e_t - e_null) . g_t of it, its
+attention over the response, its prefix rewards) come from one scoring call on the actors
+hosting it (``direction_signals_for_actions``), with two exceptions:
 
 - a path strategy (``datc_mid``, ``datc_ig``) takes g on the path to the policy's expected
   embeddings m1 (``path_grad_for_actions``), m1 being ``PolicyStats.m1`` of OpenRLHF's own
@@ -27,7 +27,8 @@ exceptions:
 - on the one-pass path (the direction model is OpenRLHF's reward model, on its actors, g at
   the samples) the reward actor's ``forward`` gives OpenRLHF's reward and g from one forward
   and one backward of OpenRLHF's own ``RewardModel`` (``reward_forward_with_grad``,
-  ``reward_and_input_grad``), kept until the signals are gathered.
+  ``one_pass_score``), with r_t formed there for P2T (``one_pass_null``: e_null, read once),
+  kept until the signals are gathered.
 
 Functions:
 
@@ -69,9 +70,14 @@ import torch.distributed as dist
 
 from adapters.direction import embedding_for_vocab, score_rollout
 from adapters.grad_path import path_alphas, path_model, path_problem, path_reward_grad
-from adapters.input_grad import forward_with_input_grad, unwrapped
+from adapters.input_grad import forward_with_input_and_grad, unwrapped
 from adapters.partitioned import gathered, holds_zero3_params
-from backends.openrlhf.compat import EMBEDDING_SIGNALS, LOGITS_SIGNALS, SCORING_SIGNALS
+from backends.openrlhf.compat import (
+    EMBEDDING_SIGNALS,
+    GRADIENT_SIGNALS,
+    LOGITS_SIGNALS,
+    SCORING_SIGNALS,
+)
 from backends.openrlhf.forward_capture import CaptureStore, keeping_logits
 from backends.openrlhf.layout import (
     action_to_response_coords,
@@ -88,6 +94,7 @@ from credit_core import (
     policy_stats_from_logits,
     unsigned_work_from_logits,
 )
+from credit_core.attribution import DEFAULT_NULL, check_null
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE
 from credit_core.token_entropy import token_entropy_from_logits
 
@@ -110,6 +117,8 @@ class ActorSignals:
       row), 0 off them.
     - ``prefix_rewards`` (B, A) float32: the direction model's prefix-score differences
       r_t = s_t - s_{t-1}, 0 off the action tokens.
+    - ``reward_attribution`` (B, A) float32: P2T's r_t = (e_t - e_null) . g_t from the
+      reward gradient of the same pass (``credit_core.attribution``), 0 off the action tokens.
     - ``extra_policy_forwards``: policy forwards run for these signals beyond OpenRLHF's own
       log-prob forward (0 when they were taken from it, 1 for the fallback).
     """
@@ -121,6 +130,7 @@ class ActorSignals:
     token_entropy: torch.Tensor | None = None
     reward_attention: torch.Tensor | None = None
     prefix_rewards: torch.Tensor | None = None
+    reward_attribution: torch.Tensor | None = None
     extra_policy_forwards: int = 0
 
     def credit(self) -> CreditSignals:
@@ -132,6 +142,7 @@ class ActorSignals:
             token_entropy=self.token_entropy,
             reward_attention=self.reward_attention,
             prefix_rewards=self.prefix_rewards,
+            reward_attribution=self.reward_attribution,
         )
 
     def merged(self, other: ActorSignals) -> ActorSignals:
@@ -149,6 +160,7 @@ class ActorSignals:
             token_entropy=pick("token_entropy"),
             reward_attention=pick("reward_attention"),
             prefix_rewards=pick("prefix_rewards"),
+            reward_attribution=pick("reward_attribution"),
             extra_policy_forwards=self.extra_policy_forwards + other.extra_policy_forwards,
         )
 
@@ -318,17 +330,20 @@ def direction_signals_for_actions(
     attention_mask: torch.Tensor,
     action_mask: torch.Tensor,
     signals: frozenset[str],
+    null: str = DEFAULT_NULL,
 ) -> ActorSignals:
     """The direction model's reward (B,) and the ``signals`` asked for (a subset of
     ``SCORING_SIGNALS``) for an OpenRLHF batch, from ONE scoring call.
 
     Each sample is cut into prompt and response (``layout.split_prompt_response``) and
     scored with ``adapters.direction.score_rollout``: ``with_grad`` (one backward) for
-    "reward_grad", ``with_attention`` for "reward_attention", ``with_prefix_rewards`` (the
-    model's extra no-grad prefix passes, if it needs them) for "prefix_rewards"; an option is
-    passed only when its signal is asked for. The outputs move to action coordinates (0 off
-    the action tokens; observation tokens of a multi-turn sample are scored but get no
-    value); the attention is renormalized over the action tokens
+    "reward_grad" and for "reward_attribution" (P2T's r_t = (E'[y_t] - e_null) . g_t of that
+    gradient, ``DirectionModel.attribution`` with the null embedding ``null``; the gradient
+    itself is returned only when asked for), ``with_attention`` for "reward_attention",
+    ``with_prefix_rewards`` (the model's extra no-grad prefix passes, if it needs them) for
+    "prefix_rewards"; an option is passed only when its signal is asked for. The outputs
+    move to action coordinates (0 off the action tokens; observation tokens of a multi-turn
+    sample are scored but get no value); the attention is renormalized over the action tokens
     (``ActorSignals.reward_attention``). float32 outputs. Raises ``CreditError`` naming the
     output the model cannot give or did not return.
     """
@@ -338,7 +353,7 @@ def direction_signals_for_actions(
             f"direction signals: expected a subset of {sorted(SCORING_SIGNALS)}, got {unknown}"
         )
     split = split_prompt_response(sequences, attention_mask, action_mask)
-    with_grad = "reward_grad" in signals
+    with_grad = bool(signals & GRADIENT_SIGNALS)
     with torch.set_grad_enabled(with_grad):
         out = score_rollout(
             model,
@@ -358,12 +373,19 @@ def direction_signals_for_actions(
 
     if with_grad and out.reward_grad is None:
         raise CreditError(f"{type(model).__name__}.score(with_grad=True) returned no reward_grad")
+    attribution = None
+    if "reward_attribution" in signals:
+        assert out.reward_grad is not None  # checked above
+        attribution = model.attribution(
+            out.reward_grad.detach(), split.response_ids, split.response_mask, null
+        )
     attention = moved(out.attention)
     return ActorSignals(
-        reward_grad=moved(out.reward_grad) if with_grad else None,
+        reward_grad=moved(out.reward_grad) if "reward_grad" in signals else None,
         direction_reward=out.rewards.detach().float(),
         reward_attention=None if attention is None else _renormalized(attention),
         prefix_rewards=moved(out.prefix_rewards),
+        reward_attribution=moved(attribution),
     )
 
 
@@ -449,7 +471,7 @@ def reward_and_input_grad(
     engine's own ``forward`` would refuse the backward; the rewards are bitwise the
     engine's). Under ZeRO-3 the forward and the backward are collectives every process must
     enter, as stock OpenRLHF's forward is, and the engine's gathered weights are released
-    after them (``forward_with_input_grad``). The reward is
+    after them (``forward_with_input_and_grad``). The reward is
     OpenRLHF's (its pooling at the last attended
     token, value head, ``--reward.normalize_enable`` mean/std), with gradients enabled: a
     forward hook on its input-embedding module makes that module's output E[sequences] a
@@ -459,7 +481,46 @@ def reward_and_input_grad(
     ``packing_samples``: it unpads the micro-batch into one row itself) the embeddings are
     (1, N, d) and their gradient is scattered to (B, T, d) (``packing.to_padded``).
     """
-    reward, grad = forward_with_input_grad(
+    found = one_pass_score(model, sequences, attention_mask, ring_attn_group=ring_attn_group)
+    assert found.grad is not None  # kept unless a null embedding is given
+    return found.reward, found.grad
+
+
+@dataclass(frozen=True)
+class OnePassScore:
+    """What one pass of OpenRLHF's reward model gives a micro-batch, in the padded layout
+    (B, T): ``reward`` (B,); ``grad`` (B, T, d) dR/dx in the model's dtype, or None where
+    only the attribution is kept; ``attribution`` (B, T) float32 P2T's r_t, or None."""
+
+    reward: torch.Tensor
+    grad: torch.Tensor | None
+    attribution: torch.Tensor | None = None
+
+    def cpu(self) -> OnePassScore:
+        """The same on the CPU (what the actor keeps until the signals are gathered)."""
+        return OnePassScore(
+            self.reward.cpu(),
+            None if self.grad is None else self.grad.cpu(),
+            None if self.attribution is None else self.attribution.cpu(),
+        )
+
+
+def one_pass_score(
+    model: Any,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    ring_attn_group: Any = None,
+    null_embedding: torch.Tensor | None = None,
+    keep_grad: bool = True,
+) -> OnePassScore:
+    """``reward_and_input_grad`` (its one forward and one backward), with, given the null
+    embedding e_null (d,), P2T's r_t = (x_t - e_null) . g_t (B, T) float32 of the same pass
+    (docs/design.md, "Gradient x input attribution (P2T)"): x_t is the input embedding the
+    forward read (OpenRLHF's reward model reads the policy's token ids, so x_t is its table
+    row of token t), g_t its gradient; ``keep_grad`` False drops g once r_t is formed (only
+    the (B, T) signal is kept). 0 off the attended positions."""
+    reward, x, grad = forward_with_input_and_grad(
         model,
         lambda module: module(
             sequences,
@@ -470,7 +531,13 @@ def reward_and_input_grad(
         ),
         lambda out: out,
     )
-    return reward.detach(), to_padded(grad, attention_mask)
+    attribution = None
+    if null_embedding is not None:
+        g = grad.float()
+        r = torch.einsum("...d,...d->...", x.float(), g) - g @ null_embedding.to(g)
+        attribution = to_padded(r, attention_mask)
+    kept = to_padded(grad, attention_mask) if keep_grad or null_embedding is None else None
+    return OnePassScore(reward.detach(), kept, attribution)
 
 
 def reward_forward_with_grad(
@@ -484,7 +551,8 @@ def reward_forward_with_grad(
 ) -> torch.Tensor:
     """OpenRLHF's ``RewardModelActor.forward`` (bound as the reward actor's ``forward`` by
     ``bind_credit_methods`` for the one-pass path): the same reward, on the CPU, from
-    ``reward_and_input_grad``, whose input gradient is kept in ``state.scored`` until
+    ``one_pass_score``, whose input gradient (or P2T's attribution of it) is kept in
+    ``state.scored`` until
     ``credit_signals`` collects it for the same micro-batch. The stock forward calls the
     model under ``torch.no_grad()``, which is why the call is made here rather than through
     it. A call this path does not cover (explicit ``packed_seq_lens``, which OpenRLHF 0.11's
@@ -493,15 +561,27 @@ def reward_forward_with_grad(
     """
     if attention_mask is None or packed_seq_lens is not None:
         return stock_forward(sequences, attention_mask, packed_seq_lens, pad_sequence)  # type: ignore[no-any-return]
+    found = _one_pass(actor_self, state, sequences, attention_mask)
+    state.scored.put(sequences, attention_mask, found.cpu())
+    return found.reward.to("cpu")
+
+
+def _one_pass(
+    actor_self: Any, state: ActorCreditState, sequences: torch.Tensor, attention_mask: torch.Tensor
+) -> OnePassScore:
+    """``one_pass_score`` of a micro-batch on a one-pass reward actor: the gradient kept when
+    the state computes "reward_grad", P2T's attribution when it computes
+    "reward_attribution" (with the state's null embedding, ``one_pass_null``)."""
     device = _device()
-    reward, grad = reward_and_input_grad(
+    attributes = "reward_attribution" in state.computes
+    return one_pass_score(
         actor_self.model,
         sequences.to(device),
         attention_mask.to(device),
         ring_attn_group=getattr(actor_self.strategy, "ring_attn_group", None),
+        null_embedding=one_pass_null(actor_self, state).to(device) if attributes else None,
+        keep_grad="reward_grad" in state.computes,
     )
-    state.scored.put(sequences, attention_mask, (reward.cpu(), grad.cpu()))
-    return reward.to("cpu")
 
 
 def _one_pass_signals(
@@ -511,9 +591,10 @@ def _one_pass_signals(
     action_mask: torch.Tensor,
     attention_mask: torch.Tensor,
 ) -> ActorSignals:
-    """The reward gradient (B, A, d) float32 in action coordinates and OpenRLHF's reward, as
-    the one-pass forward kept them for this micro-batch (or, if that forward was not seen,
-    from one more ``reward_and_input_grad`` now).
+    """The reward gradient (B, A, d) float32 and/or P2T's attribution (B, A) float32 (what
+    the state computes) in action coordinates and OpenRLHF's reward, as the one-pass forward
+    kept them for this micro-batch (or, if that forward was not seen, from one more pass
+    now).
 
     Under ZeRO-3 that pass is a collective while whether a micro-batch was seen may differ
     between the reward-model actors: they agree (``_any_process``, once per micro-batch:
@@ -526,21 +607,75 @@ def _one_pass_signals(
     if holds_zero3_params([unwrapped(actor_self.model)]):
         needed = _any_process(needed)
     if needed:
-        device = _device()
-        reward, grad = reward_and_input_grad(
-            actor_self.model,
-            sequences.to(device),
-            attention_mask.to(device),
-            ring_attn_group=getattr(actor_self.strategy, "ring_attn_group", None),
-        )
+        found = _one_pass(actor_self, state, sequences, attention_mask)
         if kept is None:
-            kept = (reward.cpu(), grad.cpu())
+            kept = found.cpu()
     assert kept is not None  # taken, or computed just now
-    reward, grad = kept
     T, A = sequences.shape[1], action_mask.shape[1]
-    on = action_mask.bool().cpu().unsqueeze(2)
-    reward_grad = torch.where(on, grad[:, T - A :].float(), 0.0)
-    return ActorSignals(reward_grad=reward_grad, direction_reward=reward.float())
+    on = action_mask.bool().cpu()
+    reward_grad = attribution = None
+    if kept.grad is not None and "reward_grad" in state.computes:
+        reward_grad = torch.where(on.unsqueeze(2), kept.grad[:, T - A :].float(), 0.0)
+    if kept.attribution is not None:
+        attribution = torch.where(on, kept.attribution[:, T - A :].float(), 0.0)
+    return ActorSignals(
+        reward_grad=reward_grad,
+        direction_reward=kept.reward.float(),
+        reward_attribution=attribution,
+    )
+
+
+def one_pass_null(actor_self: Any, state: ActorCreditState) -> torch.Tensor:
+    """e_null (d,) float32 of a one-pass reward actor (OpenRLHF's reward model reads the
+    policy's token ids, so its tokenizer is the policy's, ``state.tokenizer``): ``pad``, the
+    model's input-embedding row of the id OpenRLHF pads with (the tokenizer's pad token,
+    else its eos token); ``unk``, the row of its unknown token; ``zero``, zeros. Read once
+    and kept on the state: the maker reads it on every reward actor when it is installed
+    (``prepare_attribution``; under ZeRO-3 the row is gathered, a collective every actor
+    enters). ``CreditError`` naming ``null`` when the tokenizer lacks the token."""
+    if state.null_embedding is not None:
+        return state.null_embedding
+    kind = check_null(state.attribution_null)
+    param = unwrapped(actor_self.model).get_input_embeddings().weight
+    with gathered(param):
+        d = int(param.shape[1])
+        if kind == "zero":
+            row = torch.zeros(d)
+        else:
+            tokenizer = state.tokenizer
+            if kind == "pad":
+                token = getattr(tokenizer, "pad_token_id", None)
+                if token is None:
+                    token = getattr(tokenizer, "eos_token_id", None)
+            else:
+                token = getattr(tokenizer, "unk_token_id", None)
+            if not isinstance(token, int):
+                raise CreditError(
+                    f"null: {kind!r} needs the tokenizer's "
+                    f"{'pad (or eos)' if kind == 'pad' else 'unknown'} token, but "
+                    f"{type(tokenizer).__name__} has none; use null: "
+                    f"{'zero' if kind == 'pad' else 'pad or zero'}"
+                )
+            row = param.detach()[token].float().cpu().clone()
+    state.null_embedding = row
+    return row
+
+
+def prepare_attribution(actor_self: Any, role: Role) -> str | None:
+    """Run through ``__ray_call__`` on every actor hosting ``role``'s reward gradient when
+    the strategy reads ``reward_attribution``: read (and keep) its null embedding (the
+    one-pass reward model's row, ``one_pass_null``; else the direction model's,
+    ``DirectionModel.null_embedding``, building the model); why it cannot (the message of
+    the ``CreditError``), or None."""
+    state = _state(actor_self, role)
+    try:
+        if state.one_pass:
+            one_pass_null(actor_self, state)
+        else:
+            _direction_model(state, _device()).null_embedding(state.attribution_null)
+    except CreditError as err:
+        return str(err)
+    return None
 
 
 def _any_process(flag: bool) -> bool:
@@ -571,8 +706,10 @@ class ActorCreditState:
     - ``one_pass``: on a reward-model actor, "reward_grad" comes from OpenRLHF's own reward
       forward (``reward_forward_with_grad``: reward and input gradient from one forward and
       one backward); no direction model is built, the embedding table is the RM's.
-    - ``scored``: the (reward, gradient (B, T, d)) of each one-pass forward, on the CPU,
-      keyed by the micro-batch's ``sequences`` and ``attention_mask``.
+    - ``scored``: the ``OnePassScore`` of each one-pass forward, on the CPU, keyed by the
+      micro-batch's ``sequences`` and ``attention_mask``.
+    - ``attribution_null``: the null embedding of "reward_attribution" (the strategy's
+      ``attribution_null``); ``null_embedding``: its vector on a one-pass actor, read once.
     The direction model and the reward embedding are created on first use.
     """
 
@@ -585,7 +722,14 @@ class ActorCreditState:
     captured: CaptureStore[ActorSignals] = field(default_factory=CaptureStore)
     path_points: int = 0
     one_pass: bool = False
-    scored: CaptureStore[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=CaptureStore)
+    scored: CaptureStore[OnePassScore] = field(default_factory=CaptureStore)
+    attribution_null: str = DEFAULT_NULL
+    null_embedding: torch.Tensor | None = None
+
+    @property
+    def one_pass_gradient(self) -> bool:
+        """Whether the one-pass reward forward gives this actor's gradient signals."""
+        return self.one_pass and bool(self.computes & GRADIENT_SIGNALS)
 
     def __post_init__(self) -> None:
         if "unsigned_work" in self.computes and self.direction is None:
@@ -673,6 +817,7 @@ def _signals_around_forward(
             attention_mask.to(device),
             action_mask.to(device),
             (state.computes & SCORING_SIGNALS) | {"reward_grad"},
+            state.attribution_null,
         )
     grad = scored.reward_grad
     if state.computes & EMBEDDING_SIGNALS:
@@ -793,7 +938,7 @@ def credit_signals(
                 actor_self, state, sequences, action_mask, attention_mask
             )
         signals = taken
-    if state.one_pass and "reward_grad" in state.computes:
+    if state.one_pass_gradient:
         scored = _one_pass_signals(actor_self, state, sequences, action_mask, attention_mask)
         signals = signals.merged(scored)
     missing = frozenset(
@@ -826,6 +971,7 @@ def credit_signals(
             attention_mask.to(device),
             action_mask.to(device),
             missing,
+            state.attribution_null,
         )
         signals = signals.merged(_to_cpu(scored))
     return signals
@@ -843,6 +989,7 @@ def _to_cpu(signals: ActorSignals) -> ActorSignals:
         direction_reward=cpu(signals.direction_reward),
         reward_attention=cpu(signals.reward_attention),
         prefix_rewards=cpu(signals.prefix_rewards),
+        reward_attribution=cpu(signals.reward_attribution),
     )
 
 
@@ -919,7 +1066,7 @@ def bind_credit_methods(actor_self: Any, role: Role, state: ActorCreditState) ->
     if state.computes & LOGITS_SIGNALS:
         actor_self.__dict__[_STOCK_FORWARD] = stock
         actor_self.forward = functools.partial(policy_forward_with_credit, actor_self, state, stock)
-    elif state.one_pass and "reward_grad" in state.computes:
+    elif state.one_pass_gradient:
         actor_self.__dict__[_STOCK_FORWARD] = stock
         actor_self.forward = functools.partial(reward_forward_with_grad, actor_self, state, stock)
     return f"{type(actor_self).__name__}@{os.getpid()}"

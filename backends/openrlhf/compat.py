@@ -54,20 +54,25 @@ from credit_core.plan import Backend, CreditPlan, signals_read
 LOGITS_SIGNALS = frozenset({"policy_stats", "unsigned_work", "token_entropy"})
 #: Signals reduced with the direction model's embedding table E (which the policy actors need).
 EMBEDDING_SIGNALS = frozenset({"policy_stats", "unsigned_work"})
-#: Signals of one scoring call of the direction model (on the actors hosting it).
-SCORING_SIGNALS = frozenset({"reward_grad", "reward_attention", "prefix_rewards"})
+#: Signals of one scoring call of the direction model (on the actors hosting it); P2T's
+#: attribution is a (B, A) reduction of that call's gradient, formed where it is taken.
+SCORING_SIGNALS = frozenset(
+    {"reward_grad", "reward_attention", "prefix_rewards", "reward_attribution"}
+)
+#: The scoring signals taken from the direction model's reward gradient (one backward).
+GRADIENT_SIGNALS = frozenset({"reward_grad", "reward_attribution"})
 #: The (B, A, d) signals: a strategy reading one is handed one micro-batch at a time.
 WIDE_SIGNALS = frozenset({"reward_grad", "policy_stats"})
 
 #: What the OpenRLHF backend provides: the signals of the policy's logits and of one scoring
-#: call of the direction model; not P2T's attribution, a second trained model's log-probs
-#: or the policy's own answer-span gradient; no rewards/groups or answer span reach its
+#: call of the direction model (P2T's attribution included); not a second trained model's
+#: log-probs or the policy's own answer-span gradient; no rewards/groups or answer span reach its
 #: credit step. Whether the reward gradient comes first depends on the placement
 #: (``resolve_credit``).
 BACKEND = Backend(
     "OpenRLHF",
     "--credit",
-    SIGNALS - TRAINED_MODEL_SIGNALS - {"reward_attribution", "answer_saliency"},
+    SIGNALS - TRAINED_MODEL_SIGNALS - {"answer_saliency"},
     frozenset({"gather", "path_gradient"}),
     work_first=False,
     path_work=False,
@@ -136,21 +141,22 @@ def one_pass_problem(
     reward model (no ``--credit.direction.*``: it defaults to ``--reward.model_name_or_path``),
     it runs on the reward-model actors (placement ``reward``), the strategy reads the
     gradient at the sampled tokens (``reward_grad_points`` 0: the ``datc`` family,
-    ``saliency``) and no other signal of the direction model, and each micro-batch is whole
-    on its actor (not ring attention, which splits the RM's packed input over the ring and
-    takes its backward through ring-flash-attention's collective kernels, not written or
-    tested here). Packed samples are fine (the RM packs the padded micro-batch itself), and
-    so is ZeRO-3 (DeepSpeed's module hooks gather the partitioned weights in the forward
-    and in the input-gradient backward; ``actor_side.reward_and_input_grad``)."""
+    ``saliency``, or P2T's attribution of it) and no other signal of the direction model,
+    and each micro-batch is whole on its actor (not ring attention, which splits the RM's
+    packed input over the ring and takes its backward through ring-flash-attention's
+    collective kernels, not written or tested here). Packed samples are fine (the RM packs
+    the padded micro-batch itself), and so is ZeRO-3 (DeepSpeed's module hooks gather the
+    partitioned weights in the forward and in the input-gradient backward;
+    ``actor_side.reward_and_input_grad``)."""
     if placement != "reward":
         return "the direction model runs on the policy actors, OpenRLHF's reward model on its own"
-    if "reward_grad" not in plan:
+    if not plan & GRADIENT_SIGNALS:
         return "the strategy reads no reward gradient"
     if cfg.direction is not None:
         return "--credit.direction.* gives another direction model than OpenRLHF's reward model"
     if reward_grad_points:
         return "the path gradient is taken away from the sampled tokens (its own passes)"
-    others = sorted(plan & SCORING_SIGNALS - {"reward_grad"})
+    others = sorted(plan & SCORING_SIGNALS - GRADIENT_SIGNALS)
     if others:
         return f"the strategy also reads {others} from the direction model"
     if int(_get(args, "ds.ring_attn_size", 1)) > 1:

@@ -8,8 +8,9 @@ micro-batch ``Experience`` of one ``make_experience_batch`` call), then:
    estimators the strategy accepts give one value per response; checked);
 2. gathers the signals the strategy requires from the actors that hold them (policy
    statistics, DATC's W0 or the token entropy from the policy actors, which took them from
-   OpenRLHF's own log-prob forward in ``make_experience``; the reward gradient, attention or
-   prefix rewards from the actors hosting the direction model), dispatched with OpenRLHF's
+   OpenRLHF's own log-prob forward in ``make_experience``; the reward gradient, P2T's
+   attribution of it, attention or prefix rewards from the actors hosting the direction
+   model), dispatched with OpenRLHF's
    ``RayActorGroup.async_run_method_batch`` over the same micro-batches as the log-prob
    forward (a path strategy with the direction model on the reward-model actors: the
    policy actors' first, each micro-batch's m1 then handed to the reward-model actors; on
@@ -61,6 +62,7 @@ from backends.openrlhf.actor_side import (
     direction_path_problem,
     export_reward_embedding,
     import_reward_embedding,
+    prepare_attribution,
     signals_method,
 )
 from backends.openrlhf.compat import (
@@ -381,10 +383,13 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         gives OpenRLHF's reward and its input gradient at once); share the embedding table
         before the first forward needs it; for a strategy reading the direction model's
         attention or taking the path gradient, build that model on the actors hosting it now
-        and refuse it if it cannot serve (``compat.check_direction_capabilities``)."""
+        and refuse it if it cannot serve (``compat.check_direction_capabilities``); for one
+        reading P2T's attribution, read its null embedding there now and refuse a null the
+        model lacks (``prepare_attribution``)."""
         credit = self.credit
         chunk = credit.config.stats_chunk_size
         points = self.credit_strategy.reward_grad_points
+        null = self.credit_strategy.attribution_null
         on_policy = credit.placement == "policy"
         policy_state = ActorCreditState(
             computes=(credit.requires & LOGITS_SIGNALS)
@@ -393,6 +398,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
             tokenizer=self.tokenizer if on_policy else None,
             stats_chunk_size=chunk,
             path_points=points if on_policy else 0,
+            attribution_null=null,
         )
         ray.get(
             self.actor_model_group.async_run_method(
@@ -408,6 +414,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                 stats_chunk_size=chunk,
                 path_points=points,
                 one_pass=credit.one_pass,
+                attribution_null=null,
             )
             ray.get(
                 self.reward_model_group.async_run_method(
@@ -426,6 +433,16 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         if points:
             problems = ray.get(group.async_run_method("__ray_call__", direction_path_problem, role))
             check_direction_capabilities(credit, path_problem=next(filter(None, problems), None))
+        if "reward_attribution" in credit.requires:
+            # every actor hosting the gradient reads its null embedding now (on the one-pass
+            # path a row of OpenRLHF's reward model, gathered under ZeRO-3: a collective)
+            problems = ray.get(group.async_run_method("__ray_call__", prepare_attribution, role))
+            problem = next(filter(None, problems), None)
+            if problem is not None:
+                raise CreditError(
+                    f"--credit: strategy {self.credit_strategy.name!r} reads "
+                    f"reward_attribution: {problem}"
+                )
 
     def _gather_from_actors(self, experiences: Sequence[Experience]) -> list[ActorSignals]:
         """Every micro-batch's signals from the actors holding them, merged. A path strategy

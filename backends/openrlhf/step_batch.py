@@ -5,6 +5,7 @@ the credit under a critic, ``backends.openrlhf.critic``)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -21,7 +22,7 @@ def stacked_signals(credits: Sequence[CreditSignals], width: int) -> CreditSigna
     """The per-token signals of the micro-batches' ``credits`` (n_k, A_k), stacked along the
     batch and zero-padded to ``width`` columns. A signal present in some micro-batches only
     is a ``CreditError`` naming it."""
-    stacked: dict[str, torch.Tensor] = {}
+    stacked: dict[str, Any] = {}  # TOKEN_SIGNALS names: (n, width) tensors
     for name in TOKEN_SIGNALS:
         values = [getattr(credit, name) for credit in credits]
         present = [value for value in values if value is not None]
@@ -33,9 +34,4 @@ def stacked_signals(credits: Sequence[CreditSignals], width: int) -> CreditSigna
                 f"credit signals: {name!r} is missing from micro-batches {lacking} of the step"
             )
         stacked[name] = torch.cat([padded(value, width) for value in present])
-    return CreditSignals(
-        unsigned_work=stacked.get("unsigned_work"),
-        token_entropy=stacked.get("token_entropy"),
-        reward_attention=stacked.get("reward_attention"),
-        prefix_rewards=stacked.get("prefix_rewards"),
-    )
+    return CreditSignals(**stacked)  # every per-token signal, none dropped

@@ -12,11 +12,12 @@ algorithm keys::
 ``credit_settings(config)`` parses them into the shared ``CreditSection`` and builds the
 run's ``CreditPlan`` on ``BACKEND`` (the strategy, once), refusing with a ``CreditError``
 naming the key a bad value or a strategy this backend cannot serve: the backend ships
-per-token scalars from verl's actor engine to the trainer (DATC's unsigned work W0, the
-direction model's attention and prefix rewards, verl's own entropy), not the reward model's
-gradient tensor. Under verl's critic estimator (``algorithm.adv_estimator=gae``) a strategy
-with a token-reward form is served as a shift of verl's token rewards (docs/design.md,
-"Credit under a critic"), which needs >= 2 samples per prompt.
+per-token scalars from verl's actor engine to the trainer (DATC's unsigned work W0, P2T's
+attribution, the direction model's attention and prefix rewards, verl's own entropy), not
+the reward model's gradient tensor. Under verl's critic estimator
+(``algorithm.adv_estimator=gae``) a strategy with a token-reward form is served as a shift of
+verl's token rewards (docs/design.md, "Credit under a critic"), which needs >= 2 samples per
+prompt.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ SIGNAL_FIELDS: dict[str, str] = {
     "unsigned_work": "credit_unsigned_work",
     "reward_attention": "credit_reward_attention",
     "prefix_rewards": "credit_prefix_rewards",
+    "reward_attribution": "credit_reward_attribution",
 }
 ENGINE_SIGNALS: frozenset[str] = frozenset(SIGNAL_FIELDS)
 
@@ -49,14 +51,23 @@ SECTION_KEYS = SectionKeys(*(f"algorithm.{key}" for key in CREDIT_KEYS))
 
 #: What the verl backend provides: per-token scalars shipped from verl's actor engine to the
 #: trainer (DATC's W0, reduced in the old-log-prob forward with the reward gradient known
-#: first, on a path too; the direction model's attention and prefix rewards, scored there on
-#: the same tokens; verl's own entropy); the credit step runs on the trainer with the step's
-#: whole batch (a batch-wide selection needs no gather) and its response rewards and prompt
-#: groups (verl's scores and uids), without an answer span.
+#: first, on a path too; P2T's attribution, from the same gradient; the direction model's
+#: attention and prefix rewards, scored there on the same tokens; verl's own entropy); the
+#: credit step runs on the trainer with the step's whole batch (a batch-wide selection needs
+#: no gather) and its response rewards and prompt groups (verl's scores and uids), without an
+#: answer span.
 BACKEND = Backend(
     "verl",
     SECTION_KEYS.credit,
-    frozenset({"unsigned_work", "token_entropy", "reward_attention", "prefix_rewards"}),
+    frozenset(
+        {
+            "unsigned_work",
+            "token_entropy",
+            "reward_attention",
+            "prefix_rewards",
+            "reward_attribution",
+        }
+    ),
     frozenset({"gather", "path_gradient", "groups"}),
     work_first=True,
     path_work=True,
@@ -96,19 +107,21 @@ def work_request(settings: CreditSettings) -> str | None:
     """What the trainer hands the engine with the old-log-prob batch (a JSON string, one
     piece of non-tensor data) when the plan reads a signal the engine computes: those
     ``signals``, the direction model's settings, the tile size and the plan's
-    ``reward_grad_points`` (0: the gradient at the sampled tokens); None otherwise."""
+    ``reward_grad_points`` (0: the gradient at the sampled tokens), and for
+    ``reward_attribution`` the strategy's ``null`` (``attribution_null``); None otherwise."""
     signals = engine_signals(settings.plan)
     if not signals:
         return None
     assert settings.section.direction is not None  # credit_settings refuses them without one
-    return json.dumps(
-        {
-            "signals": sorted(signals),
-            "direction": settings.section.direction.model_dump(mode="json"),
-            "chunk_size": settings.section.chunk_size,
-            "points": settings.plan.reward_grad_points,
-        }
-    )
+    request: dict[str, Any] = {
+        "signals": sorted(signals),
+        "direction": settings.section.direction.model_dump(mode="json"),
+        "chunk_size": settings.section.chunk_size,
+        "points": settings.plan.reward_grad_points,
+    }
+    if "reward_attribution" in signals:
+        request["null"] = settings.plan.strategy.attribution_null
+    return json.dumps(request)
 
 
 def _get(config: Any, path: str) -> Any:

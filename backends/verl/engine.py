@@ -1,12 +1,13 @@
 """``CreditFSDPEngine``: verl's FSDP language-model engine, computing the direction model's
-per-token signals (DATC's W0, ABC's attention, RED's prefix rewards) in the forward that
-already computes the old log-probs.
+per-token signals (DATC's W0, P2T's attribution, ABC's attention, RED's prefix rewards) in
+the forward that already computes the old log-probs.
 
 verl's trainer asks the actor engine for the old-policy log-probs once per batch
 (``compute_log_prob``, no grad); ``FSDPEngineWithLMHead.prepare_model_outputs`` receives
 that forward's raw Hugging Face output, logits included. When the micro-batch carries the
 trainer's work request (``WORK_REQUEST_KEY``, a JSON string: the direction model's settings,
-the tile size, the path points and the ``signals`` asked for, within ``ENGINE_SIGNALS``),
+the tile size, the path points, the ``signals`` asked for, within ``ENGINE_SIGNALS``, and
+for ``reward_attribution`` its ``null``),
 this subclass adds one more per-token output per signal (``SIGNAL_FIELDS``), each a nested
 tensor laid out like verl's ``log_probs`` (row i: its prompt + response tokens, the value at
 j about the token at j + 1, 0 at every position that predicts no response token), so
@@ -20,6 +21,10 @@ built in the engine's process from the request, once, and kept.
   instead: ``PolicyStats`` of the same logits first (m1 among them), then
   ``adapters.grad_path.path_reward_grad`` from m1, then W0 from the statistics and g
   (``credit_core.token_work``).
+- ``reward_attribution`` (P2T): r_t = (E'[y_t] - e_null) . g_t
+  (``DirectionModel.attribution``, the request's ``null``) from the reward gradient g of the
+  same prompt and response tokens, the one W0 reads (one direction-model forward + backward,
+  no further reward pass); it reads the token ids only.
 - ``reward_attention`` (ABC) and ``prefix_rewards`` (RED): the direction model's own
   ``score(..., with_attention / with_prefix_rewards)`` (``adapters.direction.score_rollout``,
   no gradient) of the same prompt and response tokens; they read the token ids only.
@@ -133,6 +138,18 @@ def split_rows(
     return prompt_ids, prompt_mask, response_ids, response_mask
 
 
+def attribution_null(direction: DirectionModel, asked: dict[str, Any]) -> str:
+    """The request's ``null`` (the null embedding of ``reward_attribution``), checked to be
+    one ``direction`` has: ``CreditError`` naming ``algorithm.credit`` and the null
+    otherwise (e.g. ``unk`` for a reward model whose tokenizer has no unknown token)."""
+    null = str(asked.get("null"))
+    try:
+        direction.null_embedding(null)
+    except CreditError as err:
+        raise CreditError(f"algorithm.credit: reward_attribution: {err}") from err
+    return null
+
+
 class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
     """verl's FSDP LM engine plus the direction model's per-token signals in the
     old-log-prob forward when asked (module doc)."""
@@ -204,8 +221,9 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
         lengths = resp_lens.tolist()
         ends = offsets[1:].tolist()
         per_row: dict[str, torch.Tensor] = {}
-        if "unsigned_work" in found:
-            per_row["unsigned_work"] = self.unsigned_work(output, micro_batch, asked, rollout)
+        gradient = [s for s in ("unsigned_work", "reward_attribution") if s in found]
+        if gradient:
+            per_row.update(self.gradient_signals(output, micro_batch, asked, rollout, gradient))
         scored = [s for s in ("reward_attention", "prefix_rewards") if s in found]
         if scored:
             vocab = int(self.model_config.hf_config.vocab_size)
@@ -230,18 +248,62 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
                     target[ends[i] - r - 1 : ends[i] - 1] = rows[i, :r].float().to(target.device)
         return found
 
+    def gradient_signals(
+        self,
+        output: Any,
+        micro_batch: TensorDict,
+        asked: dict[str, Any],
+        rollout: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+        signals: list[str],
+    ) -> dict[str, torch.Tensor]:
+        """The ``signals`` of the reward gradient g (``unsigned_work``, ``reward_attribution``)
+        for the ``rollout`` (prompt ids/mask, response ids/mask: ``split_rows``) of the
+        micro-batch, each (B, R) float32, response-aligned (0 at padding), from one g (one
+        direction-model forward + backward, or the path's ``points``).
+
+        - W0: of the forward's logits, read one row's response span at a time, as views (no
+          copy). ``CreditError`` under Ulysses sequence parallelism (verl's
+          ``use_ulysses_sp``): the logits are then sequence-local, the row offsets global.
+        - r_t = (E'[y_t] - e_null) . g_t (``DirectionModel.attribution``) with the request's
+          ``null``; it reads g at the sampled tokens, so a request with ``points`` >= 1 gets
+          a ``CreditError``, and so does a null the direction model lacks (naming it)."""
+        points = int(asked.get("points", 0))
+        response_ids, response_mask = rollout[2], rollout[3]
+        found: dict[str, torch.Tensor] = {}
+        if "reward_attribution" in signals and points:
+            raise CreditError(
+                f"{WORK_REQUEST_KEY}: reward_attribution reads the reward gradient at the "
+                f"sampled tokens, not on the path (points: {points})"
+            )
+        if "unsigned_work" in signals:
+            found["unsigned_work"], g, direction = self.unsigned_work(
+                output, micro_batch, asked, rollout
+            )
+        else:
+            device = response_ids.device
+            vocab = int(self.model_config.hf_config.vocab_size)
+            direction = self.direction_model(asked["direction"], vocab, device)
+            null = attribution_null(direction, asked)  # refused before the reward pass
+            with torch.autocast(device_type=device.type, enabled=False), torch.enable_grad():
+                g = self.reward_grad(direction, rollout, [], 0).detach()
+        if "reward_attribution" in signals:
+            null = attribution_null(direction, asked)
+            with torch.no_grad():
+                found["reward_attribution"] = direction.attribution(
+                    g, response_ids, response_mask, null
+                ).float()
+        return found
+
     def unsigned_work(
         self,
         output: Any,
         micro_batch: TensorDict,
         asked: dict[str, Any],
         rollout: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor, DirectionModel]:
         """W0 (B, R) float32, response-aligned (0 at padding), of the forward's logits and
-        g for the ``rollout`` (prompt ids/mask, response ids/mask: ``split_rows``) of the
-        micro-batch; the logits are read one row's response span at a time, as views (no
-        copy). ``CreditError`` under Ulysses sequence parallelism (verl's
-        ``use_ulysses_sp``): the logits are then sequence-local, the row offsets global."""
+        g for the ``rollout`` of the micro-batch (``gradient_signals``), with that g
+        (B, R, d) (on the path for ``points`` >= 1) and the direction model."""
         if getattr(self, "use_ulysses_sp", False):
             # the forward's logits are this rank's slice of the padded packed sequence, while
             # the rows' offsets are global: slicing them would give another token's W0
@@ -284,7 +346,7 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
                     ids = response_ids[i, :r].unsqueeze(0).to(device)
                     w = unsigned_work_from_logits(span.unsqueeze(0), ids, E, g_i, **kw)
                 work[i, :r] = w.squeeze(0).float()
-        return work
+        return work, g, direction
 
     @staticmethod
     def reward_grad(

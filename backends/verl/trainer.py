@@ -4,11 +4,11 @@
 Two steps of verl's ``PPOTrainer`` are extended, nothing else:
 
 - ``_compute_old_log_prob``: when the plan reads a signal the actor engine computes (W0,
-  the direction model's attention or prefix rewards), the batch's ``extra_info`` carries the
-  work request (``config.work_request``, formed once) for the duration of verl's own
-  old-log-prob forward, so that ``CreditFSDPEngine`` computes them beside that forward (no
-  extra policy forward) and verl's worker stores them in TransferQueue beside
-  ``log_probs``.
+  P2T's attribution, the direction model's attention or prefix rewards), the batch's
+  ``extra_info`` carries the work request (``config.work_request``, formed once) for the
+  duration of verl's own old-log-prob forward, so that ``CreditFSDPEngine`` computes them
+  beside that forward (no extra policy forward) and verl's worker stores them in
+  TransferQueue beside ``log_probs``.
 - ``_compute_advantage``: under GRPO, verl's own (A_i broadcast over the response), then
   ``credit_fields`` replaces the stored ``advantages`` by the strategy's token advantages,
   which verl's ``ppo_loss`` reads per token. Under verl's critic estimator (GAE),

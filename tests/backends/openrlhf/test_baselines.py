@@ -515,15 +515,6 @@ def test_baseline_parameters_come_from_credit_flags(capsys: pytest.CaptureFixtur
     assert err.startswith("credit-openrlhf: error:") and "mode" in err and "'mask'" in err
 
 
-def test_p2t_is_refused_at_start_up_naming_the_signal_the_actors_do_not_compute() -> None:
-    with pytest.raises(
-        CreditError,
-        match=r"^--credit: strategy 'p2t' is not served: it reads \['reward_attribution'\], "
-        "which the OpenRLHF backend does not provide",
-    ):
-        resolved("p2t", RM_FLAGS)
-
-
 @pytest.mark.parametrize("flags", [RM_FLAGS, REMOTE_FLAGS])
 def test_oar_g_is_refused_at_start_up_naming_its_signal_and_the_answer_span(
     flags: list[str],

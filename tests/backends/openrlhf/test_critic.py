@@ -191,10 +191,36 @@ def _abc_paper_shift(batches: list[Any]) -> list[torch.Tensor]:
     return out
 
 
+def _p2t_paper_shift(batches: list[Any]) -> list[torch.Tensor]:
+    """D_t = r_t - R 1[t = T], r_t = (e_t - 0) . g_t P2T's attribution (null zero) of the
+    direction model's gradient on the plain prompt | response (``DirectionModel.attribution``);
+    its sum is not R (the paper form's own token rewards)."""
+    reference = SignalDirectionModel(VOCAB, DIM, seed=RM_SEED)
+    out = []
+    for exp in batches:
+        D = torch.zeros(exp.action_mask.shape, dtype=torch.float64)
+        for b, i in enumerate(map(int, exp.index)):
+            prompt, response = PROMPTS[i], RESPONSES[i]
+            ids, P = torch.tensor([prompt + response]), len(prompt)
+            mask = torch.ones_like(ids)
+            g = reference.score(ids[:, :P], mask[:, :P], ids[:, P:], mask[:, P:], with_grad=True)
+            assert g.reward_grad is not None
+            r = reference.attribution(g.reward_grad, ids[:, P:], mask[:, P:], "zero")[0]
+            r = r.double()
+            r[-1] -= REWARDS[i]
+            D[b, P - 1 : P - 1 + len(response)] = r
+        out.append(D.float())
+    return out
+
+
 @pytest.mark.parametrize(
     ("credit", "expected_shift"),
-    [("datc", _datc_shift), ({"name": "abc", "mode": "paper"}, _abc_paper_shift)],
-    ids=["datc", "abc_paper"],
+    [
+        ("datc", _datc_shift),
+        ({"name": "abc", "mode": "paper"}, _abc_paper_shift),
+        ({"name": "p2t", "mode": "paper", "null": "zero"}, _p2t_paper_shift),
+    ],
+    ids=["datc", "abc_paper", "p2t_paper"],
 )
 def test_a_strategy_under_gae_adds_its_shift_to_openrlhfs_token_rewards(
     handed: list[torch.Tensor], credit: Any, expected_shift: Any
@@ -219,8 +245,10 @@ def test_a_strategy_under_gae_adds_its_shift_to_openrlhfs_token_rewards(
         # OpenRLHF's token rewards (its outcome reward and KL penalty) plus D, nothing else
         torch.testing.assert_close(ro, rs + D, rtol=0, atol=1e-6)
         assert torch.equal(ro[~acts], rs[~acts])
-        # the sum-preserving contract: each response's total reward is OpenRLHF's
-        torch.testing.assert_close(ro.sum(dim=1), rs.sum(dim=1), rtol=0, atol=1e-5)
+        if expected_shift is not _p2t_paper_shift:
+            # the sum-preserving contract: each response's total reward is OpenRLHF's (the
+            # paper form of p2t hands its own r_t, whose sum is not R)
+            torch.testing.assert_close(ro.sum(dim=1), rs.sum(dim=1), rtol=0, atol=1e-5)
         # OpenRLHF's GAE on them; the critic's values as they were
         _, want_returns = reference.get_advantages_and_returns(
             exp.values, ro, exp.action_mask, gae.gamma, gae.lambd

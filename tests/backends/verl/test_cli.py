@@ -59,18 +59,18 @@ def test_debug_shows_the_traceback() -> None:
     from credit_core import CreditError
 
     with pytest.raises(CreditError, match="not served"):
-        main(["--debug", "algorithm.adv_estimator=grpo", "algorithm.credit=p2t"])
+        main(["--debug", "algorithm.adv_estimator=grpo", "algorithm.credit=saliency"])
 
 
 def test_python_dash_m_is_the_same_command() -> None:
     # the test-only CPU platform announces itself at verl's INFO level
     env = {**os.environ, "VERL_LOGGING_LEVEL": "WARNING"}
     done = subprocess.run(
-        [sys.executable, "-m", "backends.verl", "algorithm.credit=p2t"],
+        [sys.executable, "-m", "backends.verl", "algorithm.credit=saliency"],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert_one_message(done.returncode, done.stderr, "'p2t' is not served")
+    assert_one_message(done.returncode, done.stderr, "'saliency' is not served")

@@ -85,7 +85,7 @@ def test_entropy_top_needs_no_direction(grpo) -> None:
         (["algorithm.credit=abc"], "algorithm.direction: credit strategy 'abc' reads"),
         (["algorithm.credit=red"], "algorithm.direction: credit strategy 'red' reads"),
         (["algorithm.credit=saliency"], "'saliency' is not served: it reads ['reward_grad']"),
-        (["algorithm.credit=p2t"], "'p2t' is not served: it reads ['reward_attribution']"),
+        (["algorithm.credit=p2t"], "algorithm.direction: credit strategy 'p2t' reads"),
         (  # PRIME's implicit PRM: a second trainable model (docs/verl.md)
             ["algorithm.credit=prime"],
             "'prime' is not served: it reads ['implicit_log_ratio']",
@@ -112,6 +112,10 @@ def test_entropy_top_needs_no_direction(grpo) -> None:
         ),
         (  # red's prefix rewards are computed from whole sequences too
             ["algorithm.credit=red", DIRECTION, f"{SP_ENGINE}=2"],
+            f"{SP_ENGINE}: 2; Ulysses sequence parallelism splits each sequence",
+        ),
+        (  # and so is p2t's attribution (the reward gradient of whole sequences)
+            ["algorithm.credit=p2t", DIRECTION, f"{SP_ENGINE}=2"],
             f"{SP_ENGINE}: 2; Ulysses sequence parallelism splits each sequence",
         ),
     ],
@@ -144,6 +148,34 @@ def test_abc_and_red_ask_the_engine_for_the_direction_models_signal(
     assert json.loads(request)["direction"]["path"] == "/models/rm"
 
 
+@pytest.mark.parametrize(
+    ("credit", "null"),
+    [
+        (["algorithm.credit=p2t"], "pad"),
+        # Hydra reads a ``null`` key inside {...} as None: the dotted key sets it
+        (["algorithm.credit={name:p2t,mode:paper}", "algorithm.credit.null=zero"], "zero"),
+        (["algorithm.credit.name=p2t", "algorithm.credit.null=unk"], "unk"),
+    ],
+)
+def test_p2t_asks_the_engine_for_the_attribution_with_its_null(
+    credit: list[str], null: str
+) -> None:
+    """P2T reads r_t = (e_t - e_null) . g_t (docs/design.md, "Gradient x input attribution
+    (P2T)"): the engine computes it from the reward gradient at the sampled tokens (points
+    0) with the strategy's null embedding, which the request carries."""
+    cfg = verl_config("algorithm.adv_estimator=grpo", *credit, DIRECTION)
+    settings = credit_settings(cfg)
+    assert settings.plan.signals == {"reward_attribution"}
+    request = work_request(settings)
+    assert request is not None
+    asked = json.loads(request)
+    assert asked["signals"] == ["reward_attribution"]
+    assert asked["null"] == null and asked["points"] == 0
+    datc_cfg = verl_config("algorithm.adv_estimator=grpo", "algorithm.credit=datc", DIRECTION)
+    datc = work_request(credit_settings(datc_cfg))
+    assert datc is not None and "null" not in json.loads(datc)
+
+
 def test_a_plan_without_engine_signals_sends_no_request(grpo) -> None:
     cfg = verl_config("algorithm.adv_estimator=grpo", "algorithm.credit=entropy_top")
     assert work_request(credit_settings(cfg)) is None
@@ -153,7 +185,16 @@ GAE = ("algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.n=4")
 
 
 @pytest.mark.parametrize(
-    "credit", ["uniform", "datc", "{name:red,mode:paper}", "abc", "{name:entropy_top,mode:weight}"]
+    "credit",
+    [
+        "uniform",
+        "datc",
+        "{name:red,mode:paper}",
+        "abc",
+        "{name:entropy_top,mode:weight}",
+        "p2t",
+        "{name:p2t,mode:paper}",
+    ],
 )
 def test_a_strategy_with_a_token_reward_form_is_served_under_gae(credit: str) -> None:
     cfg = verl_config(*GAE, f"algorithm.credit={credit}", DIRECTION)

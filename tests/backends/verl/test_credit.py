@@ -140,10 +140,12 @@ def reward_fields(batch: TensorDict) -> TensorDict:
         ({"name": "red"}, "prefix_rewards"),
         ({"name": "red", "mode": "paper"}, "prefix_rewards"),
         ({"name": "ktae"}, None),
+        ({"name": "p2t"}, "reward_attribution"),
+        ({"name": "p2t", "mode": "paper", "null": "zero"}, "reward_attribution"),
     ],
-    ids=["abc", "abc_paper", "red", "red_paper", "ktae"],
+    ids=["abc", "abc_paper", "red", "red_paper", "ktae", "p2t", "p2t_paper"],
 )
-def test_abc_red_and_ktae_equal_assign_credit_with_verls_rewards_and_groups(
+def test_abc_red_ktae_and_p2t_equal_assign_credit_with_verls_rewards_and_groups(
     batch: TensorDict, grpo: torch.Tensor, credit: dict[str, object], signal: str | None
 ) -> None:
     strategy = get_strategy(CreditConfig.parse(credit))

@@ -5,8 +5,10 @@
   for ``datc_mid``/``datc_ig`` (the gradient on the path to m1), ``token_work`` of that
   forward's ``PolicyStats`` and ``path_reward_grad``;
 - the direction model's attention (``abc``) and prefix rewards (``red``) shipped from the same
-  forward's request equal the direction model's own ``score`` on the same rows;
-- with or without the work request (``datc``, ``datc_mid``, ``abc`` or ``red``), the engine
+  forward's request equal the direction model's own ``score`` on the same rows, and P2T's
+  attribution equals ``DirectionModel.attribution`` of its gradient there, at the cost of
+  DATC's reward passes (one direction-model forward + backward per micro-batch);
+- with or without the work request (``datc``, ``datc_mid``, ``abc``, ``red`` or ``p2t``), the engine
   runs exactly as many policy forwards as verl's own engine (one per micro-batch) and gives
   verl's own log-probs bit for bit;
 - verl's ``EngineRegistry`` picks the subclass for fsdp/fsdp2 on NVIDIA GPUs;
@@ -16,6 +18,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from functools import partial
@@ -190,11 +193,115 @@ def test_attention_and_prefix_rewards_equal_the_direction_models_own(
         torch.testing.assert_close(got.sum(dim=1), torch.ones(len(PROMPTS)))
 
 
+def direct_attribution(policy: Path, rm: Path, batch: TensorDict, null: str) -> torch.Tensor:
+    """P2T's r_t (B, R): ``DirectionModel.attribution`` of a separately built direction
+    model's own reward gradient on the batch's prompt (left-padded) and response
+    (right-padded) token ids."""
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    B, P = len(PROMPTS), max(PROMPTS)
+    ids = batch["input_ids"].to_padded_tensor(0)
+    prompt_ids = torch.zeros(B, P, dtype=torch.long)
+    prompt_mask = torch.zeros(B, P, dtype=torch.long)
+    for i, p in enumerate(PROMPTS):
+        prompt_ids[i, P - p :] = ids[i, :p]
+        prompt_mask[i, P - p :] = 1
+    responses = batch["responses"].to_padded_tensor(0)
+    response_mask = batch["response_mask"].to_padded_tensor(0)
+    direction = build_direction_model({"kind": "seq_classification", "path": str(rm)}, tokenizer)
+    out = direction.score(prompt_ids, prompt_mask, responses, response_mask, with_grad=True)
+    assert out.reward_grad is not None
+    return direction.attribution(out.reward_grad.detach(), responses, response_mask, null)
+
+
+def attribution_request(rm: Path, null: str) -> str:
+    """The trainer's request for P2T's ``reward_attribution`` with ``null``."""
+    request = json.loads(work_request(rm, signals=("reward_attribution",)))
+    return json.dumps({**request, "null": null})
+
+
+@pytest.mark.parametrize("null", ["pad", "unk", "zero"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["fixed_bsz", "dynamic_bsz"])
+def test_attribution_equals_the_direction_models_own(
+    models: tuple[Path, Path], engines: tuple[Any, Any], dynamic: bool, null: str
+) -> None:
+    """P2T's r_t = (E'[y_t] - e_null) . g_t (docs/design.md, "Gradient x input attribution
+    (P2T)") from the old-log-prob forward's request, cut to the response by verl's
+    ``response_from_nested``, is ``DirectionModel.attribution`` of a separately built
+    direction model's gradient on the same rows, with the request's null (the pad null, a
+    non-zero table row, gives other values than the others; the tiny RM's unk row, id 0,
+    is its zero padding_idx row)."""
+    policy, rm = models
+    credit, _ = engines
+    batch = old_log_prob_batch(credit, attribution_request(rm, null), dynamic)
+    output, _ = infer(credit, batch)
+    field = SIGNAL_FIELDS["reward_attribution"]
+    assert set(output) & set(SIGNAL_FIELDS.values()) == {field}
+    got = response_from_nested(output[field], batch["response_mask"]).to_padded_tensor(0.0)
+    expected = direct_attribution(policy, rm, batch, null)
+    mask = batch["response_mask"].to_padded_tensor(0).bool()
+    scale = float(expected[mask].abs().max())
+    assert scale > 0
+    torch.testing.assert_close(got[mask], expected[mask], rtol=1e-4, atol=1e-4 * scale)
+    assert torch.equal(got[~mask], torch.zeros_like(got[~mask]))
+    other = direct_attribution(policy, rm, batch, "zero" if null == "pad" else "pad")
+    assert not torch.allclose(got[mask], other[mask], rtol=1e-4, atol=1e-4 * scale)
+
+
+def reward_model_passes(engine: Any, request: str) -> tuple[int, int]:
+    """The direction model's forwards and backwards (input-gradient passes) while the
+    engine serves ``request`` (built first, so the hooks see its module)."""
+    infer(engine, old_log_prob_batch(engine, request))  # builds the direction model
+    assert engine._credit_direction is not None
+    module = engine._credit_direction[1].modules[0]
+    forwards: list[int] = []
+    backwards: list[int] = []
+    hooks = [
+        module.register_forward_hook(lambda *_: forwards.append(1)),
+        # the score head's output is a tensor (the model's is a ModelOutput, which backward
+        # hooks do not see)
+        module.score.register_full_backward_pre_hook(lambda *_: backwards.append(1)),
+    ]
+    try:
+        infer(engine, old_log_prob_batch(engine, request))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return len(forwards), len(backwards)
+
+
+def test_attribution_costs_the_reward_passes_of_datc_and_no_more(
+    models: tuple[Path, Path], engines: tuple[Any, Any]
+) -> None:
+    """P2T reads the gradient DATC takes: per micro-batch one direction-model forward and
+    one backward, as for W0 (and none without a request)."""
+    _, rm = models
+    credit, _ = engines
+    p2t = reward_model_passes(credit, attribution_request(rm, "pad"))
+    datc = reward_model_passes(credit, work_request(rm))
+    assert p2t == datc == (len(PROMPTS) // MICRO_BATCH, len(PROMPTS) // MICRO_BATCH)
+
+
+def test_a_null_the_direction_model_lacks_is_refused_naming_it(
+    models: tuple[Path, Path], engines: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``null: unk`` with a reward model whose tokenizer has no unknown token (as most
+    byte-level BPE tokenizers; the tiny one has one, so it is taken away here) stops the
+    forward, naming the key and the null (the direction model is built in the engine)."""
+    _, rm = models
+    credit, _ = engines
+    infer(credit, old_log_prob_batch(credit, attribution_request(rm, "unk")))  # it has one
+    assert credit._credit_direction is not None
+    monkeypatch.setattr(credit._credit_direction[1], "unk_id", None)
+    with pytest.raises(CreditError, match=r"^algorithm.credit: reward_attribution: null: 'unk'"):
+        infer(credit, old_log_prob_batch(credit, attribution_request(rm, "unk")))
+
+
 REQUESTS = {
     "datc": ("unsigned_work", 0),
     "datc_mid": ("unsigned_work", 1),
     "abc": ("reward_attention", 0),
     "red": ("prefix_rewards", 0),
+    "p2t": ("reward_attribution", 0),
 }
 
 
@@ -206,6 +313,8 @@ def test_forward_count_and_log_probs_equal_verl_own_engine(
     credit, stock = engines
     signal, points = REQUESTS[strategy]
     request = work_request(rm, points, signals=(signal,))
+    if signal == "reward_attribution":
+        request = attribution_request(rm, "pad")
     with_work, n_with = infer(credit, old_log_prob_batch(credit, request))
     without, n_without = infer(credit, old_log_prob_batch(credit, None))
     own, n_own = infer(stock, old_log_prob_batch(stock, None))

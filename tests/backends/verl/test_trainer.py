@@ -189,11 +189,17 @@ def gae_config(credit: str, kl: bool, policy: Path, rm: Path):
     return config
 
 
-SIGNAL_OF = {"datc": "unsigned_work", "{name:red,mode:paper}": "prefix_rewards"}
+SIGNAL_OF = {
+    "datc": "unsigned_work",
+    "{name:red,mode:paper}": "prefix_rewards",
+    "{name:p2t,mode:paper}": "reward_attribution",
+}
 
 
 @pytest.mark.parametrize("kl", [False, True], ids=["no_kl", "kl_in_reward"])
-@pytest.mark.parametrize("credit", ["uniform", "datc", "{name:red,mode:paper}"])
+@pytest.mark.parametrize(
+    "credit", ["uniform", "datc", "{name:red,mode:paper}", "{name:p2t,mode:paper}"]
+)
 def test_gae_reads_verls_token_rewards_plus_the_strategys_shift(
     models: tuple[Path, Path], process_group: None, transfer_queue: None, credit: str, kl: bool
 ) -> None:
