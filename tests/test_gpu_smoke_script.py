@@ -70,6 +70,21 @@ def test_the_trl_check_passes_a_config_trl_accepts(
     assert training.credit_config.name == "datc_mid" and training.bf16
 
 
+OPENRLHF_SCRIPT = REPO / "scripts" / "openrlhf_gpu_smoke.sh"
+
+
+def settings_array(name: str) -> list[str]:
+    """The bash array ``name`` of openrlhf_gpu_smoke.sh's SETTINGS block, as bash expands it."""
+    block = f"eval \"$(sed -n '/^# BEGIN SETTINGS/,/^# END SETTINGS/p' {OPENRLHF_SCRIPT})\"; "
+    out = subprocess.run(
+        ["bash", "-c", block + f'printf "%s\\0" "${{{name}[@]}}"'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.split("\0")[:-1]
+
+
 def test_the_packed_openrlhf_run_passes_settings_openrlhf_and_the_credit_accept() -> None:
     """``openrlhf_packed_datc_mid``: gpu_smoke.sh runs openrlhf_gpu_smoke.sh's
     ``datc_mid_packed`` run alone; its PACKED flags parse in OpenRLHF and the credit serves
@@ -79,15 +94,8 @@ def test_the_packed_openrlhf_run_passes_settings_openrlhf_and_the_credit_accept(
     from credit_core import CreditConfig
     from tests.helpers.openrlhf import openrlhf_args
 
-    script = REPO / "scripts" / "openrlhf_gpu_smoke.sh"
-    block = f"eval \"$(sed -n '/^# BEGIN SETTINGS/,/^# END SETTINGS/p' {script})\"; "
-    out = subprocess.run(
-        ["bash", "-c", block + 'printf "%s\\0" "${PACKED[@]}"'],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    packed = out.stdout.split("\0")[:-1]
+    script = OPENRLHF_SCRIPT
+    packed = settings_array("PACKED")
     assert "--ds.packing_samples" in packed and "--train.dynamic_batch_enable" in packed
     text = script.read_text()
     assert (
@@ -121,15 +129,8 @@ def test_the_ppo_gae_openrlhf_run_passes_settings_openrlhf_and_the_credit_accept
     from credit_core import CreditConfig
     from tests.helpers.openrlhf import openrlhf_args
 
-    script = REPO / "scripts" / "openrlhf_gpu_smoke.sh"
-    block = f"eval \"$(sed -n '/^# BEGIN SETTINGS/,/^# END SETTINGS/p' {script})\"; "
-    out = subprocess.run(
-        ["bash", "-c", block + 'printf "%s\\0" "${PPO_GAE[@]}"'],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    ppo_gae = out.stdout.split("\0")[:-1]
+    script = OPENRLHF_SCRIPT
+    ppo_gae = settings_array("PPO_GAE")
     text = script.read_text()
     assert 'run ppo_gae_abc --credit abc --credit.mode paper "${PPO_GAE[@]}"' in text
     assert "RUNS=ppo_gae_abc" in SCRIPT.read_text()
@@ -161,15 +162,8 @@ def test_the_zero3_openrlhf_run_takes_the_one_reward_model_pass() -> None:
     from credit_core import CreditConfig
     from tests.helpers.openrlhf import openrlhf_args
 
-    script = REPO / "scripts" / "openrlhf_gpu_smoke.sh"
-    block = f"eval \"$(sed -n '/^# BEGIN SETTINGS/,/^# END SETTINGS/p' {script})\"; "
-    out = subprocess.run(
-        ["bash", "-c", block + 'printf "%s\\0" "${ZERO3[@]}"'],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    zero3 = out.stdout.split("\0")[:-1]
+    script = OPENRLHF_SCRIPT
+    zero3 = settings_array("ZERO3")
     text = script.read_text()
     assert 'run datc_zero3 --credit datc --credit.beta 1.0 --credit.lam 0.5 "${ZERO3[@]}"' in text
     assert "RUNS=datc_zero3" in SCRIPT.read_text()
