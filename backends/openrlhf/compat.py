@@ -9,8 +9,9 @@ advantage over tokens, so they need one: every estimator but ``gae``, ``reinforc
 with gamma 1, and no KL penalty inside the reward (use ``--algo.kl.use_loss`` or
 ``--algo.kl.init_coef 0``); or they run under OpenRLHF's critic (``gae``), as a shift of its
 token rewards (``backends.openrlhf.critic``; any KL penalty in the reward stays), which
-needs a ``critic_reward_form`` and >= 2 samples per prompt, and gives the strategy the
-step's rewards and groups (``CRITIC_BACKEND``: the paper forms are served there). Signals
+needs a ``critic_reward_form`` and >= 2 samples per prompt. A strategy that reads the
+step's rewards and groups (``reads_groups``: ``ktae``, the paper forms) gets them under
+either, each prompt's ``--rollout.n_samples_per_prompt`` (>= 2) samples a group. Signals
 reduced from the policy's logits (policy statistics, DATC's W0, the token entropy) are read
 per sample from the logits of OpenRLHF's forward, packed (``--ds.packing_samples``,
 ``--train.dynamic_batch_enable``) or not; ring attention (which splits those logits over
@@ -41,7 +42,7 @@ before the first step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from backends.common.config_values import parse_direction
@@ -65,23 +66,19 @@ GRADIENT_SIGNALS = frozenset({"reward_grad", "reward_attribution"})
 WIDE_SIGNALS = frozenset({"reward_grad", "policy_stats"})
 
 #: What the OpenRLHF backend provides: the signals of the policy's logits and of one scoring
-#: call of the direction model (P2T's attribution included); not a second trained model's
-#: log-probs or the policy's own answer-span gradient; no rewards/groups or answer span reach its
-#: credit step. Whether the reward gradient comes first depends on the placement
-#: (``resolve_credit``).
+#: call of the direction model (P2T's attribution included), and the step's rewards and
+#: groups (the token-credit maker holds the whole step); not a second trained model's
+#: log-probs or the policy's own answer-span gradient; no answer span reaches its credit step.
+#: Whether the reward gradient comes first depends on the placement (``resolve_credit``).
 BACKEND = Backend(
     "OpenRLHF",
     "--credit",
     SIGNALS - TRAINED_MODEL_SIGNALS - {"answer_saliency"},
-    frozenset({"gather", "path_gradient"}),
+    frozenset({"gather", "path_gradient", "groups"}),
     work_first=False,
     path_work=False,
     hint="use the native or TRL backend (docs/backends.md)",
 )
-
-#: Under a critic (``CRITIC_ESTIMATORS``) the strategy also gets the step's rewards and
-#: groups: the token-credit maker holds the whole step (``backends.openrlhf.critic``).
-CRITIC_BACKEND = replace(BACKEND, features=BACKEND.features | {"groups"})
 
 #: OpenRLHF's critic estimator: credit enters as a shift of its token rewards
 #: (docs/design.md, "Credit under a critic").
@@ -181,8 +178,7 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
     # the strategy is built once; the placement below decides whether g comes first
     estimator = _get(args, "algo.advantage.estimator")
     critic = estimator in CRITIC_ESTIMATORS
-    backend = CRITIC_BACKEND if critic else BACKEND
-    plan = CreditPlan.build(cfg.credit, backend)
+    plan = CreditPlan.build(cfg.credit, BACKEND)
     strategy = plan.strategy
     requires = strategy.requires
     name = strategy.name
@@ -209,6 +205,11 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
             "run on GRPO's group advantages of each prompt's samples and needs >= 2 "
             "(docs/design.md, 'Credit under a critic')"
         )
+    elif plan.reads_groups and samples < 2:
+        problems.append(
+            f"--rollout.n_samples_per_prompt: {samples}; strategy {name!r} reads the response "
+            "rewards within each prompt's group of samples and needs >= 2"
+        )
     if estimator == "reinforce" and float(_get(args, "algo.advantage.gamma", 1.0)) != 1.0:
         problems.append(
             "--algo.advantage.gamma: 'reinforce' with gamma != 1 gives per-token advantages; "
@@ -224,12 +225,17 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
             "--algo.kl.use_loss (GRPO style) or --algo.kl.init_coef 0"
         )
     wide = sorted(requires & WIDE_SIGNALS)
-    if strategy.gathers and wide:
+    if (strategy.gathers or strategy.reads_groups) and wide:
+        why = (
+            "selects tokens across the step's batch (CreditStrategy.gathers)"
+            if strategy.gathers
+            else "reads the step's rewards and groups (CreditStrategy.reads_groups)"
+        )
         problems.append(
-            f"strategy {name!r} selects tokens across the step's batch (CreditStrategy.gathers) "
-            f"and reads the (B, A, d) signals {wide}; this backend gives a strategy the whole "
-            "step as one batch only when its signals are per token, and one micro-batch at a "
-            "time otherwise (the step's (B, A, d) tensors are never copied into one)"
+            f"strategy {name!r} {why} and reads the (B, A, d) signals {wide}; this backend "
+            "gives a strategy the whole step as one batch only when its signals are per "
+            "token, and one micro-batch at a time otherwise (the step's (B, A, d) tensors are "
+            "never copied into one)"
         )
     if int(_get(args, "data.max_images_per_prompt", 0) or 0) > 0:
         problems.append(
@@ -291,7 +297,7 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
         direction = found.model_dump(exclude_unset=True)
     # W0 streams from g known before the policy's forward (placement policy); a path
     # strategy's g needs the policy's m1 from that forward first (the plan's rule)
-    plan = CreditPlan.build(strategy, backend, work_first=placement == "policy")
+    plan = CreditPlan.build(strategy, BACKEND, work_first=placement == "policy")
     points = plan.reward_grad_points
     one_pass = one_pass_problem(args, cfg, plan.signals, placement, points) is None
     return ResolvedCredit(cfg, plan, placement, direction, duplicate_factor, colocate, one_pass)

@@ -27,7 +27,7 @@ import torch
 
 from backends.openrlhf.actor_side import ActorSignals
 from backends.openrlhf.layout import action_token_ids
-from backends.openrlhf.step_batch import padded, stacked_signals
+from backends.openrlhf.step_batch import outcome_rewards, padded, stacked_signals, step_groups
 from credit_core import CreditDiagnostics, CreditError, CreditStrategy, assign_credit
 from credit_core.advantages import group_advantages
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
@@ -50,28 +50,6 @@ class CriticShifts:
 
     shifts: list[torch.Tensor]
     diagnostics: list[CreditDiagnostics]
-
-
-def outcome_rewards(experiences: Sequence[Any], clip_range: Sequence[float] | None) -> torch.Tensor:
-    """(N,) float32: each response's reward as OpenRLHF's ``compute_reward`` puts it at the
-    last action token (``experience.rewards``, after OpenRLHF's length penalties, clamped to
-    ``--reward.clip_range`` when it is set), the micro-batches concatenated in order."""
-    rewards = torch.cat([e.rewards.reshape(-1).to(torch.float32) for e in experiences])
-    if clip_range:
-        rewards = rewards.clamp(min=clip_range[0], max=clip_range[1])
-    return rewards
-
-
-def step_groups(experiences: Sequence[Any], n_samples_per_prompt: int) -> torch.Tensor:
-    """(N,) int64: each response's prompt, ``Experience.index`` // ``n_samples_per_prompt``
-    (OpenRLHF's ``index`` is the sample's place in the step's rollout, prompt by prompt)."""
-    index = torch.cat([torch.as_tensor(e.index, dtype=torch.long).reshape(-1) for e in experiences])
-    if sorted(index.tolist()) != list(range(index.numel())):
-        raise CreditError(
-            "experience.index: expected the step's samples numbered 0..N-1 once each, got "
-            f"{index.tolist()}"
-        )
-    return index // n_samples_per_prompt
 
 
 def grpo_advantages(rewards: torch.Tensor, groups: torch.Tensor, n: int) -> torch.Tensor:

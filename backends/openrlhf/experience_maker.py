@@ -25,10 +25,14 @@ How the strategy sees the step: a strategy that selects tokens across the step's
 (``CreditStrategy.gathers``: ``entropy_top``, ``random_top``) gets the whole step as ONE
 ``CreditBatch`` (``apply_step_credit``), so its selection (the quantile of ``entropy_top``)
 covers every response of the step: the driver-side maker holds all of them, no ``gather``
-is needed. Every other strategy works response by response and gets one micro-batch at a
-time (``apply_token_credit``), so that the step's (B, A, d) signals of the DATC family are
-never copied into one; ``compat.resolve_credit`` refuses a gathering strategy that reads
-them.
+is needed. So does a strategy that reads the response rewards and their groups
+(``reads_groups``: ``ktae``, the paper forms of ``abc``, ``red`` and ``p2t``), with R_i the
+reward OpenRLHF's estimator normalized (``experience.rewards`` after its length penalties)
+and each prompt's ``--rollout.n_samples_per_prompt`` samples a group (``Experience.index``
+// n, so a group split over micro-batches is whole). Every other strategy works response by
+response and gets one micro-batch at a time (``apply_token_credit``), so that the step's
+(B, A, d) signals of the DATC family are never copied into one; ``compat.resolve_credit``
+refuses a whole-step strategy that reads them.
 
 Everything happens inside this one call on whole micro-batches, before OpenRLHF splits or
 rebalances them, so nothing relies on extra ``Experience`` attributes (those are dropped on
@@ -44,6 +48,7 @@ token rewards OpenRLHF hands its ``get_advantages_and_returns``, and leaves the 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -74,7 +79,12 @@ from backends.openrlhf.compat import (
 )
 from backends.openrlhf.critic import critic_reward_shifts
 from backends.openrlhf.layout import action_token_ids
-from backends.openrlhf.step_batch import padded, stacked_signals
+from backends.openrlhf.step_batch import (
+    outcome_rewards,
+    padded,
+    stacked_signals,
+    step_groups,
+)
 from credit_core import (
     CreditDiagnostics,
     CreditError,
@@ -156,7 +166,11 @@ def apply_token_credit(
 
 
 def apply_step_credit(
-    experiences: Sequence[Experience], strategy: CreditStrategy, signals: Sequence[ActorSignals]
+    experiences: Sequence[Experience],
+    strategy: CreditStrategy,
+    signals: Sequence[ActorSignals],
+    rewards: torch.Tensor | None = None,
+    groups: torch.Tensor | None = None,
 ) -> CreditDiagnostics:
     """Replace every micro-batch's ``advantages`` by ``strategy``'s token advantages,
     computed on the whole step as ONE ``CreditBatch``; return the step's diagnostics.
@@ -166,8 +180,11 @@ def apply_step_credit(
     False) to the widest A_k, with ``token_ids`` the action tokens and the per-token
     ``signals`` (``credit_core.batch.TOKEN_SIGNALS``; a (B, A, d) signal is not carried, a
     strategy needing one is an error naming it) padded alike; ``gather`` is None, this batch
-    being the whole step. Outputs are cast to each micro-batch's advantages' dtype; responses
-    without action tokens get all-zero advantages; ``returns`` is not touched.
+    being the whole step. ``rewards`` and ``groups``: (N,) float32 / int64 over all the
+    step's responses in that order (``step_batch.outcome_rewards``, ``step_batch.step_groups``),
+    both or neither, for a strategy that ``reads_groups``. Outputs are cast to each
+    micro-batch's advantages' dtype; responses without action tokens get all-zero
+    advantages; ``returns`` is not touched.
     """
     rows_of, advantages, masks, token_ids, credits = [], [], [], [], []
     for experience, signal in zip(experiences, signals, strict=True):
@@ -182,12 +199,17 @@ def apply_step_credit(
     diagnostics = UNIFORM_DIAGNOSTICS
     if sum(int(rows.numel()) for rows in rows_of) > 0:
         width = max(int(mask.shape[1]) for mask in masks)
+        sizes = [int(experience.action_mask.shape[0]) for experience in experiences]
+        starts = [0, *itertools.accumulate(sizes)]
+        kept = torch.cat([rows + start for rows, start in zip(rows_of, starts, strict=False)])
         result = assign_credit(
             strategy,
             torch.cat(advantages),
             torch.cat([padded(mask, width) for mask in masks]),
             torch.cat([padded(ids, width) for ids in token_ids]),
             stacked_signals(credits, width),
+            rewards=None if rewards is None else rewards[kept],
+            groups=None if groups is None else groups[kept],
         )
         start = 0
         for out, rows, mask in zip(token_advantages, rows_of, masks, strict=True):
@@ -341,8 +363,16 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         start = time.perf_counter()
         signals = self._signals(experiences)
         elapsed = time.perf_counter() - start
-        if self.credit_strategy.gathers:
-            step = apply_step_credit(experiences, self.credit_strategy, signals)
+        strategy = self.credit_strategy
+        if strategy.gathers or strategy.reads_groups:
+            rewards = groups = None
+            if strategy.reads_groups:
+                # the rewards OpenRLHF's estimator normalized (it clamps the normalized value
+                # to --reward.clip_range, not these), each prompt's samples a group
+                rewards = outcome_rewards(experiences, None)
+                n = int(self.strategy.args.rollout.n_samples_per_prompt)
+                groups = step_groups(experiences, n)
+            step = apply_step_credit(experiences, strategy, signals, rewards, groups)
             diagnostics = [step] * len(experiences)
         else:
             diagnostics = [

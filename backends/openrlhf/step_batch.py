@@ -1,6 +1,6 @@
 """The step's micro-batches as one batch: action columns left-aligned, zero-padded to the
-widest micro-batch (what a strategy that sees the whole step gets: ``apply_step_credit``, and
-the credit under a critic, ``backends.openrlhf.critic``)."""
+widest micro-batch, with each response's reward and group (what a strategy that sees the whole
+step gets: ``apply_step_credit``, and the credit under a critic, ``backends.openrlhf.critic``)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,27 @@ def stacked_signals(credits: Sequence[CreditSignals], width: int) -> CreditSigna
             )
         stacked[name] = torch.cat([padded(value, width) for value in present])
     return CreditSignals(**stacked)  # every per-token signal, none dropped
+
+
+def outcome_rewards(experiences: Sequence[Any], clip_range: Sequence[float] | None) -> torch.Tensor:
+    """(N,) float32: each response's reward ``experience.rewards`` (after OpenRLHF's length
+    penalties), clamped to ``clip_range`` when it is given, the micro-batches concatenated in
+    order. Under a critic OpenRLHF's ``compute_reward`` clamps that reward to
+    ``--reward.clip_range`` (pass it); under a response-level estimator it clamps the
+    normalized reward instead (pass None)."""
+    rewards = torch.cat([e.rewards.reshape(-1).to(torch.float32) for e in experiences])
+    if clip_range:
+        rewards = rewards.clamp(min=clip_range[0], max=clip_range[1])
+    return rewards
+
+
+def step_groups(experiences: Sequence[Any], n_samples_per_prompt: int) -> torch.Tensor:
+    """(N,) int64: each response's prompt, ``Experience.index`` // ``n_samples_per_prompt``
+    (OpenRLHF's ``index`` is the sample's place in the step's rollout, prompt by prompt)."""
+    index = torch.cat([torch.as_tensor(e.index, dtype=torch.long).reshape(-1) for e in experiences])
+    if sorted(index.tolist()) != list(range(index.numel())):
+        raise CreditError(
+            "experience.index: expected the step's samples numbered 0..N-1 once each, got "
+            f"{index.tolist()}"
+        )
+    return index // n_samples_per_prompt

@@ -29,6 +29,7 @@ from credit_core import (
     CreditConfig,
     CreditError,
     CreditResult,
+    CreditSignals,
     CreditStrategy,
     assign_credit,
     get_strategy,
@@ -55,6 +56,17 @@ RESPONSES = [
     [43, 44, 45, 46],
 ]
 REWARDS = [1.0, 0.0, 0.5, 2.0, -1.0, 0.25, 0.3, 0.9]
+#: ``RESPONSES`` with tokens shared within and across the prompts' pairs
+SHARED_TOKEN_RESPONSES = [
+    [20, 21, 22, 23],
+    [20, 25],
+    [26, 20, 28, 29, 30, 31],
+    [32, 20],
+    [33, 34, 20],
+    [36, 33, 38, 20, 40],
+    [41, 42],
+    [43, 41, 45, 46],
+]
 RHO = 0.3  # 27 action tokens: the quantile sits between two order statistics
 FLAGS = [
     "--algo.advantage.estimator",
@@ -529,3 +541,105 @@ def test_oar_g_is_refused_at_start_up_naming_its_signal_and_the_answer_span(
         "response's answer span (CreditBatch.answer_mask)"
     )
     assert "which the OpenRLHF backend does not provide" in text
+
+
+def _group_return_advantages(r: list[torch.Tensor], totals_of: list[float]) -> list[torch.Tensor]:
+    """The paper forms' route, by hand: G_t = sum_{s >= t} r_s of each response, then
+    (G_t - mean_g G_0) / (std_g G_0 + 1e-6) within each prompt's pair (unbiased std)."""
+    out = []
+    for i, tokens in enumerate(r):
+        pair = totals_of[i - i % 2 : i - i % 2 + 2]
+        mean = sum(pair) / 2
+        std = (sum((x - mean) ** 2 for x in pair) / 1) ** 0.5
+        G = tokens.flip(0).cumsum(0).flip(0)
+        out.append((G - mean) / (std + 1e-6))
+    return out
+
+
+@pytest.mark.parametrize("name", ["ktae", "abc_paper", "red_paper", "p2t_paper"])
+def test_a_strategy_reading_groups_gets_the_steps_rewards_and_groups_under_grpo(
+    name: str,
+) -> None:
+    """Under GRPO (``group_norm``) the maker hands a strategy that ``reads_groups`` the whole
+    step with each response's reward (OpenRLHF's, before its normalization) and its prompt's
+    group, whole although micro-batches of 3 split the pairs. The paper forms (ABC's, RED's,
+    P2T's) are recomputed by hand from the direction model on each plain prompt | response;
+    ``ktae`` is
+    ``assign_credit`` on the rollout as written in this file (its own statistics are checked
+    against ``scipy.stats.fisher_exact`` in tests/credit_core)."""
+    credit_config: Any = {
+        "ktae": "ktae",
+        "abc_paper": {"name": "abc", "mode": "paper"},
+        "red_paper": {"name": "red", "mode": "paper"},
+        "p2t_paper": {"name": "p2t", "mode": "paper", "null": "zero"},
+    }[name]
+    # ktae scores a token by its presence across a group: the pairs share tokens here
+    responses = SHARED_TOKEN_RESPONSES if name == "ktae" else RESPONSES
+    batches = stock_maker().split_rollout_samples(rollout_samples(PROMPTS, responses, REWARDS))
+    policy = PolicyHost(VOCAB, seed=2, temperature=1.0)
+    credit = resolved(credit_config, [], direction=direction(), placement="policy")
+    assert credit.plan.reads_groups
+    maker = credit_maker(credit, policy)
+    batches = with_logprobs(batches, policy.run("forward", batches))
+    out = maker.compute_advantages_and_returns(copy.deepcopy(batches))
+    got = {
+        int(i): exp.advantages[b][exp.action_mask[b].bool()]
+        for exp in out
+        for b, i in enumerate(exp.index)
+    }
+    assert all(len(got[i]) == len(responses[i]) for i in range(len(responses)))
+
+    if name == "ktae":
+        n = len(responses)
+        width = max(map(len, responses))
+        mask = torch.tensor([[t < len(r) for t in range(width)] for r in responses])
+        ids = torch.tensor([r + [0] * (width - len(r)) for r in responses])
+        rewards = torch.tensor(REWARDS)
+        pairs = rewards.reshape(-1, 2)
+        grpo = (pairs - pairs.mean(-1, keepdim=True)) / (pairs.std(-1, keepdim=True) + 1e-9)
+        want = assign_credit(
+            get_strategy("ktae"),
+            grpo.reshape(-1),
+            mask,
+            ids,
+            CreditSignals(),
+            rewards=rewards,
+            groups=torch.arange(n) // 2,
+        ).token_advantages
+        expected = [want[i, : len(responses[i])] for i in range(n)]
+    else:
+        reference = SignalDirectionModel(VOCAB, DIM, seed=RM_SEED)
+        token_rewards = []
+        for prompt, response, R in zip(PROMPTS, responses, REWARDS, strict=True):
+            ids, P = torch.tensor([prompt + response]), len(prompt)
+            mask = torch.ones_like(ids)
+            scored = reference.score(
+                ids[:, :P], mask[:, :P], ids[:, P:], mask[:, P:], with_grad=name == "p2t_paper",
+                with_attention=name == "abc_paper", with_prefix_rewards=name == "red_paper",
+            )  # fmt: skip
+            if name == "abc_paper":  # r_t = beta R alpha_t + (1 - beta) R 1[t = T], beta 0.5
+                r = 0.5 * R * scored.attention[0].double()
+                r[-1] += 0.5 * R
+            elif name == "red_paper":  # r_t = s_t - s_{t-1}, the prefix-score differences
+                r = scored.prefix_rewards[0].double()
+            else:  # r_t = (e_t - 0) . g_t, P2T's attribution with the zero null
+                assert scored.reward_grad is not None
+                attribution = reference.attribution(
+                    scored.reward_grad, ids[:, P:], mask[:, P:], "zero"
+                )
+                r = attribution[0].double()
+            token_rewards.append(r)
+        totals = [float(r.sum()) for r in token_rewards]
+        expected = _group_return_advantages(token_rewards, totals)
+    for i, want_i in enumerate(expected):
+        torch.testing.assert_close(got[i].double(), want_i.double(), rtol=1e-5, atol=1e-6)
+    assert any(float((g - g.mean()).abs().max()) > 1e-3 for g in got.values())  # not uniform
+
+
+def test_a_strategy_reading_groups_needs_two_samples_per_prompt() -> None:
+    with pytest.raises(
+        CreditError,
+        match=r"--rollout.n_samples_per_prompt: 1; strategy 'ktae' reads the response rewards "
+        r"within each prompt's group of samples and needs >= 2",
+    ):
+        resolved("ktae", ["--rollout.n_samples_per_prompt", "1"])

@@ -269,9 +269,6 @@ def test_what_stays_refused_under_gae_and_why() -> None:
     assert "--algo.advantage.estimator: 'gae'; credit strategy 'ktae' has no token-reward " in text
     with pytest.raises(CreditError, match=r"--rollout.n_samples_per_prompt: 1; under a critic"):
         resolved("datc", [*GAE, "--rollout.n_samples_per_prompt", "1"])
-    # the paper forms read the step's groups, which only the critic path hands them
-    with pytest.raises(CreditError, match=r"'abc' is not served: .*groups"):
-        resolved({"name": "abc", "mode": "paper"}, GRPO)
     # under GRPO the KL penalty in the reward still splits nothing per response
     with pytest.raises(CreditError, match=r"--algo.kl.init_coef > 0 without --algo.kl.use_loss"):
         resolved("datc", ["--algo.advantage.estimator", "group_norm", *COMMON])

@@ -9,9 +9,8 @@ ship only that (B, A) signal.
   backward per micro-batch give OpenRLHF's reward (bitwise) and r_t, with x_t the RM's input
   embedding of the token and e_null its pad row (or zero); equal to a recomputation from the
   RM's own layers; no direction model is built.
-- ``mode: paper`` reads the step's rewards and groups: refused under GRPO here (the maker
-  passes none), served under ``gae``; a null the model lacks is refused when the maker is
-  installed.
+- ``mode: paper`` reads the step's rewards and groups, which the maker hands it under GRPO
+  and under ``gae``; a null the model lacks is refused when the maker is installed.
 
 The actors run in-process as in ``test_baselines.py`` / ``test_one_pass.py``.
 """
@@ -223,17 +222,14 @@ def test_a_null_the_model_lacks_is_refused_when_the_maker_is_installed(tmp_path:
         credit_maker(one_pass, PolicyHost(VOCAB, seed=2, temperature=1.0), reward)
 
 
-def test_the_paper_form_needs_the_step_rewards_and_groups_which_only_gae_passes() -> None:
-    """Under GRPO the maker hands the strategy no rewards or groups (refused, naming them);
-    under ``gae`` it does (``CRITIC_BACKEND``), and p2t's paper form is served there, on
-    the one-pass path too."""
+def test_the_paper_form_reads_the_steps_rewards_and_groups_under_grpo_and_gae() -> None:
+    """The maker hands a strategy that reads the step's rewards and groups both under GRPO
+    (its values: test_baselines.py, ``p2t_paper``) and under ``gae`` (test_critic.py), on the
+    one-pass path too."""
     paper = {"name": "p2t", "mode": "paper"}
-    with pytest.raises(
-        CreditError,
-        match=r"^--credit: strategy 'p2t' is not served: it reads the response rewards and "
-        r"their groups",
-    ):
-        resolved(paper, RM_FLAGS)
+    grpo = resolved(paper, RM_FLAGS)
+    assert grpo.requires == {"reward_attribution"} and grpo.plan.reads_groups
+    assert grpo.one_pass
     gae = ["--algo.advantage.estimator", "gae", "--rollout.n_samples_per_prompt", "2"]
     credit = resolve_credit(
         openrlhf_args([*gae, *RM_FLAGS]),
