@@ -83,6 +83,7 @@ def _openrlhf_start(name: str, tmp: Path) -> CreditPlan:
     from tests.helpers.openrlhf import openrlhf_args
 
     flags = ["--algo.advantage.estimator", "group_norm", "--algo.kl.use_loss"]
+    flags += ["--rollout.n_samples_per_prompt", "2"]  # GRPO's groups (read by ktae)
     args = openrlhf_args([*flags, "--reward.model_name_or_path", "/models/rm"])
     return resolve_credit(args, OpenRLHFCreditConfig(credit=CreditConfig.parse(name))).plan
 
