@@ -12,18 +12,25 @@ from backends.torch.config import TrainConfig, load_config
 from tests.helpers.paths import REPO
 
 SCRIPT = REPO / "scripts" / "gpu_smoke.sh"
+OPENRLHF_SCRIPT = REPO / "scripts" / "openrlhf_gpu_smoke.sh"
 
 
-def settings() -> dict[str, list[str]]:
-    """The variables of the script's SETTINGS block, each as its list of words."""
-    names = ["NATIVE_CONFIG", "TRL_CONFIG", "NATIVE_GPU", "NATIVE_FSDP_VLLM", "NATIVE_DATC_MID"]
-    block = f"eval \"$(sed -n '/^# BEGIN SETTINGS/,/^# END SETTINGS/p' {SCRIPT})\"; " + "; ".join(
+def bash_arrays(script: Path, names: list[str]) -> dict[str, list[str]]:
+    """The variables ``names`` of ``script``'s SETTINGS block, each as its list of words (as
+    bash expands them)."""
+    block = f"eval \"$(sed -n '/^# BEGIN SETTINGS/,/^# END SETTINGS/p' {script})\"; " + "; ".join(
         f'printf "%s\\0" "${{{n}[@]}}"; printf "\\1"' for n in names
     )
     out = subprocess.run(["bash", "-c", block], capture_output=True, text=True, check=True)
     values = out.stdout.split("\1")[:-1]
     assert len(values) == len(names), out.stdout
     return {n: v.split("\0")[:-1] for n, v in zip(names, values, strict=True)}
+
+
+def settings() -> dict[str, list[str]]:
+    """The variables of gpu_smoke.sh's SETTINGS block."""
+    names = ["NATIVE_CONFIG", "TRL_CONFIG", "NATIVE_GPU", "NATIVE_FSDP_VLLM", "NATIVE_DATC_MID"]
+    return bash_arrays(SCRIPT, names)
 
 
 @pytest.mark.parametrize("script", ["gpu_smoke.sh", "openrlhf_gpu_smoke.sh"])
@@ -70,21 +77,6 @@ def test_the_trl_check_passes_a_config_trl_accepts(
     assert training.credit_config.name == "datc_mid" and training.bf16
 
 
-OPENRLHF_SCRIPT = REPO / "scripts" / "openrlhf_gpu_smoke.sh"
-
-
-def settings_array(name: str) -> list[str]:
-    """The bash array ``name`` of openrlhf_gpu_smoke.sh's SETTINGS block, as bash expands it."""
-    block = f"eval \"$(sed -n '/^# BEGIN SETTINGS/,/^# END SETTINGS/p' {OPENRLHF_SCRIPT})\"; "
-    out = subprocess.run(
-        ["bash", "-c", block + f'printf "%s\\0" "${{{name}[@]}}"'],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return out.stdout.split("\0")[:-1]
-
-
 def test_the_packed_openrlhf_run_passes_settings_openrlhf_and_the_credit_accept() -> None:
     """``openrlhf_packed_datc_mid``: gpu_smoke.sh runs openrlhf_gpu_smoke.sh's
     ``datc_mid_packed`` run alone; its PACKED flags parse in OpenRLHF and the credit serves
@@ -94,10 +86,9 @@ def test_the_packed_openrlhf_run_passes_settings_openrlhf_and_the_credit_accept(
     from credit_core import CreditConfig
     from tests.helpers.openrlhf import openrlhf_args
 
-    script = OPENRLHF_SCRIPT
-    packed = settings_array("PACKED")
+    packed = bash_arrays(OPENRLHF_SCRIPT, ["PACKED"])["PACKED"]
     assert "--ds.packing_samples" in packed and "--train.dynamic_batch_enable" in packed
-    text = script.read_text()
+    text = OPENRLHF_SCRIPT.read_text()
     assert (
         'run datc_mid_packed --credit datc_mid --credit.beta 1.0 --credit.lam 0.5 "${PACKED[@]}"'
         in text
@@ -129,9 +120,8 @@ def test_the_ppo_gae_openrlhf_run_passes_settings_openrlhf_and_the_credit_accept
     from credit_core import CreditConfig
     from tests.helpers.openrlhf import openrlhf_args
 
-    script = OPENRLHF_SCRIPT
-    ppo_gae = settings_array("PPO_GAE")
-    text = script.read_text()
+    ppo_gae = bash_arrays(OPENRLHF_SCRIPT, ["PPO_GAE"])["PPO_GAE"]
+    text = OPENRLHF_SCRIPT.read_text()
     assert 'run ppo_gae_abc --credit abc --credit.mode paper "${PPO_GAE[@]}"' in text
     assert "RUNS=ppo_gae_abc" in SCRIPT.read_text()
     assert "wanted openrlhf_ppo_gae_abc" in SCRIPT.read_text()
@@ -162,9 +152,8 @@ def test_the_zero3_openrlhf_run_takes_the_one_reward_model_pass() -> None:
     from credit_core import CreditConfig
     from tests.helpers.openrlhf import openrlhf_args
 
-    script = OPENRLHF_SCRIPT
-    zero3 = settings_array("ZERO3")
-    text = script.read_text()
+    zero3 = bash_arrays(OPENRLHF_SCRIPT, ["ZERO3"])["ZERO3"]
+    text = OPENRLHF_SCRIPT.read_text()
     assert 'run datc_zero3 --credit datc --credit.beta 1.0 --credit.lam 0.5 "${ZERO3[@]}"' in text
     assert "RUNS=datc_zero3" in SCRIPT.read_text()
     assert "result openrlhf_zero3_one_pass_datc" in SCRIPT.read_text()

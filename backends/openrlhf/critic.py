@@ -27,7 +27,7 @@ import torch
 
 from backends.openrlhf.actor_side import ActorSignals
 from backends.openrlhf.layout import action_token_ids
-from backends.openrlhf.step_batch import outcome_rewards, padded, stacked_signals, step_groups
+from backends.openrlhf.step_batch import outcome_rewards, stacked_signals, step_batch, step_groups
 from credit_core import CreditDiagnostics, CreditError, CreditStrategy, assign_credit
 from credit_core.advantages import group_advantages
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
@@ -84,25 +84,20 @@ def critic_reward_shifts(
     rewards = outcome_rewards(experiences, clip_range)
     groups = step_groups(experiences, n_samples_per_prompt)
     advantages = grpo_advantages(rewards, groups, n_samples_per_prompt)
-    widths = [int(e.action_mask.shape[1]) for e in experiences]
-    sizes = [int(e.action_mask.shape[0]) for e in experiences]
-    width = max(widths)
-    mask = torch.cat([padded(e.action_mask.bool(), width) for e in experiences])
-    ids = torch.cat(
-        [padded(action_token_ids(e.sequences, e.action_mask), width) for e in experiences]
-    )
+    step = step_batch(experiences)
+    mask = step.mask
     token_advantages = torch.zeros(mask.shape, dtype=torch.float32)
     # the paper form's own r_t (0 for rows without an action token); None until a result
     # carries them, so a paper-form strategy that returns none is refused by the shift
     token_rewards: torch.Tensor | None = None
     if strategy.gathers or strategy.reads_groups:
-        rows = torch.nonzero(mask.any(dim=1)).flatten()
-        credits = stacked_signals([s.credit() for s in signals], width)
+        rows = step.rows
+        credits = stacked_signals([s.credit() for s in signals], step.width)
         result = assign_credit(
             strategy,
             advantages[rows],
             mask[rows],
-            ids[rows],
+            step.token_ids[rows],
             credits.select(rows),
             rewards=rewards[rows],
             groups=groups[rows],
@@ -129,10 +124,9 @@ def critic_reward_shifts(
             )
             token_rewards = _place(token_advantages, token_rewards, rows, result)
             diagnostics.append(result.diagnostics)
-    step = CreditResult(token_advantages, diagnostics[0], token_rewards)
-    shift = critic_reward_shift(step, advantages, rewards, groups, mask, form, name=strategy.name)
-    shifts = [part[:, :w] for part, w in zip(torch.split(shift, sizes), widths, strict=True)]
-    return CriticShifts(shifts, diagnostics)
+    credit = CreditResult(token_advantages, diagnostics[0], token_rewards)
+    shift = critic_reward_shift(credit, advantages, rewards, groups, mask, form, name=strategy.name)
+    return CriticShifts(step.split(shift), diagnostics)
 
 
 def _place(

@@ -48,7 +48,6 @@ token rewards OpenRLHF hands its ``get_advantages_and_returns``, and leaves the 
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -81,8 +80,8 @@ from backends.openrlhf.critic import critic_reward_shifts
 from backends.openrlhf.layout import action_token_ids
 from backends.openrlhf.step_batch import (
     outcome_rewards,
-    padded,
     stacked_signals,
+    step_batch,
     step_groups,
 )
 from credit_core import (
@@ -186,39 +185,28 @@ def apply_step_credit(
     micro-batch's advantages' dtype; responses without action tokens get all-zero
     advantages; ``returns`` is not touched.
     """
-    rows_of, advantages, masks, token_ids, credits = [], [], [], [], []
-    for experience, signal in zip(experiences, signals, strict=True):
-        acts = experience.action_mask.bool()
-        rows = torch.nonzero(acts.any(dim=1)).flatten()
-        rows_of.append(rows)
-        advantages.append(response_advantages(experience.advantages, acts)[rows])
-        masks.append(acts[rows])
-        token_ids.append(action_token_ids(experience.sequences, experience.action_mask)[rows])
-        credits.append(signal.credit().select(rows))
-    token_advantages = [torch.zeros_like(experience.advantages) for experience in experiences]
+    step = step_batch(experiences)
+    rows = step.rows
+    token_advantages = torch.zeros(step.mask.shape, dtype=torch.float32, device=rows.device)
     diagnostics = UNIFORM_DIAGNOSTICS
-    if sum(int(rows.numel()) for rows in rows_of) > 0:
-        width = max(int(mask.shape[1]) for mask in masks)
-        sizes = [int(experience.action_mask.shape[0]) for experience in experiences]
-        starts = [0, *itertools.accumulate(sizes)]
-        kept = torch.cat([rows + start for rows, start in zip(rows_of, starts, strict=False)])
+    if rows.numel() > 0:
+        advantages = torch.cat(
+            [response_advantages(e.advantages, e.action_mask.bool()) for e in experiences]
+        )
         result = assign_credit(
             strategy,
-            torch.cat(advantages),
-            torch.cat([padded(mask, width) for mask in masks]),
-            torch.cat([padded(ids, width) for ids in token_ids]),
-            stacked_signals(credits, width),
-            rewards=None if rewards is None else rewards[kept],
-            groups=None if groups is None else groups[kept],
+            advantages[rows],
+            step.mask[rows],
+            step.token_ids[rows],
+            stacked_signals([signal.credit() for signal in signals], step.width).select(rows),
+            rewards=None if rewards is None else rewards[rows],
+            groups=None if groups is None else groups[rows],
         )
-        start = 0
-        for out, rows, mask in zip(token_advantages, rows_of, masks, strict=True):
-            stop = start + int(rows.numel())
-            out[rows] = result.token_advantages[start:stop, : mask.shape[1]].to(out.dtype)
-            start = stop
+        token_advantages[rows] = result.token_advantages.to(torch.float32)
         diagnostics = result.diagnostics
-    for experience, out in zip(experiences, token_advantages, strict=True):
-        experience.advantages = out
+    for experience, out in zip(experiences, step.split(token_advantages), strict=True):
+        target = experience.advantages
+        experience.advantages = out.to(device=target.device, dtype=target.dtype).contiguous()
     return diagnostics
 
 

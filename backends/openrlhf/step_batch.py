@@ -5,10 +5,12 @@ step gets: ``apply_step_credit``, and the credit under a critic, ``backends.open
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from backends.openrlhf.layout import action_token_ids
 from credit_core import CreditError, CreditSignals
 from credit_core.batch import TOKEN_SIGNALS
 
@@ -16,6 +18,47 @@ from credit_core.batch import TOKEN_SIGNALS
 def padded(values: torch.Tensor, width: int) -> torch.Tensor:
     """(n, A) ``values`` with zero columns appended up to ``width`` >= A."""
     return torch.nn.functional.pad(values, (0, width - values.shape[1]))
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """The step's micro-batches (``Experience`` k: B_k responses, A_k action columns) stacked
+    in order into N = sum B_k rows of W = max A_k columns.
+
+    - ``mask`` (N, W) bool: the action masks, False in the padding columns.
+    - ``token_ids`` (N, W) int64: the action tokens, 0 in the padding columns.
+    - ``rows`` (n,) int64: the rows with at least one action token (what a strategy sees).
+    - ``sizes``, ``widths``: each micro-batch's B_k and A_k.
+    """
+
+    mask: torch.Tensor
+    token_ids: torch.Tensor
+    rows: torch.Tensor
+    sizes: list[int]
+    widths: list[int]
+
+    @property
+    def width(self) -> int:
+        return int(self.mask.shape[1])
+
+    def split(self, values: torch.Tensor) -> list[torch.Tensor]:
+        """(N, W) step values -> each micro-batch's (B_k, A_k) part (views)."""
+        parts = torch.split(values, self.sizes)
+        return [part[:, :w] for part, w in zip(parts, self.widths, strict=True)]
+
+
+def step_batch(experiences: Sequence[Any]) -> StepBatch:
+    """The ``StepBatch`` of ``experiences`` (each with ``action_mask`` (B_k, A_k) and
+    ``sequences``)."""
+    widths = [int(e.action_mask.shape[1]) for e in experiences]
+    width = max(widths)
+    mask = torch.cat([padded(e.action_mask.bool(), width) for e in experiences])
+    ids = torch.cat(
+        [padded(action_token_ids(e.sequences, e.action_mask), width) for e in experiences]
+    )
+    rows = torch.nonzero(mask.any(dim=1)).flatten()
+    sizes = [int(e.action_mask.shape[0]) for e in experiences]
+    return StepBatch(mask, ids, rows, sizes, widths)
 
 
 def stacked_signals(credits: Sequence[CreditSignals], width: int) -> CreditSignals:
