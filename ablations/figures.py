@@ -10,6 +10,9 @@
 - ``plot_head_to_head``: one panel per contender (``datc``, ``datc_mid``), one row per
   (setting, published baseline): the paired difference of the held-out metric over all
   (family, seed) pairs with its interval, a vertical line at 0 (``ablations.head_to_head``).
+- ``plot_sweep``: one sweep (``ablations.sweeps``): each strategy's paired difference to the
+  baseline against the swept parameter, one line per strategy with its interval as error
+  bars, the baseline's own mean in a panel beside it.
 - ``plot_credit``: a few sampled responses, one row each, every token a cell colored by its
   DATC weight w_t = A_t / A (1 = what GRPO gives every token; the color scale is centered
   at 1), with the token text written in the cell (``backends.samples.heatmap``, the
@@ -26,6 +29,7 @@ from typing import Any
 
 from ablations.head_to_head import ALL_FAMILIES, SettingHeadToHead
 from ablations.stats import mean_interval
+from ablations.sweeps import SweepTable
 from backends.samples.heatmap import credit_figure, pyplot
 
 
@@ -246,6 +250,51 @@ def plot_head_to_head(path: Path, comparisons: Sequence[SettingHeadToHead]) -> P
     fig.suptitle(
         "Against the published baselines: mean over (family, seed) pairs, 95% interval "
         "(unadjusted)",
+        fontsize=10,
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
+def plot_sweep(path: Path, table: SweepTable) -> Path:
+    """Write the figure of one sweep to ``path`` (PNG): left, each curve of ``table`` against
+    the swept parameter, its points shifted a little sideways so that the intervals of one
+    value do not hide each other; right, the baseline's mean there."""
+    plt = pyplot()
+    sweep = table.sweep
+    fig, (ax, base_ax) = plt.subplots(
+        1, 2, figsize=(10.0, 4.8), width_ratios=(3, 1), layout="constrained"
+    )
+    n = len(table.curves)
+    colors = plt.get_cmap("tab20")  # its dark colors first (tab10's), then the light ones
+    shift = 0.006 * (max(sweep.values) - min(sweep.values))
+    for i, curve in enumerate(table.curves):
+        points = [(v, d) for v, d in zip(sweep.values, curve.diffs, strict=True) if d]
+        ax.errorbar(
+            [v + (i - (n - 1) / 2) * shift for v, _ in points],
+            [d.mean for _, d in points],
+            yerr=[[d.mean - d.low for _, d in points], [d.high - d.mean for _, d in points]],
+            marker="o",
+            markersize=4,
+            capsize=3,
+            color=colors((2 * i) % 20 + (i // 10) % 2),
+            label=curve.strategy,
+        )
+    ax.axhline(0.0, color="black", linestyle="--", linewidth=1.0, label=table.baseline)
+    ax.set_ylabel(f"minus {table.baseline}, paired")
+    base_ax.plot(sweep.values, table.baseline_means, "o--", color="black")
+    base_ax.set_ylabel(f"{table.baseline}, mean over pairs")
+    for a in (ax, base_ax):
+        a.set_xticks(sweep.values, [f"{v:g}" for v in sweep.values])
+        a.set_xlabel(sweep.param)
+        a.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 7), frameon=False)
+    fig.suptitle(
+        f"{sweep.kind}: {table.metric_label} against {sweep.param}\n"
+        "paired difference over (family, seed) pairs, 95% interval (unadjusted)",
         fontsize=10,
     )
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -119,15 +119,7 @@ def head_to_head(
     published: Sequence[str],
 ) -> list[SettingHeadToHead]:
     """The comparisons of every setting of ``spec`` (module docstring)."""
-    by_setting = {s.name: s for s in spec.settings}
-    primary: dict[tuple[str, str], dict[tuple[str, int], float]] = {}
-    for key, run_rows in group_runs(rows).items():
-        s = by_setting.get(key.setting)
-        if s is None or key.strategy not in (*contenders, *published):
-            continue
-        value = run_figures(run_rows, s.primary, spec.final_window).primary
-        if not math.isnan(value):
-            primary.setdefault((key.setting, key.strategy), {})[(key.family, key.seed)] = value
+    primary = primary_values(rows, spec, (*contenders, *published))
     out = []
     for s in spec.settings:
         ran = [b for b in published if primary.get((s.name, b))]
@@ -152,16 +144,16 @@ def head_to_head(
                 theirs = primary[(s.name, baseline)]
                 families = sorted({f for f, _ in mine} & {f for f, _ in theirs})
                 for family in (ALL_FAMILIES, *families):
-                    diff = _paired(mine, theirs, family, spec.confidence)
+                    diff = paired_over(mine, theirs, family, spec.confidence)
                     comparisons.append(HeadToHead(s.name, contender, baseline, family, diff))
             if best is not None:
                 theirs = primary[(s.name, best)]
                 against_best.append(
                     BestBaseline(
                         contender,
-                        picking=_paired(mine, theirs, ALL_FAMILIES, spec.confidence, picking),
-                        judged=_paired(mine, theirs, ALL_FAMILIES, spec.confidence, judging),
-                        pooled=_paired(mine, theirs, ALL_FAMILIES, spec.confidence),
+                        picking=paired_over(mine, theirs, ALL_FAMILIES, spec.confidence, picking),
+                        judged=paired_over(mine, theirs, ALL_FAMILIES, spec.confidence, judging),
+                        pooled=paired_over(mine, theirs, ALL_FAMILIES, spec.confidence),
                     )
                 )
         entropy, rand = (primary.get((s.name, label)) for label in ENTROPY_PAIR)
@@ -175,7 +167,9 @@ def head_to_head(
                 against_best,
                 picking,
                 judging,
-                _paired(entropy, rand, ALL_FAMILIES, spec.confidence) if entropy and rand else None,
+                paired_over(entropy, rand, ALL_FAMILIES, spec.confidence)
+                if entropy and rand
+                else None,
             )
         )
     return out
@@ -209,14 +203,34 @@ def _mean(values: Iterable[float]) -> float:
     return math.fsum(xs) / len(xs)
 
 
-def _paired(
-    a: dict[Pair, float],
-    b: dict[Pair, float],
+def primary_values(
+    rows: Iterable[dict[str, object]], spec: SummarySpec, labels: Iterable[str]
+) -> dict[tuple[str, str], dict[Pair, float]]:
+    """(setting, strategy) -> {(family, seed): the run's primary held-out metric}
+    (``summary.run_figures``), for the settings of ``spec`` and the strategies ``labels``;
+    runs without a value are left out."""
+    by_setting = {s.name: s for s in spec.settings}
+    wanted = set(labels)
+    primary: dict[tuple[str, str], dict[Pair, float]] = {}
+    for key, run_rows in group_runs(rows).items():
+        s = by_setting.get(key.setting)
+        if s is None or key.strategy not in wanted:
+            continue
+        value = run_figures(run_rows, s.primary, spec.final_window).primary
+        if not math.isnan(value):
+            primary.setdefault((key.setting, key.strategy), {})[(key.family, key.seed)] = value
+    return primary
+
+
+def paired_over(
+    a: Mapping[Pair, float],
+    b: Mapping[Pair, float],
     family: str,
     confidence: float,
     among: Sequence[Pair] | None = None,
 ) -> Interval:
-    """a - b over the pairs both ran, of ``family`` (or all), among ``among`` (or all)."""
+    """a - b over the pairs both ran, of ``family`` (``ALL_FAMILIES``: every family), among
+    ``among`` (None: all)."""
     common = sorted(
         k
         for k in set(a) & set(b)

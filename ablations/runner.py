@@ -58,6 +58,7 @@ from ablations.results import (
 )
 from ablations.settings import SettingAssets
 from ablations.summary import SettingSpec, SummarySpec, group_runs, summarize
+from ablations.sweeps import Sweep, find_sweeps, sweep_markdown, sweep_table
 from backends.common.errors import ConfigError
 from credit_core.cli import CommandError
 from credit_core.preemption import PreemptionWatch, signal_name
@@ -547,6 +548,15 @@ def summary_spec(cfg: AblateConfig) -> SummarySpec:
     )
 
 
+def config_sweeps(cfg: AblateConfig) -> list[Sweep]:
+    """The sweeps among ``cfg``'s settings (``sweeps.find_sweeps``: settings of one kind whose
+    params differ in one number)."""
+    return find_sweeps(
+        {n: (cfg.settings[n].kind or n, cfg.setting_params(n).model_dump()) for n in cfg.settings},
+        {n: cfg.primary(n) for n in cfg.settings},
+    )
+
+
 def _setting_info(results: dict[RunKey, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Facts about each setting's models for the report; with one model per seed
     (``model_seeds``), each figure is the mean over the distinct models with its range."""
@@ -724,6 +734,13 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
         rel = figure.relative_to(out).as_posix()
         sections.append(f"{section}\n\n![head_to_head]({rel})")
         by_setting.setdefault("", []).append(figure)
+    sweeps = config_sweeps(cfg)
+    if sweeps:
+        labels = {s.name: s.metric_label for s in spec.settings}
+        swept = [sweep_table(rows, spec, w, labels[w.settings[0]]) for w in sweeps]
+        paths = [figs.plot_sweep(fig_dir / f"sweep_{t.sweep.kind}.png", t) for t in swept]
+        sections.append(sweep_markdown(swept, [p.relative_to(out).as_posix() for p in paths]))
+        by_setting.setdefault("", []).extend(paths)
     sections.append(provenance_markdown(rows, code_version()))
     report = render_report(
         title=cfg.name,

@@ -118,6 +118,7 @@ def test_quick_config_writes_every_output(quick_run: tuple[Path, list[str], list
     # the contenders against the published baseline where it ran (the sparse setting)
     assert "## Against the published baselines" in report
     assert "| `datc_mid` | all |" in report and "vs `entropy_top`" in report
+    assert "## Sweeps" not in report  # two settings of two kinds: no sweep
     figures = sorted((out / "figures").glob("*.png"))
     names = {f.name for f in figures}
     assert {f"curves_{name}.png" for name in QUICK_SETTINGS} <= names

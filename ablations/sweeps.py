@@ -1,0 +1,150 @@
+"""Sweeps: one built-in setting run under several names at several values of one parameter.
+
+A config may run one setting kind under several names with different params (``sweep_24``,
+``sweep_96``, ``sweep_192``: the length task at 24, 96 and 192 response words). Where two or
+more settings share a kind and their params differ in exactly one numeric parameter, and
+they are judged on the same primary metric, they form a ``Sweep``: the report then puts each
+strategy's paired difference to the baseline side by side against that parameter, in one
+table and one figure (``figures.plot_sweep``). The numbers are the settings' own: paired over
+every (family, seed) pair both ran (``head_to_head.paired_over``), unadjusted 95% intervals;
+the verdicts stay the settings' (Holm-corrected within each setting), none is drawn here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ablations.head_to_head import ALL_FAMILIES, paired_over, primary_values
+from ablations.stats import Interval
+from ablations.summary import SummarySpec, fmt, fmt_interval
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Settings of one ``kind`` that differ only in ``param``: ``settings[i]`` ran at
+    ``values[i]``, in increasing order of the value."""
+
+    kind: str
+    param: str
+    settings: tuple[str, ...]
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class SweepCurve:
+    """``strategy`` minus the baseline at each point of a sweep (None: it did not run there,
+    or fewer than two pairs)."""
+
+    strategy: str
+    diffs: tuple[Interval | None, ...]
+
+
+@dataclass(frozen=True)
+class SweepTable:
+    """A sweep's baseline mean at each point (NaN: it did not run there) and one curve per
+    other strategy, in config order."""
+
+    sweep: Sweep
+    baseline: str
+    metric_label: str
+    baseline_means: tuple[float, ...]
+    curves: tuple[SweepCurve, ...]
+
+
+def find_sweeps(
+    settings: Mapping[str, tuple[str, Mapping[str, object]]], primary: Mapping[str, str]
+) -> list[Sweep]:
+    """The sweeps among ``settings`` (name -> (kind, params)), in the order their kinds first
+    appear: every kind with two or more settings whose params differ in exactly one key,
+    numeric and distinct in each of them, and whose ``primary`` metrics (name -> results.csv
+    column) are the same. Other groups of one kind are no sweep (several parameters move at
+    once, or the settings are judged on different metrics)."""
+    by_kind: dict[str, list[str]] = {}
+    for name, (kind, _) in settings.items():
+        by_kind.setdefault(kind, []).append(name)
+    sweeps = []
+    for kind, names in by_kind.items():
+        if len(names) < 2 or len({primary[n] for n in names}) != 1:
+            continue
+        params = [settings[n][1] for n in names]
+        keys = set().union(*(p.keys() for p in params))
+        moving = [k for k in sorted(keys) if len({repr(p.get(k)) for p in params}) > 1]
+        if len(moving) != 1:
+            continue
+        points = sorted(
+            (float(v), name)
+            for name, v in zip(names, (p.get(moving[0]) for p in params), strict=True)
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        )
+        if len({v for v, _ in points}) == len(names):  # numeric and distinct at every point
+            sweeps.append(
+                Sweep(kind, moving[0], tuple(n for _, n in points), tuple(v for v, _ in points))
+            )
+    return sweeps
+
+
+def sweep_table(
+    rows: Iterable[dict[str, object]],
+    spec: SummarySpec,
+    sweep: Sweep,
+    metric_label: str,
+) -> SweepTable:
+    """Every strategy of ``spec`` but the baseline, minus the baseline, at each point of
+    ``sweep`` (module docstring), with the baseline's mean there."""
+    others = [s for s in spec.strategies if s != spec.baseline]
+    primary = primary_values(rows, spec, spec.strategies)
+    means = []
+    for setting in sweep.settings:
+        base = primary.get((setting, spec.baseline), {})
+        means.append(math.fsum(base.values()) / len(base) if base else math.nan)
+    curves = []
+    for strategy in others:
+        diffs: list[Interval | None] = []
+        for setting in sweep.settings:
+            mine = primary.get((setting, strategy), {})
+            base = primary.get((setting, spec.baseline), {})
+            diff = paired_over(mine, base, ALL_FAMILIES, spec.confidence)
+            diffs.append(diff if diff.n >= 2 else None)
+        if any(d is not None for d in diffs):
+            curves.append(SweepCurve(strategy, tuple(diffs)))
+    return SweepTable(sweep, spec.baseline, metric_label, tuple(means), tuple(curves))
+
+
+def _value(x: float) -> str:
+    return str(int(x)) if x.is_integer() else f"{x:g}"
+
+
+def sweep_markdown(tables: Sequence[SweepTable], figures: Sequence[str]) -> str:
+    """The report's "Sweeps" section: one table per sweep (a row per strategy, a column per
+    value of the parameter) followed by its figure (``figures[i]``, a path relative to the
+    report)."""
+    parts = [
+        "## Sweeps",
+        "",
+        "Settings that are one built-in setting at several values of one parameter, side by "
+        "side: each strategy's paired difference to the baseline on the primary held-out "
+        "metric, mean [95% interval, unadjusted] over every (family, seed) pair both ran. "
+        "The verdicts are the settings' own (above); none is drawn here.",
+    ]
+    for table, figure in zip(tables, figures, strict=True):
+        s = table.sweep
+        header = " | ".join(
+            f"{s.param} = {_value(v)} (`{n}`)" for v, n in zip(s.values, s.settings, strict=True)
+        )
+        parts += [
+            "",
+            f"### `{s.kind}` against `{s.param}`: {table.metric_label}",
+            "",
+            f"| strategy | {header} |",
+            "|---|" + "---|" * len(s.settings),
+            f"| `{table.baseline}` (mean) | "
+            + " | ".join(fmt(m) for m in table.baseline_means)
+            + " |",
+        ]
+        for curve in table.curves:
+            cells = [fmt_interval(d, signed=True) if d else "n/a" for d in curve.diffs]
+            parts.append(f"| `{curve.strategy}` - `{table.baseline}` | " + " | ".join(cells) + " |")
+        parts += ["", f"![sweep {s.kind}]({figure})"]
+    return "\n".join(parts)

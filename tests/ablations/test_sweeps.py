@@ -1,0 +1,133 @@
+"""Sweeps (``ablations.sweeps``): settings of one kind that differ in one numeric parameter
+are put side by side, each strategy's paired difference to the baseline against that
+parameter, in a table and a figure; any other group of settings is no sweep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ablations.ablation_config import load_ablate_config
+from ablations.figures import is_png, plot_sweep
+from ablations.results import read_csv
+from ablations.runner import config_sweeps, summary_spec
+from ablations.stats import paired_difference
+from ablations.summary import SettingSpec, SummarySpec
+from ablations.sweeps import Sweep, find_sweeps, sweep_markdown, sweep_table
+from tests.helpers.paths import REPO
+
+LENGTH = "length_sweep"
+
+
+def test_settings_of_one_kind_moving_one_number_are_a_sweep_in_increasing_order() -> None:
+    settings = {
+        "long": (LENGTH, {"response_len": 192, "positions": 4}),
+        "short": (LENGTH, {"response_len": 24, "positions": 4}),
+        "mid": (LENGTH, {"response_len": 96, "positions": 4}),
+        "other": ("preference", {"response_len": 24}),
+    }
+    primary = dict.fromkeys(settings, "eval_reward_sampled")
+    assert find_sweeps(settings, primary) == [
+        Sweep(LENGTH, "response_len", ("short", "mid", "long"), (24.0, 96.0, 192.0))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("params", "primaries"),
+    [
+        ([{"n": 24, "k": 4}, {"n": 96, "k": 8}], ["m", "m"]),  # two parameters move at once
+        ([{"n": 24}, {"n": 96}], ["m", "other_metric"]),  # judged on different metrics
+        ([{"n": "short"}, {"n": "long"}], ["m", "m"]),  # the moving parameter is no number
+        ([{"n": True}, {"n": False}], ["m", "m"]),  # a flag is no number
+        ([{"n": 24}, {"n": 24}], ["m", "m"]),  # nothing moves
+        ([{"n": 24}], ["m"]),  # one setting
+    ],
+)
+def test_any_other_group_of_one_kind_is_no_sweep(
+    params: list[dict[str, object]], primaries: list[str]
+) -> None:
+    names = [f"s{i}" for i in range(len(params))]
+    settings = {n: (LENGTH, p) for n, p in zip(names, params, strict=True)}
+    assert find_sweeps(settings, dict(zip(names, primaries, strict=True))) == []
+
+
+SPEC = SummarySpec(
+    settings=[SettingSpec(name, name, "eval_reward_sampled", "reward") for name in ("n24", "n96")],
+    strategies=["uniform", "datc", "red", "never"],
+    baseline="uniform",
+    method="datc",
+    control=None,
+)
+SWEEP = Sweep(LENGTH, "response_len", ("n24", "n96"), (24.0, 96.0))
+#: (setting, strategy) -> held-out reward of seeds 0, 1, 2 (family llama); red did not run at 96.
+VALUES = {
+    ("n24", "uniform"): [0.30, 0.35, 0.40],
+    ("n24", "datc"): [0.41, 0.43, 0.52],
+    ("n24", "red"): [0.25, 0.36, 0.38],
+    ("n96", "uniform"): [0.10, 0.20, 0.12],
+    ("n96", "datc"): [0.31, 0.36, 0.30],
+}
+
+
+def rows() -> list[dict[str, Any]]:
+    return [
+        {
+            "setting": setting,
+            "family": "llama",
+            "strategy": strategy,
+            "seed": seed,
+            "step": 5,
+            "eval_reward_sampled": value,
+        }
+        for (setting, strategy), values in VALUES.items()
+        for seed, value in enumerate(values)
+    ]
+
+
+def test_each_strategy_minus_the_baseline_at_each_point_paired_over_seeds() -> None:
+    table = sweep_table(rows(), SPEC, SWEEP, "reward")
+    assert table.baseline_means == pytest.approx((0.35, 0.14))
+    assert [c.strategy for c in table.curves] == ["datc", "red"]  # `never` ran nowhere
+    datc, red = table.curves
+    for i, setting in enumerate(SWEEP.settings):
+        by_hand = paired_difference(
+            dict(enumerate(VALUES[(setting, "datc")])),
+            dict(enumerate(VALUES[(setting, "uniform")])),
+        )
+        diff = datc.diffs[i]
+        assert diff is not None
+        assert (diff.mean, diff.low, diff.high) == pytest.approx(
+            (by_hand.mean, by_hand.low, by_hand.high)
+        )
+    assert red.diffs[0] is not None and red.diffs[1] is None  # red did not run at 96
+
+
+def test_the_section_has_a_column_per_value_and_a_row_per_strategy(tmp_path: Path) -> None:
+    table = sweep_table(rows(), SPEC, SWEEP, "reward")
+    figure = plot_sweep(tmp_path / "sweep.png", table)
+    assert is_png(figure)
+    text = sweep_markdown([table], ["figures/sweep.png"])
+    assert "| strategy | response_len = 24 (`n24`) | response_len = 96 (`n96`) |" in text
+    assert "| `uniform` (mean) | 0.350 | 0.140 |" in text
+    datc = table.curves[0].diffs[0]
+    assert datc is not None and f"| `datc` - `uniform` | {datc.mean:+.3f} [" in text
+    assert "| `red` - `uniform` | " in text and text.count("n/a") == 1
+    assert "![sweep length_sweep](figures/sweep.png)" in text
+
+
+def test_the_committed_evidence_report_sweeps_the_length_task() -> None:
+    """The report of configs/ablate/evidence.yaml carries the length sweep's table, and its
+    cells are the sweep recomputed from the report's own results.csv."""
+    cfg = load_ablate_config(REPO / "configs" / "ablate" / "evidence.yaml")
+    spec = summary_spec(cfg)
+    folder = REPO / "docs" / "results" / "evidence"
+    (sweep,) = config_sweeps(cfg)
+    assert sweep.settings == ("sweep_24", "sweep_96", "sweep_192")
+    table = sweep_table(read_csv(folder / "results.csv"), spec, sweep, "span product")
+    report = (folder / "report.md").read_text()
+    for curve in table.curves:
+        cells = " | ".join(f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]" for d in curve.diffs if d)
+        assert f"| `{curve.strategy}` - `uniform` | {cells} |" in report
+    assert is_png(folder / "figures" / "sweep_length_sweep.png")
