@@ -36,6 +36,7 @@ from ablations.summary import (
     contrasts,
     fmt,
     fmt_interval,
+    fmt_p,
     group_runs,
     run_figures,
 )
@@ -268,7 +269,7 @@ def best_line(setting: SettingHeadToHead, b: BestBaseline, min_pairs: int) -> st
         verdict = {1: "beats", -1: "is worse than", 0: "ties with"}[b.sign]
         return (
             f"- `{b.contender}` {verdict} the best baseline {best} ({picked}): "
-            f"{_iv(b.judged)} on the judging seeds, Holm-adjusted p = {fmt(b.p_holm)}"
+            f"{_iv(b.judged)} on the judging seeds, Holm-adjusted {fmt_p(b.p_holm)}"
         )
     gap = b.judged.mean - b.picking.mean
     return (

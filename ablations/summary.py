@@ -415,6 +415,11 @@ def fmt(x: float, digits: int = 3, signed: bool = False) -> str:
     return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
 
 
+def fmt_p(p: float) -> str:
+    """``p = 0.036``, ``p < 0.001`` (a p-value too small for three decimals), ``p = n/a``."""
+    return "p < 0.001" if p < 0.0005 else f"p = {fmt(p)}"
+
+
 def fmt_interval(iv: Interval | None, digits: int = 3, signed: bool = False) -> str:
     """``0.412 [0.381, 0.443]``; the bounds are left out when there is one value."""
     if iv is None or iv.n == 0:
@@ -490,7 +495,7 @@ def verdict_text(v: Verdict) -> str:
         )
     if v.sign is not None:
         text += (
-            f", paired t-test Holm-adjusted p = {fmt(v.p_holm)} "
+            f", paired t-test Holm-adjusted {fmt_p(v.p_holm)} "
             f"(Holm-corrected over {contrasts(v.contrasts)} in this setting)"
         )
     if vs_control is not None and vs_control.n > 0:
