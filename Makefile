@@ -51,8 +51,8 @@ browser:
 
 # The quick ablation: GRPO, DATC, datc_mid, the 80/20-rule entropy mask and red on the sparse
 # setting, GRPO, DATC and red on one dense setting, 2 families x 4 seeds
-# (configs/ablate/quick.yaml; about 5 minutes on 2 cores with an empty cache: 4:55 on 2 quiet
-# cores, 2026-12-05); ends with the paths of report.md and the figures.
+# (configs/ablate/quick.yaml; about 5 minutes on 2 cores with an empty cache: 4:40 on 2 quiet
+# cores, 2026-12-06); ends with the paths of report.md and the figures.
 demo: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m ablations configs/ablate/quick.yaml
 
