@@ -186,6 +186,14 @@ def plot_probes(
     return _finish(fig, path, title, confidence, handles, labels)
 
 
+def _save(fig: Any, path: Path) -> Path:
+    """Save ``fig`` to ``path`` (PNG, its folder made) and close it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
 def _finish(
     fig: Any, path: Path, title: str, confidence: float, handles: list[Any], labels: list[str]
 ) -> Path:
@@ -196,10 +204,7 @@ def _finish(
         )
     pct = f"{round(confidence * 100)}%"
     fig.suptitle(f"{title}, shaded {pct} interval", fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_head_to_head(path: Path, comparisons: Sequence[SettingHeadToHead]) -> Path:
@@ -252,10 +257,7 @@ def plot_head_to_head(path: Path, comparisons: Sequence[SettingHeadToHead]) -> P
         "(unadjusted)",
         fontsize=10,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_sweep(path: Path, table: SweepTable) -> Path:
@@ -297,20 +299,14 @@ def plot_sweep(path: Path, table: SweepTable) -> Path:
         "paired difference over (family, seed) pairs, 95% interval (unadjusted)",
         fontsize=10,
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_credit(path: Path, *, title: str, examples: Sequence[Mapping[str, Any]]) -> Path:
     """Write a credit heat-map of ``examples`` (``backends.samples.heatmap.credit_figure``)
     to ``path`` (PNG)."""
     fig = credit_figure(title=title, examples=examples)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    pyplot().close(fig)
-    return path
+    return _save(fig, path)
 
 
 def is_png(path: Path) -> bool:
