@@ -736,8 +736,7 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
         by_setting.setdefault("", []).append(figure)
     sweeps = config_sweeps(cfg)
     if sweeps:
-        labels = {s.name: s.metric_label for s in spec.settings}
-        swept = [sweep_table(rows, spec, w, labels[w.settings[0]]) for w in sweeps]
+        swept = [sweep_table(rows, spec, w) for w in sweeps]
         paths = [figs.plot_sweep(fig_dir / f"sweep_{t.sweep.kind}.png", t) for t in swept]
         sections.append(sweep_markdown(swept, [p.relative_to(out).as_posix() for p in paths]))
         by_setting.setdefault("", []).extend(paths)

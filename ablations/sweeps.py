@@ -85,31 +85,27 @@ def find_sweeps(
     return sweeps
 
 
-def sweep_table(
-    rows: Iterable[dict[str, object]],
-    spec: SummarySpec,
-    sweep: Sweep,
-    metric_label: str,
-) -> SweepTable:
+def sweep_table(rows: Iterable[dict[str, object]], spec: SummarySpec, sweep: Sweep) -> SweepTable:
     """Every strategy of ``spec`` but the baseline, minus the baseline, at each point of
-    ``sweep`` (module docstring), with the baseline's mean there."""
-    others = [s for s in spec.strategies if s != spec.baseline]
+    ``sweep`` (module docstring), with the baseline's mean there and the sweep's metric label
+    (its settings', ``SettingSpec.metric_label``)."""
     primary = primary_values(rows, spec, spec.strategies)
-    means = []
-    for setting in sweep.settings:
-        base = primary.get((setting, spec.baseline), {})
-        means.append(math.fsum(base.values()) / len(base) if base else math.nan)
+    bases = [primary.get((setting, spec.baseline), {}) for setting in sweep.settings]
+    means = tuple(math.fsum(b.values()) / len(b) if b else math.nan for b in bases)
     curves = []
-    for strategy in others:
-        diffs: list[Interval | None] = []
-        for setting in sweep.settings:
-            mine = primary.get((setting, strategy), {})
-            base = primary.get((setting, spec.baseline), {})
-            diff = paired_over(mine, base, ALL_FAMILIES, spec.confidence)
+    for strategy in spec.strategies:
+        if strategy == spec.baseline:
+            continue
+        diffs = []
+        for setting, base in zip(sweep.settings, bases, strict=True):
+            diff = paired_over(
+                primary.get((setting, strategy), {}), base, ALL_FAMILIES, spec.confidence
+            )
             diffs.append(diff if diff.n >= 2 else None)
         if any(d is not None for d in diffs):
             curves.append(SweepCurve(strategy, tuple(diffs)))
-    return SweepTable(sweep, spec.baseline, metric_label, tuple(means), tuple(curves))
+    label = next(s.metric_label for s in spec.settings if s.name == sweep.settings[0])
+    return SweepTable(sweep, spec.baseline, label, means, tuple(curves))
 
 
 def _value(x: float) -> str:

@@ -27,7 +27,7 @@ import torch
 
 from backends.openrlhf.actor_side import ActorSignals
 from backends.openrlhf.layout import action_token_ids
-from backends.openrlhf.step_batch import outcome_rewards, stacked_signals, step_batch, step_groups
+from backends.openrlhf.step_batch import outcome_rewards, step_batch, step_groups
 from credit_core import CreditDiagnostics, CreditError, CreditStrategy, assign_credit
 from credit_core.advantages import group_advantages
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
@@ -91,18 +91,9 @@ def critic_reward_shifts(
     # carries them, so a paper-form strategy that returns none is refused by the shift
     token_rewards: torch.Tensor | None = None
     if strategy.gathers or strategy.reads_groups:
-        rows = step.rows
-        credits = stacked_signals([s.credit() for s in signals], step.width)
-        result = assign_credit(
-            strategy,
-            advantages[rows],
-            mask[rows],
-            step.token_ids[rows],
-            credits.select(rows),
-            rewards=rewards[rows],
-            groups=groups[rows],
-        )
-        token_rewards = _place(token_advantages, token_rewards, rows, result)
+        credits = [s.credit() for s in signals]
+        result = step.assign(strategy, advantages, credits, rewards, groups)
+        token_rewards = _place(token_advantages, token_rewards, step.rows, result)
         diagnostics = [result.diagnostics] * len(experiences)
     else:
         diagnostics = []

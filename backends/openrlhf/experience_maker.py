@@ -80,7 +80,6 @@ from backends.openrlhf.critic import critic_reward_shifts
 from backends.openrlhf.layout import action_token_ids
 from backends.openrlhf.step_batch import (
     outcome_rewards,
-    stacked_signals,
     step_batch,
     step_groups,
 )
@@ -193,15 +192,8 @@ def apply_step_credit(
         advantages = torch.cat(
             [response_advantages(e.advantages, e.action_mask.bool()) for e in experiences]
         )
-        result = assign_credit(
-            strategy,
-            advantages[rows],
-            step.mask[rows],
-            step.token_ids[rows],
-            stacked_signals([signal.credit() for signal in signals], step.width).select(rows),
-            rewards=None if rewards is None else rewards[rows],
-            groups=None if groups is None else groups[rows],
-        )
+        credits = [signal.credit() for signal in signals]
+        result = step.assign(strategy, advantages, credits, rewards, groups)
         token_advantages[rows] = result.token_advantages.to(torch.float32)
         diagnostics = result.diagnostics
     for experience, out in zip(experiences, step.split(token_advantages), strict=True):

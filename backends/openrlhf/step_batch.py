@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from backends.openrlhf.layout import action_token_ids
-from credit_core import CreditError, CreditSignals
+from credit_core import CreditError, CreditResult, CreditSignals, CreditStrategy, assign_credit
 from credit_core.batch import TOKEN_SIGNALS
 
 
@@ -40,6 +40,30 @@ class StepBatch:
     @property
     def width(self) -> int:
         return int(self.mask.shape[1])
+
+    def assign(
+        self,
+        strategy: CreditStrategy,
+        advantages: torch.Tensor,
+        credits: Sequence[CreditSignals],
+        rewards: torch.Tensor | None = None,
+        groups: torch.Tensor | None = None,
+    ) -> CreditResult:
+        """``assign_credit`` of ``strategy`` on the step's rows with an action token
+        (``rows``, at least one): ``advantages`` (N,) and, for a strategy that reads them,
+        ``rewards`` (N,) float32 and ``groups`` (N,) int64 over all the step's responses;
+        ``credits`` each micro-batch's per-token signals (``stacked_signals``). The result's
+        row i is the step's row ``rows[i]``."""
+        rows = self.rows
+        return assign_credit(
+            strategy,
+            advantages[rows],
+            self.mask[rows],
+            self.token_ids[rows],
+            stacked_signals(credits, self.width).select(rows),
+            rewards=None if rewards is None else rewards[rows],
+            groups=None if groups is None else groups[rows],
+        )
 
     def split(self, values: torch.Tensor) -> list[torch.Tensor]:
         """(N, W) step values -> each micro-batch's (B_k, A_k) part (views)."""

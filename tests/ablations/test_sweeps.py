@@ -87,8 +87,8 @@ def rows() -> list[dict[str, Any]]:
 
 
 def test_each_strategy_minus_the_baseline_at_each_point_paired_over_seeds() -> None:
-    table = sweep_table(rows(), SPEC, SWEEP, "reward")
-    assert table.baseline_means == pytest.approx((0.35, 0.14))
+    table = sweep_table(rows(), SPEC, SWEEP)
+    assert table.baseline_means == pytest.approx((0.35, 0.14)) and table.metric_label == "reward"
     assert [c.strategy for c in table.curves] == ["datc", "red"]  # `never` ran nowhere
     datc, red = table.curves
     for i, setting in enumerate(SWEEP.settings):
@@ -105,7 +105,7 @@ def test_each_strategy_minus_the_baseline_at_each_point_paired_over_seeds() -> N
 
 
 def test_the_section_has_a_column_per_value_and_a_row_per_strategy(tmp_path: Path) -> None:
-    table = sweep_table(rows(), SPEC, SWEEP, "reward")
+    table = sweep_table(rows(), SPEC, SWEEP)
     figure = plot_sweep(tmp_path / "sweep.png", table)
     assert is_png(figure)
     text = sweep_markdown([table], ["figures/sweep.png"])
@@ -125,7 +125,7 @@ def test_the_committed_evidence_report_sweeps_the_length_task() -> None:
     folder = REPO / "docs" / "results" / "evidence"
     (sweep,) = config_sweeps(cfg)
     assert sweep.settings == ("sweep_24", "sweep_96", "sweep_192")
-    table = sweep_table(read_csv(folder / "results.csv"), spec, sweep, "span product")
+    table = sweep_table(read_csv(folder / "results.csv"), spec, sweep)
     report = (folder / "report.md").read_text()
     for curve in table.curves:
         cells = " | ".join(f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]" for d in curve.diffs if d)
