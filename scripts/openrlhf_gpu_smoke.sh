@@ -5,10 +5,11 @@
 # DeepSpeed, vLLM rollouts) with `--credit uniform`, then with `--credit datc` (the one-pass
 # path: OpenRLHF's reward model gives the reward and its gradient), then `--credit datc_mid`
 # (m1 from OpenRLHF's log-prob forward, the path gradient on the reward actors), then
-# `datc_mid_packed`: `--credit datc_mid` with packed samples and dynamic batches; `datc_zero3`:
-# `--credit datc` with `--ds.zero_stage 3` (the one reward-model pass through ZeRO-3 partitions)
+# `datc_mid_packed`: `--credit datc_mid` with packed samples and dynamic batches
 # (`--ds.packing_samples --train.dynamic_batch_enable`, flash-attention 2: the statistics
-# read from the Actor's packed logits), on a tiny Qwen2 policy and a tiny Llama reward model
+# read from the Actor's packed logits); `datc_zero3` (on request): `--credit datc` with
+# `--ds.zero_stage 3` (the one reward-model pass through ZeRO-3 partitions); on a tiny Qwen2
+# policy and a tiny Llama reward model
 # created from configs (no download). Checks that each run finishes, that the token-credit
 # experience maker was installed in the trainer actor, and that the credit diagnostics
 # reached OpenRLHF's TensorBoard logs (uniform: weights all 1; datc, datc_mid,
@@ -220,18 +221,6 @@ if missing:
     sys.exit(f"missing python packages: {missing}")
 from backends.trl.version import check_trl_version
 print("trl", check_trl_version())
-EOF
-
-compute_environment: LOCAL_MACHINE
-distributed_type: DEEPSPEED
-deepspeed_config:
-  zero_stage: 3
-  zero3_init_flag: false
-  offload_optimizer_device: none
-  offload_param_device: none
-mixed_precision: bf16
-num_machines: 1
-num_processes: 1
 EOF
 
 cat >"$WORK/trl.yaml" <<EOF

@@ -3,7 +3,10 @@ the settings it passes are ones the trainers accept (a typo would only show on t
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -162,3 +165,67 @@ def test_the_zero3_openrlhf_run_takes_the_one_reward_model_pass() -> None:
     assert args.ds.zero_stage == 3
     credit = resolve_credit(args, OpenRLHFCreditConfig(credit=CreditConfig.parse("datc")))
     assert credit.one_pass and credit.placement == "reward"
+
+
+# ------------------------------------------------------------------ dry runs with a stub python
+STUB = """\
+import json, os, sys
+args = sys.argv[1:]
+stdin = sys.stdin.read() if args[:1] == ["-"] else ""
+with open(os.environ["STUB_LOG"], "a") as log:
+    log.write(json.dumps({"argv": args, "stdin": stdin}) + "\\n")
+if args[:1] == ["-c"] and "find_spec" in args[1]:  # the scripts' module probe
+    missing = os.environ.get("STUB_MISSING", "").split()
+    print(" ".join(m for m in args[2:] if m in missing))
+fail = os.environ.get("STUB_FAIL")
+sys.exit(1 if fail and any(fail in a for a in args) else 0)
+"""
+
+
+def dry_run(
+    script: Path, tmp_path: Path, env: dict[str, str], args: tuple[str, ...] = ()
+) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
+    """Run ``script`` with ``PYTHON`` a stub that records each call's argv (and a heredoc's
+    text) and exits 0 (1 where an argument contains ``STUB_FAIL``), and ``nvidia-smi`` a
+    stub: the script's exit status and output, and the argv of every python call in order."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    python = bin_dir / "stub-python"
+    python.write_text(f"#!{sys.executable}\n{STUB}")
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'Stub GPU, 80 GiB'\n")
+    for stub in (python, smi):
+        stub.chmod(0o755)
+    log = tmp_path / "calls.jsonl"
+    full_env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "HOME": str(tmp_path),
+        "PYTHON": str(python),
+        "WORK": str(tmp_path / "work"),
+        "STUB_LOG": str(log),
+        **env,
+    }
+    done = subprocess.run(
+        ["bash", str(script), *args], capture_output=True, text=True, env=full_env, timeout=60
+    )
+    calls = [json.loads(line)["argv"] for line in log.read_text().splitlines()] if log.exists() else []
+    return done, calls
+
+
+def test_the_openrlhf_scripts_trl_section_runs_its_three_trl_runs(tmp_path: Path) -> None:
+    """``TRL_ONLY=1``: the section reaches its three ``accelerate launch`` runs (uniform,
+    datc, datc with LoRA) under the ZeRO-3 config and its metric check, and ends with 0
+    (a stray line there once made it exit 127 before anything ran)."""
+    done, calls = dry_run(OPENRLHF_SCRIPT, tmp_path, {"TRL_ONLY": "1", "BENCH": "0"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    launches = [c for c in calls if c[:2] == ["-m", "accelerate.commands.launch"]]
+    assert len(launches) == 3, calls
+    for argv in launches:
+        assert argv[2:4] == ["--config_file", str(REPO / "configs/trl/accelerate_zero3_1gpu.yaml")]
+        assert argv[4:8] == ["-m", "backends.trl", "--config", f"{tmp_path}/work/trl.yaml"]
+    credits = [a[a.index("--credit") + 1] for a in launches]
+    assert credits == ["uniform", '{"name": "datc", "beta": 1.0, "lam": 0.5}', "datc"]
+    assert launches[2][-5:] == ["--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj"]
+    trl_yaml = (tmp_path / "work" / "trl.yaml").read_text()
+    assert "task: positional" in trl_yaml and "bf16: true" in trl_yaml
+    assert "TRL: checking the logged credit diagnostics" in done.stdout
