@@ -208,8 +208,8 @@ def dry_run(
     done = subprocess.run(
         ["bash", str(script), *args], capture_output=True, text=True, env=full_env, timeout=60
     )
-    calls = [json.loads(line)["argv"] for line in log.read_text().splitlines()] if log.exists() else []
-    return done, calls
+    lines = log.read_text().splitlines() if log.exists() else []
+    return done, [json.loads(line)["argv"] for line in lines]
 
 
 def test_the_openrlhf_scripts_trl_section_runs_its_three_trl_runs(tmp_path: Path) -> None:
