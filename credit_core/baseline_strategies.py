@@ -7,13 +7,19 @@
   mean-preserving form w_t = (1 - beta) + beta T alpha_t, or (``mode: paper``) its token
   reward beta R alpha_t + (1 - beta) R 1[t = T].
 - ``red``: reward redistribution from prefix scores (Li et al., 2024, arXiv 2411.08302), in
-  its mean-preserving form w_t proportional to max(sign(A) r_t, 0) + eps, or (``mode:
+  this library's mean form w_t proportional to max(sign(A) r_t, 0) + eps, or (``mode:
   paper``) its token reward r_t itself.
+
+The mean forms of ``red`` and ``p2t`` (``TokenRewardParams``) allocate by this library's
+``aligned`` rule (above) or, with ``allocation: softmax_floor``, by DATC's own rule
+(``credit_core.allocation.allocate_weights`` on s_t = sign(A) r_t, same beta and lam): the
+matched-allocation control, under which only the signal differs from DATC's.
 
 Every weight form keeps the sign of A and its per-response mean (w >= 0, mean 1 over a
 response's valid tokens); ``mask`` mode of the two selections is the published A_t = A M_t,
 which does not, and neither do the paper forms: their token rewards become advantages
-through ``credit_core.token_rewards.group_return_advantages`` (negative credit allowed).
+through ``credit_core.token_rewards.group_return_advantages`` or, with ``paper_route:
+step_norm``, ``group_step_advantages`` (negative credit allowed).
 A response for which a method has no signal gets w = 1 and is counted in
 ``CreditDiagnostics.uniform_fallbacks``.
 """
@@ -24,9 +30,9 @@ from abc import abstractmethod
 from typing import ClassVar, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from credit_core.allocation import weight_diagnostics
+from credit_core.allocation import allocate_weights, weight_diagnostics
 from credit_core.batch import CreditBatch
 from credit_core.strategy import (
     CreditResult,
@@ -36,13 +42,22 @@ from credit_core.strategy import (
     builtin,
 )
 from credit_core.tensor_checks import check_finite_at
-from credit_core.token_rewards import group_return_advantages
+from credit_core.token_rewards import group_return_advantages, group_step_advantages
 from credit_core.token_selection import top_fraction
 
 SelectionMode = Literal["mask", "weight"]
 #: ``mean``: the mean-preserving weight form; ``paper``: the published token reward, turned
 #: into advantages within each group (docs/design.md, "Token rewards to advantages").
 RewardForm = Literal["mean", "paper"]
+#: How a paper form's token rewards become advantages: ``group_returns``, returns-to-go
+#: against the group's mean total (``group_return_advantages``); ``step_norm``, each token
+#: reward normalised over its group's token rewards, then summed to go
+#: (``group_step_advantages``; docs/design.md, "Token rewards to advantages").
+PaperRoute = Literal["group_returns", "step_norm"]
+#: How a mean form turns a token reward r_t into weights: ``aligned``, this library's
+#: w_t proportional to max(sign(A) r_t, 0) + eps; ``softmax_floor``, DATC's allocation of
+#: s_t = sign(A) r_t (docs/design.md, "From one advantage to many").
+Allocation = Literal["aligned", "softmax_floor"]
 
 
 class TopFractionParams(BaseModel):
@@ -69,12 +84,19 @@ def _result(batch: CreditBatch, weights: torch.Tensor, uniform_fallbacks: int) -
     return CreditResult(adv.to(torch.float32), diag)
 
 
-def paper_result(batch: CreditBatch, token_rewards: torch.Tensor, fallbacks: int) -> CreditResult:
-    """The paper-form route: token rewards (B, T) -> ``group_return_advantages`` within the
-    batch's groups. Diagnostics describe the effective weights A_t / A_i (1 where A_i = 0),
-    which may be negative."""
+def paper_result(
+    batch: CreditBatch,
+    token_rewards: torch.Tensor,
+    fallbacks: int,
+    route: PaperRoute = "group_returns",
+) -> CreditResult:
+    """The paper-form route: token rewards (B, T) -> advantages within the batch's groups
+    (``group_return_advantages``, or ``group_step_advantages`` for ``route="step_norm"``).
+    Diagnostics describe the effective weights A_t / A_i (1 where A_i = 0), which may be
+    negative."""
     _, groups = batch.require_groups("paper form")
-    adv = group_return_advantages(token_rewards, batch.mask, groups)
+    to_advantages = group_step_advantages if route == "step_norm" else group_return_advantages
+    adv = to_advantages(token_rewards, batch.mask, groups)
     a = batch.advantages.to(torch.float64).unsqueeze(1)
     w = torch.where(a != 0, adv.to(torch.float64) / torch.where(a != 0, a, 1.0), 1.0)
     w = torch.where(batch.mask, w, 0.0)
@@ -114,6 +136,74 @@ def aligned_result(batch: CreditBatch, token_rewards: torch.Tensor, eps: float) 
     unaligned = ~torch.where(mask, aligned > 0, False).any(dim=1)
     weights, _ = mean_one(aligned + eps, mask)
     return _result(batch, weights, int((unaligned & (sign[:, 0] != 0)).sum()))
+
+
+def softmax_floor_result(
+    batch: CreditBatch, token_rewards: torch.Tensor, beta: float, lam: float, name: str
+) -> CreditResult:
+    """The matched-allocation form of a token reward r (B, T): DATC's allocation
+    (``allocate_weights``, beta, lam) of the scores s_t = sign(A) r_t, A_t = A w_t. Sign and
+    per-response mean of A kept; A = 0 or constant r gives w = 1. A non-finite r at a valid
+    token is a ``CreditError`` naming ``name``'s scores."""
+    sign = torch.sign(batch.advantages.to(torch.float64)).unsqueeze(1)
+    scores = sign * token_rewards.to(torch.float64)
+    weights, diag = allocate_weights(
+        scores, batch.mask, beta=beta, lam=lam, on_nonfinite="error", score_name=f"{name} scores"
+    )
+    adv = batch.advantages.to(weights.dtype).unsqueeze(1) * weights
+    return CreditResult(adv.to(torch.float32), diag)
+
+
+class TokenRewardParams(BaseModel):
+    """Parameters of a baseline whose signal is a token reward r_t (``red``, ``p2t``).
+
+    - ``mode``: ``mean``, weights that keep the sign and per-response mean of A; ``paper``,
+      r_t turned into advantages within the group by ``paper_route``.
+    - ``allocation`` (mean mode): ``aligned``, this library's mean form, w_t proportional to
+      max(sign(A) r_t, 0) + ``eps`` (``eps`` on the reward's scale: a token against the
+      advantage's sign keeps a small weight, not 0); ``softmax_floor``, DATC's allocation of
+      s_t = sign(A) r_t with ``beta`` and ``lam`` (the matched-allocation control).
+    - ``paper_route`` (paper mode): ``group_returns`` or ``step_norm`` (``PaperRoute``).
+
+    A parameter the chosen form does not read is refused when given (``beta`` and ``lam``
+    outside ``softmax_floor``, ``eps`` outside ``aligned``, ``paper_route`` in mean mode,
+    ``allocation`` in paper mode).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    mode: RewardForm = Field("mean", description="mean: mean-preserving weights; paper: reward")
+    eps: float = Field(1e-6, gt=0.0, allow_inf_nan=False, description="floor of each weight")
+    allocation: Allocation = Field("aligned", description="mean mode: aligned or softmax_floor")
+    beta: float = Field(1.0, gt=0.0, allow_inf_nan=False, description="softmax_floor temperature")
+    lam: float = Field(0.5, ge=0.0, le=1.0, description="softmax_floor mixing with uniform")
+    paper_route: PaperRoute = Field("group_returns", description="paper mode: advantage route")
+
+    @model_validator(mode="after")
+    def _read(self) -> TokenRewardParams:
+        unread: set[str] = set()
+        if self.mode == "paper":
+            unread |= {"allocation", "beta", "lam", "eps"}
+        else:
+            unread.add("paper_route")
+            unread.add("eps" if self.allocation == "softmax_floor" else "beta")
+            if self.allocation == "aligned":
+                unread.add("lam")
+        given = sorted(unread & self.model_fields_set)
+        if given:
+            raise ValueError(
+                f"{given} are not read with mode {self.mode!r}"
+                + (f" and allocation {self.allocation!r}" if self.mode == "mean" else "")
+            )
+        return self
+
+    def assign(self, batch: CreditBatch, token_rewards: torch.Tensor, name: str) -> CreditResult:
+        """The credit of ``token_rewards`` (B, T), finite at valid tokens, by these params."""
+        if self.mode == "paper":
+            return paper_result(batch, token_rewards, 0, self.paper_route)
+        if self.allocation == "softmax_floor":
+            return softmax_floor_result(batch, token_rewards, self.beta, self.lam, name)
+        return aligned_result(batch, token_rewards, self.eps)
 
 
 class _TopFractionStrategy(CreditStrategy):
@@ -172,12 +262,21 @@ class RandomTopStrategy(SeededStream, _TopFractionStrategy):
 
 
 class ABCParams(BaseModel):
-    """The share ``beta`` of the credit that follows the attention (0.5 in the paper)."""
+    """The share ``beta`` of the credit that follows the attention (0.5 in the paper);
+    ``paper_route``: how the paper form's token rewards become advantages (``PaperRoute``),
+    refused in mean mode."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     beta: float = Field(0.5, ge=0.0, le=1.0, description="share of credit set by attention")
     mode: RewardForm = Field("mean", description="mean: mean-preserving weights; paper: reward")
+    paper_route: PaperRoute = Field("group_returns", description="paper mode: advantage route")
+
+    @model_validator(mode="after")
+    def _read(self) -> ABCParams:
+        if self.mode == "mean" and "paper_route" in self.model_fields_set:
+            raise ValueError("['paper_route'] is not read with mode 'mean'")
+        return self
 
 
 @builtin
@@ -217,30 +316,27 @@ class ABCStrategy(CreditStrategy):
             a = torch.where(empty.unsqueeze(1) & mask, 1.0 / n.unsqueeze(1), a)
             R = rewards.to(torch.float64).unsqueeze(1)
             r = beta * R * a + (1.0 - beta) * R * last_valid(mask).to(torch.float64)
-            return paper_result(batch, r, int(empty.sum()))
+            return paper_result(batch, r, int(empty.sum()), self.params.paper_route)
         uniform = (a.sum(dim=1) <= 0) | (n == 1)
         w = (1.0 - beta) + beta * n.unsqueeze(1) * a
         w = torch.where(mask, torch.where(uniform.unsqueeze(1), 1.0, w), 0.0)
         return _result(batch, w, int(uniform.sum()))
 
 
-class REDParams(BaseModel):
-    """``eps``: the floor added to every token's redistributed reward before rescaling (a
-    token against the advantage's sign keeps a small weight, not 0)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    eps: float = Field(1e-6, gt=0.0, allow_inf_nan=False, description="floor of each weight")
-    mode: RewardForm = Field("mean", description="mean: mean-preserving weights; paper: reward")
+class REDParams(TokenRewardParams):
+    """``TokenRewardParams`` of RED's prefix-score differences."""
 
 
 @builtin
 class REDStrategy(CreditStrategy):
     """Reward redistribution with r_t = s_t - s_{t-1} the direction model's prefix-score
-    differences. ``mean``: w_t proportional to max(sign(A) r_t, 0) + eps, rescaled to mean 1
-    over the response; a response whose r_t all oppose sign(A) gets (near) uniform weights
-    from the floor; A = 0 gives w = 1. ``paper``: r_t is the token reward, turned into
-    advantages within the group (``eps`` unused)."""
+    differences. ``mean``, allocation ``aligned`` (this library's mean form): w_t
+    proportional to max(sign(A) r_t, 0) + eps, rescaled to mean 1 over the response; a
+    response whose r_t all oppose sign(A) gets (near) uniform weights from the floor; A = 0
+    gives w = 1. ``mean``, allocation ``softmax_floor``: DATC's allocation of sign(A) r_t.
+    ``paper``: r_t is the token reward, turned into advantages within the group. r_t sums
+    to the direction model's R - s_0: no form reads the task's reward where a separate
+    scorer sets it."""
 
     name = "red"
     requires = frozenset({"prefix_rewards"})
@@ -261,6 +357,4 @@ class REDStrategy(CreditStrategy):
         assert r is not None  # guaranteed by batch.require
         mask = batch.mask
         check_finite_at("CreditBatch.prefix_rewards", r, mask)
-        if self.params.mode == "paper":
-            return paper_result(batch, r, 0)
-        return aligned_result(batch, r, self.params.eps)
+        return self.params.assign(batch, r, self.name)

@@ -12,31 +12,22 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from credit_core.attribution import DEFAULT_NULL, NullEmbedding
-from credit_core.baseline_strategies import RewardForm, aligned_result, paper_result
+from credit_core.baseline_strategies import TokenRewardParams
 from credit_core.batch import CreditBatch
 from credit_core.strategy import CreditResult, CreditStrategy, CriticRewardForm, builtin
 from credit_core.tensor_checks import check_finite_at
 
 
-class P2TParams(BaseModel):
-    """- ``null``: the null embedding e_null (``credit_core.attribution.NULL_EMBEDDINGS``;
-      default ``pad``, the RM's pad-token embedding: the paper's null is a token, and the
-      pad token, the one the RM is fed where there is no content, is the one every
-      direction model has).
-    - ``mode``: ``mean``, weights that keep the sign and per-response mean of A; ``paper``,
-      r_t turned into advantages by the group-baselined return-to-go.
-    - ``eps``: the floor added to every token's aligned reward in ``mean`` mode (on the
-      reward's scale; a token against the advantage's sign keeps a small weight, not 0).
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+class P2TParams(TokenRewardParams):
+    """``TokenRewardParams`` (mode, allocation, paper route) plus ``null``: the null
+    embedding e_null (``credit_core.attribution.NULL_EMBEDDINGS``; default ``pad``, the RM's
+    pad-token embedding: the paper's null is a token, and the pad token, the one the RM is
+    fed where there is no content, is the one every direction model has)."""
 
     null: NullEmbedding = Field(DEFAULT_NULL, description="null embedding: pad, unk or zero")
-    mode: RewardForm = Field("mean", description="mean: mean-preserving weights; paper: reward")
-    eps: float = Field(1e-6, gt=0.0, allow_inf_nan=False, description="floor of each weight")
 
 
 @builtin
@@ -44,13 +35,18 @@ class P2TStrategy(CreditStrategy):
     """P2T with r_t = ``batch.reward_attribution``, finite at valid tokens (``CreditError``
     naming the rows otherwise).
 
-    - ``mean``: w_t = n (max(sign(A) r_t, 0) + eps) / sum_k (max(sign(A) r_k, 0) + eps) over
-      the response's n valid tokens, A_t = A w_t: w >= 0 and mean 1, so the sign and the
-      per-response mean of A are kept; a response whose r_t all oppose sign(A) gets (near)
-      uniform weights from the floor (counted in ``uniform_fallbacks``); A = 0 gives w = 1.
-      The RED mean form applied to r_t (``aligned_result``).
+    - ``mean``, allocation ``aligned`` (this library's mean form): w_t = n (max(sign(A) r_t,
+      0) + eps) / sum_k (max(sign(A) r_k, 0) + eps) over the response's n valid tokens,
+      A_t = A w_t: w >= 0 and mean 1, so the sign and the per-response mean of A are kept; a
+      response whose r_t all oppose sign(A) gets (near) uniform weights from the floor
+      (counted in ``uniform_fallbacks``); A = 0 gives w = 1. The RED mean form applied to
+      r_t (``aligned_result``).
+    - ``mean``, allocation ``softmax_floor``: DATC's allocation of sign(A) r_t with beta,
+      lam (``softmax_floor_result``): the matched-allocation control.
     - ``paper``: A_t = (G_t - mean_g G_0) / (std_g G_0 + 1e-6) with G_t = sum_{k >= t} r_k
-      within each group (``group_return_advantages``; reads the groups).
+      within each group (``group_return_advantages``; reads the groups), or with
+      ``paper_route: step_norm`` ``group_step_advantages``. r_t is the direction model's
+      attribution: no form reads the task's reward where a separate scorer sets it.
     """
 
     name = "p2t"
@@ -75,6 +71,4 @@ class P2TStrategy(CreditStrategy):
         r = batch.reward_attribution
         assert r is not None  # guaranteed by batch.require
         check_finite_at("CreditBatch.reward_attribution", r, batch.mask)
-        if self.params.mode == "paper":
-            return paper_result(batch, r, 0)
-        return aligned_result(batch, r, self.params.eps)
+        return self.params.assign(batch, r, self.name)

@@ -14,6 +14,15 @@ every t and A_t is GRPO's (R - mean_g R) / (std_g R + eps) on every token. A gro
 responses share one total (std exactly 0, e.g. all correct) gets A = 0, as in GRPO: there is
 no outcome difference to learn from, and the within-response differences are not rescaled by
 1 / eps.
+
+Against the whole-response mean, the suffix returns G_t of a correct response shrink toward
+its late tokens and fall below mean_g G_0 there, so those tokens get negative advantage
+whatever they did. ``group_step_advantages`` is the other published route, DeepSeekMath's
+process supervision (Shao et al., 2024, arXiv 2402.03300, section 4.1.3): every token's
+reward is normalised by the mean and std of all token rewards of its group, then summed to
+go, A_t = sum_{k >= t} (r_k - mean_g r) / (std_g r + eps). A suffix is measured against as
+many mean token rewards as it holds tokens, so tokens of the group's mean reward add 0
+wherever they sit, and a response's late tokens are not charged for its early gains.
 """
 
 from __future__ import annotations
@@ -53,14 +62,11 @@ def group_return_advantages(
     G = returns_to_go(r, mask)
     first = mask.to(torch.int64).argmax(dim=1)
     total = G.gather(1, first.unsqueeze(1)).squeeze(1)
-    _, index = torch.unique(groups, return_inverse=True)
+    index = _group_index(groups)
     n_groups = int(index.max()) + 1
     count = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add_(
         0, index, torch.ones_like(total)
     )
-    if bool((count < 2).any()):
-        lone = torch.unique(groups[(count < 2)[index]]).tolist()
-        raise CreditError(f"groups: every group needs >= 2 responses, groups {lone} have one")
     mean = torch.zeros_like(count).index_add_(0, index, total) / count
     dev = total - mean[index]
     var = torch.zeros_like(count).index_add_(0, index, dev * dev) / (count - 1)
@@ -68,6 +74,53 @@ def group_return_advantages(
     adv = (G - mean[index].unsqueeze(1)) / (std + eps).unsqueeze(1)
     adv = torch.where(mask & (std > 0).unsqueeze(1), adv, 0.0)
     return adv.to(torch.float32)
+
+
+def group_step_advantages(
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    groups: torch.Tensor,
+    *,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Token advantages (B, T) float32, 0 at padding: A_t = sum_{k >= t} r~_k with
+    r~_k = (r_k - mean_g r) / (std_g r + eps), mean and std (Bessel) over every valid token
+    reward of the row's group (module docstring; docs/design.md, "Token rewards to
+    advantages"). A group whose token rewards are all equal gets A = 0.
+
+    ``mask`` (B, T) bool with >= 1 valid token per row; ``groups`` (B,) int64 group ids, each
+    group holding >= 2 responses. Raises ``CreditError`` naming a bad tensor or a group of one.
+    """
+    r = check_tensor("token_rewards", token_rewards, (None, None), floating=True)
+    B, T = r.shape
+    check_tensor("mask", mask, (B, T), dtype=torch.bool, device=r.device)
+    check_tensor("groups", groups, (B,), dtype=torch.long, device=r.device)
+    if not bool(torch.isfinite(torch.where(mask, r, 0.0)).all()):
+        raise CreditError("token_rewards: expected finite values at the valid tokens")
+    index = _group_index(groups)
+    r64 = torch.where(mask, r.to(torch.float64), 0.0)
+    n_groups = int(index.max()) + 1
+    count = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add_(
+        0, index, mask.sum(dim=1).to(torch.float64)
+    )
+    mean = torch.zeros_like(count).index_add_(0, index, r64.sum(dim=1)) / count
+    dev = torch.where(mask, r64 - mean[index].unsqueeze(1), 0.0)
+    var = torch.zeros_like(count).index_add_(0, index, (dev * dev).sum(dim=1)) / (count - 1)
+    std = var.sqrt()[index]
+    normalised = dev / (std + eps).unsqueeze(1)
+    adv = torch.where((std > 0).unsqueeze(1), returns_to_go(normalised, mask), 0.0)
+    return adv.to(torch.float32)
+
+
+def _group_index(groups: torch.Tensor) -> torch.Tensor:
+    """Each response's group as 0 .. n_groups - 1 (B,); ``CreditError`` naming any group of
+    one response."""
+    index: torch.Tensor = torch.unique(groups, return_inverse=True)[1]
+    count = torch.bincount(index)
+    if bool((count < 2).any()):
+        lone = torch.unique(groups[(count < 2)[index]]).tolist()
+        raise CreditError(f"groups: every group needs >= 2 responses, groups {lone} have one")
+    return index
 
 
 def critic_reward_shift(

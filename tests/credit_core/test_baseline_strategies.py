@@ -11,6 +11,12 @@
   alpha_t + (1 - beta) R 1[t = T] and r_t, turned into advantages within each group
   (docs/design.md, "Token rewards to advantages"); they read the rewards and groups.
 
+- ``red`` and ``p2t`` with ``allocation: softmax_floor`` (the matched-allocation control) are
+  DATC's allocation of s_t = sign(A) r_t: equal to DATC given W0 = r, and to the formula
+  written out. Today's forms stay the defaults; a parameter a form does not read is refused.
+- ``paper_route: step_norm`` turns a paper form's token rewards into advantages by
+  ``group_step_advantages`` (DeepSeekMath's per-step normalisation).
+
 Every weight form keeps the sign of A, the per-response mean A and 0 at padding.
 """
 
@@ -29,7 +35,7 @@ from credit_core import (
     get_strategy,
     group_advantages,
 )
-from credit_core.token_rewards import group_return_advantages
+from credit_core.token_rewards import group_return_advantages, group_step_advantages
 from credit_core.token_selection import batch_quantile
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -320,3 +326,103 @@ def test_a_paper_form_without_groups_is_an_error_naming_them(name: str, signal: 
             torch.zeros(2, 3, dtype=torch.long),
             CreditSignals(**{signal: values}),
         )
+
+
+# --- matched allocation (allocation: softmax_floor) and the paper route --------------------
+
+
+def brute_force_softmax_floor(
+    adv: torch.Tensor, mask: torch.Tensor, r: torch.Tensor, beta: float, lam: float
+) -> torch.Tensor:
+    """A_t = A w_t, w = (1 - lam) + lam n softmax(beta s / (rms s + 1e-8)) over each row's
+    valid tokens, s = sign(A) r (docs/design.md, "From one advantage to many"), as loops."""
+    out = torch.zeros(mask.shape, dtype=torch.float64)
+    for b in range(mask.shape[0]):
+        idx = [t for t in range(mask.shape[1]) if mask[b, t]]
+        s = [float(torch.sign(adv[b])) * float(r[b, t]) for t in idx]
+        rms = (sum(x * x for x in s) / len(s)) ** 0.5
+        e = [torch.exp(torch.tensor(beta * x / (rms + 1e-8), dtype=torch.float64)) for x in s]
+        for t, ex in zip(idx, e, strict=True):
+            w = (1 - lam) + lam * len(idx) * float(ex) / float(sum(e))
+            out[b, t] = float(adv[b]) * w
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "signal"), [("red", "prefix_rewards"), ("p2t", "reward_attribution")]
+)
+@given(seed=st.integers(0, 10_000), beta=st.floats(0.1, 4.0), lam=st.floats(0.0, 1.0))
+@SETTINGS
+def test_matched_allocation_is_datcs_allocation_of_the_signed_token_reward(
+    name: str, signal: str, seed: int, beta: float, lam: float
+) -> None:
+    adv, mask = random_batch(seed)
+    r = torch.randn(mask.shape, generator=torch.Generator().manual_seed(seed + 1))
+    ids = torch.zeros_like(mask, dtype=torch.long)
+    strategy = get_strategy(name, allocation="softmax_floor", beta=beta, lam=lam)
+    result = assign_credit(strategy, adv, mask, ids, CreditSignals(**{signal: r}))
+    # DATC with the same score (its W0 := r, so s = sign(A) r) allocates exactly alike
+    datc = assign_credit(
+        get_strategy("datc", beta=beta, lam=lam), adv, mask, ids, CreditSignals(unsigned_work=r)
+    )
+    assert torch.equal(result.token_advantages, datc.token_advantages)
+    assert result.diagnostics == datc.diagnostics
+    want = brute_force_softmax_floor(adv, mask, r, beta, lam)
+    torch.testing.assert_close(result.token_advantages, want.float(), atol=1e-5, rtol=1e-5)
+    assert_mean_keeping(adv, mask, result.token_advantages)
+
+
+@pytest.mark.parametrize("name", ["red", "p2t"])
+def test_today_s_mean_form_is_the_default_allocation(name: str) -> None:
+    assert get_strategy(name).params.allocation == "aligned"
+    assert get_strategy(name, mode="paper").params.paper_route == "group_returns"
+    assert get_strategy("abc", mode="paper").params.paper_route == "group_returns"
+
+
+@pytest.mark.parametrize("name", ["red", "p2t"])
+@pytest.mark.parametrize(
+    "unread",
+    [
+        {"beta": 2.0},
+        {"lam": 0.3},
+        {"allocation": "softmax_floor", "eps": 1e-3},
+        {"paper_route": "step_norm"},
+        {"mode": "paper", "allocation": "softmax_floor"},
+        {"mode": "paper", "beta": 1.0},
+    ],
+)
+def test_a_parameter_the_form_does_not_read_is_refused(
+    name: str, unread: dict[str, object]
+) -> None:
+    with pytest.raises(CreditError, match="not read with mode"):
+        get_strategy(name, **unread)
+
+
+def test_abc_refuses_a_paper_route_in_mean_mode() -> None:
+    with pytest.raises(CreditError, match="not read with mode 'mean'"):
+        get_strategy("abc", paper_route="step_norm")
+
+
+@pytest.mark.parametrize(
+    ("name", "signal"),
+    [("red", "prefix_rewards"), ("p2t", "reward_attribution"), ("abc", "reward_attention")],
+)
+@given(seed=st.integers(0, 10_000))
+@SETTINGS
+def test_paper_route_step_norm_is_the_step_normalised_advantage_of_the_same_rewards(
+    name: str, signal: str, seed: int
+) -> None:
+    rewards, adv, mask, groups = grouped_batch(seed)
+    values = torch.rand(mask.shape, generator=torch.Generator().manual_seed(seed + 1))
+    values = torch.where(mask, values, 0.0)
+    values = values / values.sum(dim=1, keepdim=True)  # a valid attention for abc as well
+    ids = torch.zeros_like(mask, dtype=torch.long)
+    kw = {"rewards": rewards, "groups": groups}
+    signals = CreditSignals(**{signal: values})
+    old = assign_credit(get_strategy(name, mode="paper"), adv, mask, ids, signals, **kw)
+    new = get_strategy(name, mode="paper", paper_route="step_norm")
+    got = assign_credit(new, adv, mask, ids, signals, **kw)
+    assert old.token_rewards is not None
+    want = group_step_advantages(old.token_rewards, mask, groups)
+    torch.testing.assert_close(got.token_advantages, want)
+    torch.testing.assert_close(got.token_rewards, old.token_rewards)
