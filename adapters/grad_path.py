@@ -93,8 +93,11 @@ def path_reward_grad(
     """mean_a dR/dx evaluated at x(a) (see module doc), at policy response positions.
 
     m1 (B, R, d): the expected embeddings of the response positions. Returns (B, R, d) in
-    the table's accumulation dtype, 0 at padding. Only the response tokens move along the
-    path; prompt and special tokens stay at their embeddings. Raises ``CreditError`` for a
+    the table's accumulation dtype (float32; float64 for a float64 table), 0 at padding.
+    The path and the sum of the gradients are kept in that dtype; each point x(a) is fed
+    to the RM in the table's own dtype (a bf16/fp16 RM gets a half-precision leaf, as its
+    matmuls require). Only the response tokens move along the path; prompt and special
+    tokens stay at their embeddings. Raises ``CreditError`` for a
     bridged RM (another tokenizer: its positions are not the policy's).
     """
     if not alphas:
@@ -122,7 +125,7 @@ def path_reward_grad(
     step[rows, where] = m1.to(base.device, acc)[rows, cols] - base[rows, where]
     total = torch.zeros_like(base)
     for a in alphas:
-        x = (base + a * step).detach().requires_grad_(True)
+        x = (base + a * step).to(model.table.dtype).detach().requires_grad_(True)
         with torch.enable_grad():
             rewards = model.reward_from_embeds(x, inputs)
             (g,) = torch.autograd.grad(rewards.sum(), x, allow_unused=True)
