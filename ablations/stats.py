@@ -1,5 +1,5 @@
-"""Statistics over seeds: mean with a Student-t 95% interval, paired differences, and the
-Holm correction of a family of tests.
+"""Statistics over seeds: mean with a Student-t 95% interval, paired differences, the exact
+paired sign-flip test, and the Holm correction of a family of tests.
 
 Student-t quantiles and tail probabilities come from ``scipy.stats.t``.
 
@@ -10,6 +10,8 @@ Student-t quantiles and tail probabilities come from ``scipy.stats.t``.
   everything is NaN. With s = 0 (n >= 2) p is 0 for a nonzero mean and 1 for mean 0.
 - ``paired_difference(a, b)``: the same over the per-seed differences a[s] - b[s], on the
   seeds present in both: its p is the paired t-test's.
+- ``sign_flip_p(diffs)``: the two-sided p of the paired sign-flip (permutation) test of
+  mean 0 over all 2^n sign assignments, exact up to ``SIGN_FLIP_EXACT_MAX`` pairs.
 - ``holm(p_values)``: Holm's step-down adjusted p-values (docs/design.md, "Evaluation").
 """
 
@@ -19,9 +21,15 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from scipy import stats
 
 _NAN = float("nan")
+#: Pairs up to which ``sign_flip_p`` counts every one of the 2^n sign assignments (by meet
+#: in the middle: 2^(n/2) partial sums per half); above it, ``SIGN_FLIP_DRAWS`` random ones.
+SIGN_FLIP_EXACT_MAX = 40
+#: Random sign assignments of the Monte Carlo sign-flip test (more than 40 pairs).
+SIGN_FLIP_DRAWS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -85,6 +93,51 @@ def paired_difference(
     """Interval of the mean of a[s] - b[s] over the seeds ``s`` present in both mappings."""
     seeds = sorted(set(a) & set(b))
     return mean_interval((a[s] - b[s] for s in seeds), confidence)
+
+
+def _signed_sums(values: np.ndarray) -> np.ndarray:
+    """sum_i s_i v_i for every s in {-1, +1}^len(values) (2^len values)."""
+    sums = np.zeros(1)
+    for v in values:
+        sums = np.concatenate([sums + v, sums - v])
+    return sums
+
+
+def sign_flip_p(
+    diffs: Sequence[float], exact_max: int = SIGN_FLIP_EXACT_MAX, seed: int = 0
+) -> float:
+    """Two-sided p of the paired sign-flip test that the differences ``diffs`` (d_1..d_n,
+    finite) are symmetric about 0: the share of the 2^n sign assignments s whose
+    |sum_i s_i d_i| >= |sum_i d_i| (docs/design.md, "Evaluation"). Exact (every assignment
+    counted) for n <= ``exact_max``; above it the Monte Carlo estimate (1 + hits) / (1 +
+    ``SIGN_FLIP_DRAWS``) over random assignments drawn with ``seed``. The observed
+    assignment and its mirror always count, so p >= 2 / 2^n unless every d_i is 0 (then
+    p = 1); no normality is assumed. Sums equal up to rounding (relative 1e-9 of sum |d_i|)
+    count as ties. NaN for n = 0; ValueError on a NaN or infinite difference."""
+    d = np.asarray([float(x) for x in diffs], dtype=np.float64)
+    if not np.all(np.isfinite(d)):
+        raise ValueError(f"diffs: expected finite numbers, got {d.tolist()}")
+    n = d.size
+    if n == 0:
+        return _NAN
+    scale = float(np.abs(d).sum())
+    bar = abs(float(d.sum())) - 1e-9 * scale  # |S| >= bar counts
+    if bar <= 0:
+        return 1.0
+    if n > exact_max:
+        gen = np.random.default_rng(seed)
+        hits = 0
+        for start in range(0, SIGN_FLIP_DRAWS, 1 << 14):
+            size = min(1 << 14, SIGN_FLIP_DRAWS - start)
+            signs = gen.integers(0, 2, size=(size, n)) * 2 - 1
+            hits += int(np.count_nonzero(np.abs(signs @ d) >= bar))
+        return (1 + hits) / (1 + SIGN_FLIP_DRAWS)
+    left = _signed_sums(d[: n // 2])
+    right = np.sort(_signed_sums(d[n // 2 :]))
+    # for each left sum l: the right sums r with l + r >= bar or l + r <= -bar (disjoint)
+    above = right.size - np.searchsorted(right, bar - left, side="left")
+    below = np.searchsorted(right, -bar - left, side="right")
+    return float(np.sum(above + below)) / float(left.size * right.size)
 
 
 def holm(p_values: Sequence[float]) -> list[float]:

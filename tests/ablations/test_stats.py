@@ -4,14 +4,16 @@ Student-t quantiles (SciPy's) against the printed table;
 mean / interval / paired difference on small fixed samples computed by hand, the paired
 t-test's p against ``scipy.stats.ttest_rel``; Holm's adjusted p-values against a
 hand-computed example, a hand-checked table, the step-down procedure itself and (where
-installed) statsmodels' ``multipletests``; and the whole summary (final reward, held-out
-metric, paired differences, steps to threshold, time per step, verdict) on a fixed
-results.csv.
+installed) statsmodels' ``multipletests``; the exact sign-flip test against hand-counted
+cases, brute-force enumeration and ``scipy.stats.permutation_test``; and the whole summary
+(final reward, held-out metric, paired differences, steps to threshold, time per step,
+verdict) on a fixed results.csv.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,15 @@ import pytest
 from scipy import stats as scipy_stats
 
 from ablations.results import read_csv
-from ablations.stats import decide, holm, mean_interval, paired_difference, t_quantile
+from ablations.stats import (
+    SIGN_FLIP_DRAWS,
+    decide,
+    holm,
+    mean_interval,
+    paired_difference,
+    sign_flip_p,
+    t_quantile,
+)
 from ablations.summary import (
     SettingSpec,
     SummarySpec,
@@ -358,3 +368,68 @@ def test_a_verdict_the_interval_alone_would_give_is_withdrawn_by_the_correction(
     assert "**no significant difference** between datc and uniform" in verdict.text
     assert "Holm-corrected over 5 contrasts in this setting" in verdict.text
     assert all(c.sign == 0 for c in setting.rows)
+
+
+def _brute_sign_flip(d: list[float]) -> float:
+    """The sign-flip p by listing every sign assignment (docs/design.md, "Evaluation")."""
+    observed = abs(sum(d))
+    signs = list(itertools.product((1.0, -1.0), repeat=len(d)))
+    hits = sum(
+        abs(sum(s * x for s, x in zip(flips, d, strict=True))) >= observed - 1e-12
+        for flips in signs
+    )
+    return hits / len(signs)
+
+
+def test_sign_flip_p_by_hand() -> None:
+    # +-1 +-2 +-3: sums 6, 4, 2, 0, 0, -2, -4, -6: |S| >= 6 twice in 8
+    assert sign_flip_p([1.0, 2.0, 3.0]) == 2 / 8
+    # -1 +2 +4 = 5: the odd sums +-7, +-5 reach it: 4 of 8
+    assert sign_flip_p([-1.0, 2.0, 4.0]) == 4 / 8
+    # all of one sign: only the observed assignment and its mirror, the floor 2 / 2^n
+    assert sign_flip_p([0.1 * (i + 1) for i in range(12)]) == 2 / 2**12
+    # a zero difference flips onto itself: the floor is over the nonzero ones
+    assert sign_flip_p([0.0, 0.3, 0.5]) == 2 * 2 / 8
+    assert sign_flip_p([0.0, 0.0]) == 1.0  # no difference at all
+    assert sign_flip_p([0.2, -0.2]) == 1.0  # mean 0: every assignment is as extreme
+    assert math.isnan(sign_flip_p([]))
+    with pytest.raises(ValueError, match="diffs: expected finite"):
+        sign_flip_p([0.1, float("nan")])
+
+
+def test_sign_flip_p_counts_every_assignment_like_brute_force() -> None:
+    gen = np.random.default_rng(4)
+    for n in (1, 2, 5, 8, 11):
+        for shift in (0.0, 0.4, 1.5):
+            d = list(gen.normal(shift, 1.0, size=n))
+            assert sign_flip_p(d) == pytest.approx(_brute_sign_flip(d), abs=1e-15)
+    ties = [0.1, 0.1, 0.2, -0.1, 0.3, 0.2]  # many equal sums: each tie counts as extreme
+    assert sign_flip_p(ties) == pytest.approx(_brute_sign_flip(ties), abs=1e-15)
+
+
+def test_sign_flip_p_is_scipys_exact_paired_permutation_test() -> None:
+    """``scipy.stats.permutation_test`` with ``permutation_type='samples'`` swaps a and b
+    within each pair, i.e. flips the sign of each difference; with ``n_resamples=inf`` it
+    lists all 2^n."""
+    gen = np.random.default_rng(7)
+    for n in (2, 4, 7, 12):
+        a, b = gen.normal(0.5, 0.2, size=n), gen.normal(0.45, 0.2, size=n)
+        ref = scipy_stats.permutation_test(
+            (a, b),
+            lambda x, y, axis: np.mean(x - y, axis=axis),
+            permutation_type="samples",
+            n_resamples=np.inf,
+            vectorized=True,
+        )
+        assert sign_flip_p(list(a - b)) == pytest.approx(ref.pvalue, rel=1e-12)
+
+
+def test_sign_flip_p_above_the_exact_limit_draws_assignments() -> None:
+    """Above ``exact_max`` pairs the p is a Monte Carlo estimate; checked at a size still
+    counted exactly: it lands within 4 standard errors of the exact p and is never 0."""
+    d = list(np.random.default_rng(3).normal(0.3, 1.0, size=20))
+    exact = sign_flip_p(d)
+    drawn = sign_flip_p(d, exact_max=10)
+    se = math.sqrt(exact * (1 - exact) / SIGN_FLIP_DRAWS)
+    assert abs(drawn - exact) < 4 * se + 1 / SIGN_FLIP_DRAWS
+    assert sign_flip_p([1.0] * 45) == 1 / (1 + SIGN_FLIP_DRAWS)  # no draw hits 2 / 2^45
