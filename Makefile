@@ -40,6 +40,12 @@ $(VERL_STAMP): pyproject.toml requirements/verl.txt requirements/verl-constraint
 	$(VERL_PY) -m pip install -q --no-deps -e .
 	touch $(VERL_STAMP)
 
+# The wheels the bare GPU image lacks for the native and TRL backends, at most 60 MiB, into
+# .wheelhouse (scripts/wheelhouse.sh; docs/backends.md, "The bare GPU image").
+.PHONY: wheelhouse
+wheelhouse:
+	PYTHON=$(PYTHON) bash scripts/wheelhouse.sh .wheelhouse
+
 # Headless Chromium for the credit-view browser test (Debian's package, about 30 s): only
 # where apt-get runs as root; elsewhere the test skips, saying why.
 browser:
