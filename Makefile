@@ -17,7 +17,7 @@ VERL_VENV ?= .venv-verl
 VERL_PY := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.installed
 
-.PHONY: install browser demo test lint typecheck pytest verl pytest-verl clean
+.PHONY: install browser demo test lint typecheck pipcheck pytest verl pytest-verl clean
 
 install: $(STAMP)
 
@@ -79,7 +79,13 @@ pytest: $(STAMP)
 pytest-verl: $(VERL_STAMP)
 	OMP_NUM_THREADS=1 $(VERL_VENV)/bin/pytest -q tests/backends/verl tests/backends/test_contract.py
 
-test: lint typecheck pytest pytest-verl
+# pip check in both environments, allowing only the requirements scripts/pip_check.py names
+# as left out on purpose (docs/environment.md).
+pipcheck: $(STAMP) $(VERL_STAMP)
+	$(PY) scripts/pip_check.py
+	$(VERL_PY) scripts/pip_check.py
+
+test: lint typecheck pipcheck pytest pytest-verl
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) .cache .pytest_cache .mypy_cache .ruff_cache

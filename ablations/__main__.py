@@ -34,7 +34,7 @@ from credit_core.cli import add_debug_argument, run_cli
 from credit_core.preemption import PREEMPTED_EXIT
 
 if TYPE_CHECKING:
-    from ablations.config import AblateConfig
+    from ablations.ablation_config import AblateConfig
 
 PROG = "credit-ablate"
 
