@@ -12,7 +12,8 @@ the direction model is the reward model TRL itself loaded (no ``direction``).
   diagnostics logged at steps 1 and 2, the gradient taken in TRL's own reward pass;
 - ``credit: datc_mid`` with ``dtype: bfloat16`` (TRL then loads the reward model in bf16, as
   DeepSpeed's bf16 configs cast it) reaches step 2: the path gradient feeds a bf16 reward
-  model in its own dtype (issue 44, finding 2; before, its first matmul failed on dtype).
+  model in its own dtype (issue 44, finding 2; before, its first matmul failed on dtype);
+- ``credit: datc_ig`` with a float32 run and ``direction.dtype: bfloat16`` reaches step 2.
 """
 
 from __future__ import annotations
@@ -90,25 +91,13 @@ def run_trl_grpo_script(
     return trainer, state["log_history"]
 
 
-@pytest.mark.parametrize(
-    ("credit", "dtype"),
-    [("datc", "float32"), ("datc_mid", "bfloat16")],
-    ids=["datc", "datc_mid_bf16"],
-)
-def test_trls_grpo_script_trains_with_credit_to_step_2(
-    saved: dict[str, Path],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    credit: str,
-    dtype: str,
-) -> None:
-    config = {
+def script_config(saved: dict[str, Path], out: Path, **settings: Any) -> dict[str, Any]:
+    """The YAML of a two-step CPU run of the saved models, plus ``settings``."""
+    return {
         "model_name_or_path": str(saved["policy"]),
         "reward_model_name_or_path": str(saved["rm"]),
         "dataset_name": str(saved["data"]),
-        "dtype": dtype,
-        "credit": credit,
-        "output_dir": str(tmp_path / "out"),
+        "output_dir": str(out),
         "use_cpu": True,
         "bf16": False,
         "seed": 0,
@@ -122,7 +111,28 @@ def test_trls_grpo_script_trains_with_credit_to_step_2(
         "save_steps": 2,
         "report_to": "none",
         "disable_tqdm": True,
+        **settings,
     }
+
+
+def credit_steps(history: list[dict[str, Any]]) -> list[int]:
+    """The steps whose logged metrics carry the credit's diagnostics."""
+    return [entry["step"] for entry in history if "credit/weight_max" in entry]
+
+
+@pytest.mark.parametrize(
+    ("credit", "dtype"),
+    [("datc", "float32"), ("datc_mid", "bfloat16")],
+    ids=["datc", "datc_mid_bf16"],
+)
+def test_trls_grpo_script_trains_with_credit_to_step_2(
+    saved: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    credit: str,
+    dtype: str,
+) -> None:
+    config = script_config(saved, tmp_path / "out", dtype=dtype, credit=credit)
     trainer, history = run_trl_grpo_script(config, tmp_path, monkeypatch)
     # the direction model reads the reward model TRL loaded itself, in the script's dtype
     # (datc shares TRL's reward pass: TRL's reward function is then its GradientRewardModel)
@@ -134,6 +144,20 @@ def test_trls_grpo_script_trains_with_credit_to_step_2(
     assert trainer.direction.model is loaded
     assert trainer.direction.model.dtype == getattr(torch, dtype)
     assert trainer.alphas == ([0.5] if credit == "datc_mid" else [])
-    steps = [entry for entry in history if "credit/weight_max" in entry]
-    assert [entry["step"] for entry in steps] == [1, 2]
+    assert credit_steps(history) == [1, 2]
     assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_a_bf16_direction_model_of_its_own_takes_the_path_gradient(
+    saved: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float32 run whose ``direction`` is the reward model loaded in bf16
+    (``direction.dtype: bfloat16``) with ``datc_ig`` (2 points) reaches step 2."""
+    direction = {"kind": "seq_classification", "path": str(saved["rm"]), "dtype": "bfloat16"}
+    credit = {"name": "datc_ig", "points": 2}
+    config = script_config(saved, tmp_path / "out", credit=credit, direction=direction)
+    trainer, history = run_trl_grpo_script(config, tmp_path, monkeypatch)
+    assert isinstance(trainer.direction, SeqClassificationRM)
+    assert trainer.direction.model.dtype == torch.bfloat16
+    assert trainer.alphas == [0.25, 0.75]
+    assert credit_steps(history) == [1, 2]
