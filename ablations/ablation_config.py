@@ -28,7 +28,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ablations.credit_probes import ProbeConfig
 from ablations.settings import SETTINGS, SettingKind, seeded
-from ablations.summary import MIN_PAIRS
+from ablations.summary import MIN_PAIRS, PrimaryFamily
 from adapters.tiny import Family
 from backends.common.errors import ConfigError, FieldError, format_config_errors
 from backends.torch.config import (
@@ -106,6 +106,37 @@ class SettingConfig(Section):
     )
 
 
+class PrimaryFamilyConfig(Section):
+    """A report's pre-registered primary family (docs/design.md, "Evaluation"), named before
+    the runs: its contrasts are judged by the exact paired sign-flip test, Holm-corrected over
+    the family; every other contrast of the report is secondary (no verdict)."""
+
+    against_baseline: list[str] = Field(
+        default_factory=list,
+        description="labels each judged against GRPO's row (the baseline, or the best of "
+        "baseline_best_of) in every setting where they ran",
+    )
+    pairs: list[tuple[str, str]] = Field(
+        default_factory=list,
+        description="[contender, against] labels judged in every setting where both ran, "
+        "e.g. [datc_mid, p2t_matched]",
+    )
+    baseline_best_of: list[str] = Field(
+        default_factory=list,
+        description="GRPO at several learning rates: GRPO's row is, per setting, the one of "
+        "these labels with the highest mean primary metric over all its (family, seed) pairs; "
+        "empty: the config's baseline",
+    )
+
+    def spec(self) -> PrimaryFamily:
+        """The family as the report's ``SummarySpec`` holds it."""
+        return PrimaryFamily(
+            tuple(self.against_baseline),
+            tuple((a, b) for a, b in self.pairs),
+            tuple(self.baseline_best_of),
+        )
+
+
 class ReportConfig(Section):
     """How runs are summarized."""
 
@@ -134,6 +165,12 @@ class ReportConfig(Section):
         description="strongest_baselines.json of a reference report (e.g. docs/results/full/"
         "strongest_baselines.json): the report names the reference's strongest baseline of a "
         "setting where it did not run here",
+    )
+    primary_family: PrimaryFamilyConfig | None = Field(
+        default=None,
+        description="the pre-registered primary family (its verdicts: exact sign-flip test, "
+        "Holm over the family; the rest is secondary); null: every contrast is decided by the "
+        "paired t-test, Holm-corrected per setting",
     )
 
 
@@ -265,6 +302,8 @@ class AblateConfig(Section):
             label = getattr(self, role)
             if label is not None and label not in labels:
                 raise ValueError(f"{role}: {label!r} is not one of the strategies {labels}")
+        if self.report.primary_family is not None:
+            self._check_primary_family(self.report.primary_family)
         for name, spec in self.settings.items():
             recorded = self.setting_kind(name).metrics()
             if spec.primary is not None and spec.primary not in recorded:
@@ -287,6 +326,65 @@ class AblateConfig(Section):
         if len(set(self.seeds)) != len(self.seeds) or len(set(self.families)) != len(self.families):
             raise ValueError("seeds and families must not repeat")
         return self
+
+    def _check_primary_family(self, family: PrimaryFamilyConfig) -> None:
+        """Every label of the primary family a strategy's, GRPO's candidates run in every
+        setting, each contrast declared once and able to run somewhere; else a
+        ``FieldError`` naming the key."""
+        where = "report.primary_family"
+        labels = [s.label for s in self.strategies]
+
+        def known(key: str, named: Sequence[str]) -> None:
+            unknown = sorted(set(named) - set(labels))
+            if unknown:
+                raise FieldError(
+                    f"{where}.{key}", f"{unknown} are not labels of the strategies {labels}"
+                )
+
+        if not family.against_baseline and not family.pairs:
+            raise FieldError(where, "declare at least one contrast (against_baseline or pairs)")
+        known("against_baseline", family.against_baseline)
+        known("baseline_best_of", family.baseline_best_of)
+        grpo = family.baseline_best_of or [self.baseline]
+        if family.baseline_best_of:
+            if len(set(grpo)) < 2 or len(set(grpo)) != len(grpo):
+                raise FieldError(
+                    f"{where}.baseline_best_of",
+                    f"expected two or more distinct labels to pick GRPO's row from, got {grpo}",
+                )
+            partial = [x for x in grpo if self.strategy(x).settings is not None]
+            if partial:
+                raise FieldError(
+                    f"{where}.baseline_best_of",
+                    f"{partial} run only in some settings; GRPO's candidates run in every "
+                    "setting (remove their 'settings')",
+                )
+        repeated = sorted(
+            {x for x in family.against_baseline if family.against_baseline.count(x) > 1}
+        )
+        if repeated:
+            raise FieldError(f"{where}.against_baseline", f"{repeated} are named twice")
+        own = sorted(set(family.against_baseline) & set(grpo))
+        if own:
+            raise FieldError(
+                f"{where}.against_baseline",
+                f"{own} are GRPO's row ({grpo}) and cannot be judged against it",
+            )
+        seen: set[frozenset[str]] = set()
+        for i, (contender, against) in enumerate(family.pairs):
+            key = f"pairs.{i}"
+            known(key, [contender, against])
+            if contender == against or frozenset((contender, against)) in seen:
+                raise FieldError(
+                    f"{where}.{key}",
+                    f"[{contender}, {against}]: expected two different labels, each pair once",
+                )
+            seen.add(frozenset((contender, against)))
+            a, b = self.strategy(contender), self.strategy(against)
+            if not any(a.runs_in(n) and b.runs_in(n) for n in self.settings):
+                raise FieldError(
+                    f"{where}.{key}", f"[{contender}, {against}]: no setting runs both"
+                )
 
     def setting_kind(self, name: str) -> SettingKind:
         """The built-in setting that setting ``name`` is one of (its ``kind``, or its name)."""

@@ -8,6 +8,10 @@ at least ``min_pairs`` pairs are decided by their paired t-tests, Holm-corrected
 family at level 1 - confidence (``stats.decide``; docs/design.md, "Evaluation"). The
 entropy line (``entropy_top`` minus ``random_top``) is not a member: it only ever claims
 "no difference", which an unadjusted interval claims less often than an adjusted one.
+
+Where the config declares a primary family (``SummarySpec.primary_family``), the verdicts
+are that family's (``ablations.primary``) and none of these contrasts is decided: they are
+secondary, given with their unadjusted intervals only.
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ def judge(
     verdicts: Sequence[Verdict], compared: Sequence[SettingHeadToHead], spec: SummarySpec
 ) -> tuple[list[Verdict], list[SettingHeadToHead]]:
     """``verdicts`` and ``compared`` with every decision taken per setting over the
-    setting's whole family (module docstring); the intervals are unchanged."""
+    setting's whole family (module docstring); the intervals are unchanged. With a primary
+    family both come back as given: undecided (secondary)."""
+    if spec.primary_family is not None:
+        return list(verdicts), list(compared)
     by_setting = {c.setting: c for c in compared}
     alpha = 1.0 - spec.confidence
     out_verdicts: list[Verdict] = []

@@ -17,9 +17,10 @@ beside every report as ``STRONGEST_FILE``), names the reference's strongest base
 it did not run here.
 
 Verdicts (``sign``) come from ``contrasts.judge``: Holm-corrected over every contrast of
-the setting; ``head_to_head`` alone leaves them None. Where both ran, ``entropy_top`` minus
-``random_top`` (its random control) is given with its unadjusted interval
-(``entropy_vs_random``).
+the setting; ``head_to_head`` alone leaves them None, and so does a report with a primary
+family, where this whole section is secondary (unadjusted intervals, no verdict). Where
+both ran, ``entropy_top`` minus ``random_top`` (its random control) is given with its
+unadjusted interval (``entropy_vs_random``).
 """
 
 from __future__ import annotations
@@ -242,7 +243,9 @@ def paired_over(
     )
 
 
-def _cell(c: HeadToHead) -> str:
+def _cell(c: HeadToHead, secondary: bool) -> str:
+    if secondary:
+        return fmt_interval(c.diff, signed=True)
     mark = {1: " **+**", -1: " **−**", 0: " ·", None: " (too few pairs)"}[c.sign]
     return f"{fmt_interval(c.diff, signed=True)}{mark}"
 
@@ -258,13 +261,21 @@ def _pairs_text(pairs: Sequence[Pair]) -> str:
     return ", ".join(f"{f} {'/'.join(map(str, seeds))}" for f, seeds in by_family.items())
 
 
-def best_line(setting: SettingHeadToHead, b: BestBaseline, min_pairs: int) -> str:
+def best_line(
+    setting: SettingHeadToHead, b: BestBaseline, min_pairs: int, secondary: bool = False
+) -> str:
     """The headline of ``b.contender`` against the setting's best baseline: a verdict on the
-    judging half, or, with fewer than ``min_pairs`` judging pairs, the selection effect."""
+    judging half (``secondary``: its unadjusted interval, no verdict), or, with fewer than
+    ``min_pairs`` judging pairs, the selection effect."""
     best = f"`{setting.best}`"
     picked = f"picked on seeds {_pairs_text(setting.picking)}" + (
         f", judged on seeds {_pairs_text(setting.judging)}" if setting.judging else ""
     )
+    if secondary and b.judged.n >= min_pairs:
+        return (
+            f"- `{b.contender}` minus the best baseline {best} ({picked}): {_iv(b.judged)} on "
+            "the judging seeds (secondary: unadjusted interval, no verdict)"
+        )
     if b.sign is not None:
         verdict = {1: "beats", -1: "is worse than", 0: "ties with"}[b.sign]
         return (
@@ -307,20 +318,32 @@ def head_to_head_markdown(
     min_pairs: int,
     reference: Mapping[str, str] | None = None,
     reference_name: str = "",
+    secondary: bool = False,
 ) -> str:
     """The report section: per setting, the baselines that ran, a line naming the
     ``reference`` report's strongest baseline (setting -> label, from ``reference_name``)
     where it did not run here, one line per contender on the best baseline (``best_line``),
     the entropy line (``entropy_line``), then a table of the contenders' paired differences
-    to every baseline (all families, then each family)."""
+    to every baseline (all families, then each family). ``secondary`` (a report with a
+    primary family): titled and worded as secondary, intervals only, no verdicts."""
+    if secondary:
+        how = (
+            "**Secondary** (not in the primary family): no verdict is drawn here. Paired "
+            "difference of the held-out primary metric (contender minus baseline, mean [95% "
+            "interval, unadjusted] over the (family, seed) pairs both ran)."
+        )
+    else:
+        how = (
+            "Paired difference of the held-out primary metric (contender minus baseline, mean "
+            "[95% interval, unadjusted] over the (family, seed) pairs both ran; **+** the "
+            "contender is better, **−** worse, · not distinguishable, by the paired t-test "
+            "Holm-corrected over every contrast of the setting (the verdicts above included); "
+            f"no verdict below {min_pairs} pairs)."
+        )
     lines = [
-        "## Against the published baselines",
+        "## Against the published baselines" + (" (secondary)" if secondary else ""),
         "",
-        "Paired difference of the held-out primary metric (contender minus baseline, mean "
-        "[95% interval, unadjusted] over the (family, seed) pairs both ran; **+** the "
-        "contender is better, **−** worse, · not distinguishable, by the paired t-test "
-        "Holm-corrected over every contrast of the setting (the verdicts above included); no "
-        f"verdict below {min_pairs} pairs). The best baseline of a setting is picked on the "
+        how + " The best baseline of a setting is picked on the "
         "first half of the seeds (in each family, the first half of its seeds in increasing "
         "order) as the one with the highest mean held-out metric there among the baselines "
         "that ran in this report, and judged on the second half only.",
@@ -338,11 +361,12 @@ def head_to_head_markdown(
                 f"this setting, `{strongest}`, did not run here**: the best baseline below is "
                 "only the best of those that ran."
             )
-        lines.append(
-            f"Verdicts Holm-corrected over {contrasts(setting.contrasts)} in this setting."
-        )
+        if not secondary:
+            lines.append(
+                f"Verdicts Holm-corrected over {contrasts(setting.contrasts)} in this setting."
+            )
         lines.append("")
-        lines += [best_line(setting, b, min_pairs) for b in setting.against_best]
+        lines += [best_line(setting, b, min_pairs, secondary) for b in setting.against_best]
         entropy = entropy_line(setting, min_pairs)
         if entropy is not None:
             lines.append(entropy)
@@ -354,7 +378,7 @@ def head_to_head_markdown(
         keys = list(dict.fromkeys((c.contender, c.family) for c in setting.rows))
         for contender, family in keys:
             cells = {
-                c.baseline: _cell(c)
+                c.baseline: _cell(c, secondary)
                 for c in setting.rows
                 if c.contender == contender and c.family == family
             }

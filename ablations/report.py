@@ -163,12 +163,45 @@ def render_report(
     setting_info: Mapping[str, Mapping[str, Any]],
     preamble: Sequence[str] = (),
     sections: Sequence[str] = (),
+    primary: str | None = None,
     relative_to: Path,
 ) -> str:
     """The whole report.md text. ``figures`` maps a setting to its PNGs; ``setting_info``
     to facts about its models (pretraining loss, reward-model fit, ...); ``sections``:
-    Markdown sections placed after the verdicts."""
+    Markdown sections placed after the verdicts; ``primary``: the primary-family section
+    (``primary.primary_markdown``), given where the config declares one: it comes first and
+    the method's lines follow it as secondary."""
     pct = f"{round(spec.confidence * 100)}%"
+    if primary is None:
+        verdict_section = [
+            "## Verdicts",
+            "",
+            f"The method (`{spec.method}`) against the baseline (`{spec.baseline}`, plain GRPO) "
+            "on each setting's primary held-out metric (named in the config before the runs, "
+            "`settings.<name>.primary`; each line names it), paired over all (family, seed) "
+            "pairs. A verdict is the paired t-test of the differences at "
+            f"{round((1 - spec.confidence) * 100)}%, Holm-corrected over every contrast the "
+            "report draws a verdict from in that setting (this one, the control, and the "
+            "contrasts against the published baselines; each line gives the count); the "
+            f"{pct} intervals are unadjusted.",
+            "",
+            *(f"- {v.text}" for v in verdicts),
+            "",
+            _tally(verdicts, spec),
+        ]
+    else:
+        verdict_section = [
+            primary,
+            "",
+            "## The method against the baseline (secondary)",
+            "",
+            f"The method (`{spec.method}`) against the configured baseline (`{spec.baseline}`)"
+            + (f" and its control (`{spec.control}`)" if spec.control else "")
+            + ", paired over all (family, seed) pairs: **secondary**, unadjusted "
+            f"{pct} intervals, no verdict (the verdicts are the primary family's above).",
+            "",
+            *(f"- {v.text}" for v in verdicts),
+        ]
     out = [
         f"# Ablation report: {title}",
         "",
@@ -206,20 +239,7 @@ def render_report(
         "credit correlation of those strategies on each run's own probe batches: credits "
         "judged at the same policy and samples.",
         "",
-        "## Verdicts",
-        "",
-        f"The method (`{spec.method}`) against the baseline (`{spec.baseline}`, plain GRPO) on "
-        "each setting's primary held-out metric (named in the config before the runs, "
-        "`settings.<name>.primary`; each line names it), paired over all (family, seed) "
-        "pairs. A verdict is the paired t-test of the differences at "
-        f"{round((1 - spec.confidence) * 100)}%, Holm-corrected over every contrast the "
-        "report draws a verdict from in that setting (this one, the control, and the "
-        "contrasts against the published baselines; each line gives the count); the "
-        f"{pct} intervals are unadjusted.",
-        "",
-        *(f"- {v.text}" for v in verdicts),
-        "",
-        _tally(verdicts, spec),
+        *verdict_section,
     ]
     for section in sections:
         out += ["", section]

@@ -43,6 +43,7 @@ from ablations.head_to_head import (
     strongest_baselines,
 )
 from ablations.pretrain import TOKENIZER_DIR
+from ablations.primary import primary_family, primary_markdown
 from ablations.provenance import code_version, provenance_markdown
 from ablations.report import render_report
 from ablations.results import (
@@ -545,6 +546,7 @@ def summary_spec(cfg: AblateConfig) -> SummarySpec:
         smooth=cfg.report.smooth,
         confidence=cfg.report.confidence,
         min_pairs=cfg.report.min_pairs,
+        primary_family=None if (f := cfg.report.primary_family) is None else f.spec(),
     )
 
 
@@ -729,7 +731,11 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
         reference = reference_baselines(cfg)
         (out / STRONGEST_FILE).write_text(json.dumps(strongest_baselines(compared), indent=1))
         section = head_to_head_markdown(
-            compared, spec.min_pairs, reference, f"`{cfg.report.reference}`"
+            compared,
+            spec.min_pairs,
+            reference,
+            f"`{cfg.report.reference}`",
+            secondary=spec.primary_family is not None,
         )
         rel = figure.relative_to(out).as_posix()
         sections.append(f"{section}\n\n![head_to_head]({rel})")
@@ -738,7 +744,13 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
     if sweeps:
         swept = [sweep_table(rows, spec, w) for w in sweeps]
         paths = [figs.plot_sweep(fig_dir / f"sweep_{t.sweep.kind}.png", t) for t in swept]
-        sections.append(sweep_markdown(swept, [p.relative_to(out).as_posix() for p in paths]))
+        sections.append(
+            sweep_markdown(
+                swept,
+                [p.relative_to(out).as_posix() for p in paths],
+                secondary=spec.primary_family is not None,
+            )
+        )
         by_setting.setdefault("", []).extend(paths)
     sections.append(provenance_markdown(rows, code_version()))
     report = render_report(
@@ -751,6 +763,9 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
         setting_info=_setting_info(found),
         preamble=preamble,
         sections=sections,
+        primary=None
+        if spec.primary_family is None
+        else primary_markdown(primary_family(rows, spec), spec),
         relative_to=out,
     )
     report_path = out / REPORT_FILE

@@ -26,7 +26,9 @@ A verdict (beats / worse / not distinguishable) is given only with at least ``mi
 is the paired t-test of the differences, Holm-corrected over the setting's contrasts
 (``stats.decide``): ``summarize`` decides the method-vs-baseline and method-vs-control
 contrasts together; ``contrasts.judge`` decides them again with every other contrast of the
-setting (the head-to-head ones) in the family.
+setting (the head-to-head ones) in the family. Where the config declares a primary family
+(``SummarySpec.primary_family``; ``ablations.primary``), the verdicts are that family's and
+every contrast here is secondary: its unadjusted interval only, no verdict.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ablations.results import RunKey
-from ablations.stats import Interval, decide, mean_interval, paired_difference
+from ablations.stats import Decision, Interval, decide, mean_interval, paired_difference
 
 #: The fewest (family, seed) pairs a verdict is given from: a two-pair interval has one
 #: degree of freedom, and the quick run's n = 2 "worse" on MiniLM was absent at n = 8.
@@ -59,7 +61,24 @@ class SettingSpec:
 
 
 @dataclass(frozen=True)
+class PrimaryFamily:
+    """A report's pre-registered primary family (docs/design.md, "Evaluation"): in every
+    setting where they ran, each label of ``against_baseline`` minus GRPO's row, and each
+    (contender, against) of ``pairs``, contender minus against. GRPO's row is, per setting,
+    the label of ``baseline_best_of`` with the highest mean primary metric over its runs
+    there (empty: ``SummarySpec.baseline``)."""
+
+    against_baseline: tuple[str, ...]
+    pairs: tuple[tuple[str, str], ...] = ()
+    baseline_best_of: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class SummarySpec:
+    """How a report summarizes its runs; ``primary_family`` None: every verdict is the
+    setting's Holm-corrected t-test (module docstring), else the family's and the rest is
+    secondary."""
+
     settings: Sequence[SettingSpec]
     strategies: Sequence[str]
     baseline: str
@@ -69,6 +88,7 @@ class SummarySpec:
     smooth: int = 5
     confidence: float = 0.95
     min_pairs: int = MIN_PAIRS
+    primary_family: PrimaryFamily | None = None
 
 
 @dataclass(frozen=True)
@@ -121,12 +141,16 @@ class Efficiency:
 
 @dataclass(frozen=True)
 class RunFigures:
+    """One run's figures (module docstring); ``curve``: (step, train ``reward_mean``) per
+    training step, ``held_curve``: (step, primary held-out metric) per evaluation."""
+
     final_train: float
     first_train: float
     primary: float
     held_sampled: float
     held_greedy: float
     curve: list[tuple[int, float]]
+    held_curve: list[tuple[int, float]]
     cost: Cost
     efficiency: Efficiency
     probes_start: dict[str, float]
@@ -268,6 +292,7 @@ def run_figures(rows: Sequence[dict[str, Any]], primary: str, final_window: int)
         held_sampled=last_value(rows, "eval_reward_sampled"),
         held_greedy=last_value(rows, "eval_reward_greedy"),
         curve=curve,
+        held_curve=held,
         cost=Cost(
             time_step=tmean("time_step"),
             time_rollout=tmean("time_rollout"),
@@ -447,7 +472,10 @@ def _verdict(
     vs_base = paired(method, base)
     vs_control = paired(method, control) if control else None
     diffs = [vs_base] if vs_control is None else [vs_base, vs_control]
-    decided = decide(diffs, spec.min_pairs, 1.0 - spec.confidence)
+    if spec.primary_family is None:
+        decided = decide(diffs, spec.min_pairs, 1.0 - spec.confidence)
+    else:  # secondary: the verdicts are the primary family's
+        decided = [Decision(None, _nan(), 0)] * len(diffs)
     common = set(method) & set(base)
     return Verdict(
         setting=s,
@@ -467,10 +495,13 @@ def _verdict(
 def verdict_text(v: Verdict) -> str:
     """The verdict line: the decision, the primary metric named, the means, the paired
     difference with its unadjusted interval, the Holm-adjusted p and the family size, and
-    the control."""
+    the control. With a primary family (``SummarySpec.primary_family``) the line is
+    secondary: the same numbers, unadjusted, and no decision."""
     s, spec, vs_base, vs_control = v.setting, v.spec, v.vs_baseline, v.vs_control
     pct = f"{round(spec.confidence * 100)}%"
-    if vs_base.n < 2:
+    if spec.primary_family is not None:
+        head = f"secondary, no verdict: {spec.method} vs {spec.baseline}"
+    elif vs_base.n < 2:
         head = f"{spec.method} vs {spec.baseline}: one pair only, no interval"
     elif v.sign is None:
         head = (
@@ -499,13 +530,15 @@ def verdict_text(v: Verdict) -> str:
             f"(Holm-corrected over {contrasts(v.contrasts)} in this setting)"
         )
     if vs_control is not None and vs_control.n > 0:
-        word = (
-            {1: "above", -1: "below", 0: "not distinguishable from"}[v.control_sign]
-            if v.control_sign is not None
-            else "too few pairs to tell against"
-        )
+        if spec.primary_family is not None:
+            word = f"{pct} CI {fmt(vs_control.low, signed=True)} to "
+            word += f"{fmt(vs_control.high, signed=True)}, unadjusted; secondary"
+        elif v.control_sign is not None:
+            word = {1: "above", -1: "below", 0: "not distinguishable from"}[v.control_sign] + " it"
+        else:
+            word = "too few pairs to tell against it"
         text += (
-            f"; against the {spec.control} control {fmt(vs_control.mean, signed=True)} ({word} it)"
+            f"; against the {spec.control} control {fmt(vs_control.mean, signed=True)} ({word})"
             if vs_control.n >= 2
             else f"; against the {spec.control} control {fmt(vs_control.mean, signed=True)} (n=1)"
         )

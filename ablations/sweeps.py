@@ -7,7 +7,8 @@ they are judged on the same primary metric, they form a ``Sweep``: the report th
 strategy's paired difference to the baseline side by side against that parameter, in one
 table and one figure (``figures.plot_sweep``). The numbers are the settings' own: paired over
 every (family, seed) pair both ran (``head_to_head.paired_over``), unadjusted 95% intervals;
-the verdicts stay the settings' (Holm-corrected within each setting), none is drawn here.
+the verdicts stay the settings' (Holm-corrected within each setting) or, where the config
+declares one, the primary family's; none is drawn here.
 """
 
 from __future__ import annotations
@@ -112,17 +113,24 @@ def _value(x: float) -> str:
     return str(int(x)) if x.is_integer() else f"{x:g}"
 
 
-def sweep_markdown(tables: Sequence[SweepTable], figures: Sequence[str]) -> str:
+def sweep_markdown(
+    tables: Sequence[SweepTable], figures: Sequence[str], secondary: bool = False
+) -> str:
     """The report's "Sweeps" section: one table per sweep (a row per strategy, a column per
     value of the parameter) followed by its figure (``figures[i]``, a path relative to the
-    report)."""
+    report); ``secondary``: the report has a primary family, which holds the verdicts."""
+    verdicts = (
+        "**Secondary**: the verdicts are the primary family's (above)"
+        if secondary
+        else "The verdicts are the settings' own (above)"
+    )
     parts = [
         "## Sweeps",
         "",
         "Settings that are one built-in setting at several values of one parameter, side by "
         "side: each strategy's paired difference to the baseline on the primary held-out "
-        "metric, mean [95% interval, unadjusted] over every (family, seed) pair both ran. "
-        "The verdicts are the settings' own (above); none is drawn here.",
+        f"metric, mean [95% interval, unadjusted] over every (family, seed) pair both ran. "
+        f"{verdicts}; none is drawn here.",
     ]
     for table, figure in zip(tables, figures, strict=True):
         s = table.sweep

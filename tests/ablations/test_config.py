@@ -342,3 +342,96 @@ def test_model_seeds_set_the_pretraining_and_reward_model_seeds_of_a_run(tmp_pat
     # the fingerprint of a seeded run changes only where its models do
     assert run_fingerprint(on, runs[0]) == run_fingerprint(off, runs[0])
     assert run_fingerprint(on, runs[1]) != run_fingerprint(off, runs[1])
+
+
+#: A config with GRPO at two learning rates and a matched-allocation row.
+FAMILY_BASE: dict[str, object] = {
+    **BASE,
+    "strategies": [
+        "uniform",
+        {"label": "uniform_lr1e-3", "name": "uniform", "train": {"optim": {"lr": 1e-3}}},
+        "datc",
+        "p2t",
+        {"label": "mid", "name": "datc_mid", "settings": ["target_tokens"]},
+    ],
+}
+
+
+def test_a_primary_family_is_declared_in_the_report_section(tmp_path: Path) -> None:
+    from ablations.runner import summary_spec
+    from ablations.summary import PrimaryFamily
+
+    family = {
+        "against_baseline": ["datc", "p2t"],
+        "pairs": [["mid", "p2t"]],
+        "baseline_best_of": ["uniform", "uniform_lr1e-3"],
+    }
+    cfg = load_ablate_config(
+        _write(tmp_path, {**FAMILY_BASE, "report": {"primary_family": family}})
+    )
+    assert summary_spec(cfg).primary_family == PrimaryFamily(
+        ("datc", "p2t"), (("mid", "p2t"),), ("uniform", "uniform_lr1e-3")
+    )
+    assert AblateConfig.model_validate(cfg.to_yaml_dict()) == cfg
+    # none declared: every verdict is the setting's Holm-corrected t-test, as before
+    assert summary_spec(load_ablate_config(_write(tmp_path, FAMILY_BASE))).primary_family is None
+
+
+@pytest.mark.parametrize(
+    ("family", "message"),
+    [
+        ({}, r"report\.primary_family: declare at least one contrast"),
+        (
+            {"against_baseline": ["datc", "dtac"]},
+            r"report\.primary_family\.against_baseline: \['dtac'\] are not labels",
+        ),
+        (
+            {"pairs": [["mid", "p2t_matched"]]},
+            r"report\.primary_family\.pairs\.0: \['p2t_matched'\]",
+        ),
+        (
+            {"pairs": [["datc", "p2t"], ["p2t", "datc"]]},
+            r"primary_family\.pairs\.1: .*each pair once",
+        ),
+        ({"pairs": [["datc", "datc"]]}, r"primary_family\.pairs\.0: .*two different labels"),
+        ({"pairs": [["datc"]]}, r"primary_family\.pairs\.0"),
+        ({"against_baseline": ["datc", "datc"]}, r"against_baseline: \['datc'\] are named twice"),
+        ({"against_baseline": ["uniform"]}, r"against_baseline: \['uniform'\] are GRPO's row"),
+        (
+            {"against_baseline": ["datc"], "baseline_best_of": ["uniform"]},
+            r"baseline_best_of: expected two or more distinct labels",
+        ),
+        (
+            {"against_baseline": ["datc"], "baseline_best_of": ["uniform", "mid"]},
+            r"baseline_best_of: \['mid'\] run only in some settings",
+        ),
+        (
+            {"against_baseline": ["datc"], "baseline_best_of": ["uniform", "uniform_lr3"]},
+            r"baseline_best_of: \['uniform_lr3'\] are not labels",
+        ),
+        ({"against_baseline": ["datc"], "surprise": 1}, r"primary_family\.surprise"),
+    ],
+)
+def test_a_bad_primary_family_is_refused_at_load_naming_the_field(
+    tmp_path: Path, family: dict[str, object], message: str
+) -> None:
+    """Before any run: an unknown label, a pair declared twice or of one label, a GRPO
+    candidate that does not run everywhere, a contender that is GRPO's row."""
+    with pytest.raises(ConfigError, match=message):
+        load_ablate_config(_write(tmp_path, {**FAMILY_BASE, "report": {"primary_family": family}}))
+
+
+def test_a_pair_that_no_setting_runs_both_of_is_refused(tmp_path: Path) -> None:
+    data = {
+        **FAMILY_BASE,
+        "settings": ["target_tokens", "minilm_bridge"],
+        "strategies": [
+            "uniform",
+            "datc",
+            {"label": "mid", "name": "datc_mid", "settings": ["target_tokens"]},
+            {"label": "p2t_b", "name": "p2t", "settings": ["minilm_bridge"]},
+        ],
+        "report": {"primary_family": {"pairs": [["mid", "p2t_b"]]}},
+    }
+    with pytest.raises(ConfigError, match=r"pairs\.0: \[mid, p2t_b\]: no setting runs both"):
+        load_ablate_config(_write(tmp_path, data))
