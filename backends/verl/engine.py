@@ -169,7 +169,12 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
         request = tu.get_non_tensor_data(data=micro_batch, key=WORK_REQUEST_KEY, default=None)
         if request is not None:
             offsets = micro_batch["input_ids"].offsets()
-            for signal, values in self.credit_signals(output, micro_batch, str(request)).items():
+            # verl calls this inside its forward's autocast (bf16 under its default mixed
+            # precision): the signals are computed in float32 outside it
+            device = micro_batch["input_ids"].device.type
+            with torch.autocast(device_type=device, enabled=False):
+                signals = self.credit_signals(output, micro_batch, str(request))
+            for signal, values in signals.items():
                 field = SIGNAL_FIELDS[signal]
                 model_output[field] = torch.nested.nested_tensor_from_jagged(values, offsets)
         return model_output
@@ -199,7 +204,9 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
         """Each signal of the request's ``signals`` (within ``ENGINE_SIGNALS``) as (N,)
         float32 at the micro-batch's N packed positions: at the position that predicts
         response token t, the signal's value at t; 0 elsewhere. ``CreditError`` for a signal
-        the engine does not compute."""
+        the engine does not compute. Called with autocast disabled (``prepare_model_outputs``):
+        the direction model's passes, the attribution and the reductions over the logits run
+        in their own dtypes (float32 accumulation), whatever verl's mixed precision."""
         asked = json.loads(request)
         signals = list(asked["signals"])
         unknown = sorted(set(signals) - ENGINE_SIGNALS)
@@ -228,14 +235,13 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
         if scored:
             vocab = int(self.model_config.hf_config.vocab_size)
             direction = self.direction_model(asked["direction"], vocab, values.device)
-            with torch.autocast(device_type=values.device.type, enabled=False):
-                out = score_rollout(
-                    direction,
-                    *rollout,
-                    with_grad=False,
-                    with_attention="reward_attention" in found,
-                    with_prefix_rewards="prefix_rewards" in found,
-                )
+            out = score_rollout(
+                direction,
+                *rollout,
+                with_grad=False,
+                with_attention="reward_attention" in found,
+                with_prefix_rewards="prefix_rewards" in found,
+            )
             if out.attention is not None:
                 per_row["reward_attention"] = out.attention
             if out.prefix_rewards is not None:
@@ -284,7 +290,7 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
             vocab = int(self.model_config.hf_config.vocab_size)
             direction = self.direction_model(asked["direction"], vocab, device)
             null = attribution_null(direction, asked)  # refused before the reward pass
-            with torch.autocast(device_type=device.type, enabled=False), torch.enable_grad():
+            with torch.enable_grad():
                 g = self.reward_grad(direction, rollout, [], 0).detach()
         if "reward_attribution" in signals:
             null = attribution_null(direction, asked)
@@ -332,7 +338,7 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
                     if r:
                         ids = response_ids[i, :r].unsqueeze(0).to(device)
                         stats[i] = policy_stats_from_logits(span.unsqueeze(0), ids, E, **kw)
-        with torch.autocast(device_type=device.type, enabled=False), torch.enable_grad():
+        with torch.enable_grad():
             g = self.reward_grad(direction, rollout, stats, points).detach()
         with torch.no_grad():
             for i, (span, r) in enumerate(zip(spans, lengths, strict=True)):

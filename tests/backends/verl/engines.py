@@ -21,16 +21,20 @@ TEMPERATURE = 0.7
 MICRO_BATCH = 2
 
 
-def build_engine(cls: type, policy: Path, packed: bool) -> Any:
+def build_engine(cls: type, policy: Path, packed: bool, param_dtype: str = "fp32") -> Any:
     """verl's FSDP2 engine class ``cls`` on ``policy``, fp32 throughout (verl's default
-    computes in bf16), with SDPA attention (transformers' SDPA keeps packed sequences apart
-    by their position ids: flash-attention has no CPU kernel); ``packed``: verl's
-    ``use_remove_padding`` layout (its default), else the padded one."""
+    computes in bf16; ``param_dtype="bf16"``: verl's default mixed precision, bf16 compute
+    under verl's bf16 autocast, fp32 master weights), with SDPA attention (transformers'
+    SDPA keeps packed sequences apart by their position ids: flash-attention has no CPU
+    kernel); ``packed``: verl's ``use_remove_padding`` layout (its default), else the
+    padded one."""
     model = HFModelConfig(
         path=str(policy), use_remove_padding=packed, override_config={"attn_implementation": "sdpa"}
     )
-    fp32 = {"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
-    engine_config = FSDPEngineConfig(strategy="fsdp2", model_dtype="fp32", mixed_precision=fp32)
+    precision = {"param_dtype": param_dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    engine_config = FSDPEngineConfig(
+        strategy="fsdp2", model_dtype="fp32", mixed_precision=precision
+    )
     engine_config.use_remove_padding = packed
     engine_config.infer_micro_batch_size_per_gpu = MICRO_BATCH
     engine_config.micro_batch_size_per_gpu = MICRO_BATCH

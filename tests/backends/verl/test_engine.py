@@ -247,6 +247,34 @@ def test_attribution_equals_the_direction_models_own(
     assert not torch.allclose(got[mask], other[mask], rtol=1e-4, atol=1e-4 * scale)
 
 
+@pytest.fixture(scope="module")
+def bf16_engine(models: tuple[Path, Path], process_group: None) -> Any:
+    """The credit engine under verl's default mixed precision: bf16 parameters in the
+    forward, under verl's bf16 autocast, which covers ``prepare_model_outputs``."""
+    return build_engine(CreditFSDPEngine, models[0], packed=True, param_dtype="bf16")
+
+
+@pytest.mark.parametrize("null", ["pad", "zero"])
+def test_attribution_under_verls_bf16_autocast_is_computed_in_float32(
+    models: tuple[Path, Path], bf16_engine: Any, null: str
+) -> None:
+    """P2T's r_t reads token ids and the float32 direction model's gradient only, so verl's
+    bf16 mixed precision leaves it the float32 value of ``DirectionModel.attribution``, to
+    the tolerance of the float32 engine (issue 44, finding 5: computed under verl's bf16
+    autocast, its products were rounded to bf16, a relative error near 1e-2)."""
+    policy, rm = models
+    batch = old_log_prob_batch(bf16_engine, attribution_request(rm, null))
+    output, _ = infer(bf16_engine, batch)
+    field = SIGNAL_FIELDS["reward_attribution"]
+    got = response_from_nested(output[field], batch["response_mask"]).to_padded_tensor(0.0)
+    expected = direct_attribution(policy, rm, batch, null)
+    mask = batch["response_mask"].to_padded_tensor(0).bool()
+    scale = float(expected[mask].abs().max())
+    assert got.dtype == torch.float32 and scale > 0
+    torch.testing.assert_close(got[mask], expected[mask], rtol=1e-4, atol=1e-4 * scale)
+    assert torch.equal(got[~mask], torch.zeros_like(got[~mask]))
+
+
 def reward_model_passes(engine: Any, request: str) -> tuple[int, int]:
     """The direction model's forwards and backwards (input-gradient passes) while the
     engine serves ``request`` (built first, so the hooks see its module)."""
