@@ -16,11 +16,14 @@
 #                  start-up, naming that key, before any worker starts (seconds)
 #
 # Each check prints one "PASS name" or "FAIL name" line; the exit status is the number of
-# failures. Logs are in $WORK.
+# failures. Logs are in $WORK. Where a module below is missing, each check prints
+# "SKIP name (needs ...)" instead and the script exits 0 before building anything.
 #
-# Needs: 1 NVIDIA GPU; a python with CUDA torch, vllm and verl 0.9.1 (plus the packages of
-# requirements/verl.txt), with this repository installed (pip install --no-deps -e .), so
-# that verl's worker processes load the plugin (verl.plugins entry point).
+# Needs: 1 NVIDIA GPU; a python with CUDA torch, ray, vllm (or sglang: ROLLOUT), flash-attn
+# (verl's model config loads the policy with attn_implementation flash_attention_2 unless
+# actor_rollout_ref.model.override_config.attn_implementation says otherwise) and verl 0.9.1
+# (plus the packages of requirements/verl.txt), with this repository installed (pip install
+# --no-deps -e .), so that verl's worker processes load the plugin (verl.plugins entry point).
 # Usage:  bash scripts/verl_gpu_smoke.sh
 # Env:    PYTHON (python), WORK (a fresh temp dir), RUN_TIMEOUT (seconds per run, 600),
 #         ONLY (space-separated check names to run, default all), ROLLOUT (vllm or sglang)
@@ -66,6 +69,19 @@ VERL_SP=(actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2)
 
 # shellcheck source=scripts/smoke_checks.sh
 source "$(dirname "${BASH_SOURCE[0]}")/smoke_checks.sh"
+CHECKS=(verl_uniform verl_datc verl_grpo_red verl_sp_refused)
+
+# ------------------------------------------------------------------------------ preflight
+missing=$(missing_modules "$PYTHON" torch verl ray "$ROLLOUT" flash_attn pandas) \
+  || { echo "FAIL preflight: $PYTHON does not run"; exit 1; }
+if [[ -n $missing ]]; then
+  why="needs $missing: not installed"
+  [[ " $missing " == *" flash_attn "* ]] \
+    && why+="; flash_attn: verl loads the policy with attn_implementation flash_attention_2"
+  for name in "${CHECKS[@]}"; do wanted "$name" && skip "$name" "$why"; done
+  echo "== 0 passed, 0 failed, $SKIPPED skipped"
+  exit 0
+fi
 
 # ------------------------------------------------- models, data and reward, from configs
 "$PYTHON" - "$WORK" <<'PY' || { echo "FAIL setup"; exit 1; }
@@ -138,5 +154,5 @@ if wanted verl_sp_refused; then
   result verl_sp_refused $status
 fi
 
-echo "== $FAILED failed"
+echo "== $PASSED passed, $FAILED failed, $SKIPPED skipped"
 exit "$FAILED"
