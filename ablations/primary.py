@@ -100,6 +100,13 @@ class PrimaryResult:
     flattening: list[Flattening]
     size: int
 
+    def grpo_rows(self) -> dict[str, str] | None:
+        """setting -> GRPO's row there, where it is picked among ``baseline_best_of``; None
+        where GRPO's row is the configured baseline."""
+        if not self.family.baseline_best_of:
+            return None
+        return {p.setting: p.label for p in self.picks}
+
 
 def _figures(
     rows: Iterable[dict[str, Any]], spec: SummarySpec, labels: Iterable[str]

@@ -740,9 +740,11 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
         rel = figure.relative_to(out).as_posix()
         sections.append(f"{section}\n\n![head_to_head]({rel})")
         by_setting.setdefault("", []).append(figure)
+    primary = None if spec.primary_family is None else primary_family(rows, spec)
     sweeps = config_sweeps(cfg)
     if sweeps:
-        swept = [sweep_table(rows, spec, w) for w in sweeps]
+        grpo = None if primary is None else primary.grpo_rows()
+        swept = [sweep_table(rows, spec, w, grpo) for w in sweeps]
         paths = [figs.plot_sweep(fig_dir / f"sweep_{t.sweep.kind}.png", t) for t in swept]
         sections.append(
             sweep_markdown(
@@ -763,9 +765,7 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
         setting_info=_setting_info(found),
         preamble=preamble,
         sections=sections,
-        primary=None
-        if spec.primary_family is None
-        else primary_markdown(primary_family(rows, spec), spec),
+        primary=None if primary is None else primary_markdown(primary, spec),
         relative_to=out,
     )
     report_path = out / REPORT_FILE

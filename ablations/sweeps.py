@@ -8,7 +8,9 @@ strategy's paired difference to the baseline side by side against that parameter
 table and one figure (``figures.plot_sweep``). The numbers are the settings' own: paired over
 every (family, seed) pair both ran (``head_to_head.paired_over``), unadjusted 95% intervals;
 the verdicts stay the settings' (Holm-corrected within each setting) or, where the config
-declares one, the primary family's; none is drawn here.
+declares one, the primary family's; none is drawn here. Where the primary family picks
+GRPO's row among its learning rates (``primary.BaselinePick``), the baseline at each point
+is that point's pick, named "GRPO".
 """
 
 from __future__ import annotations
@@ -45,13 +47,17 @@ class SweepCurve:
 @dataclass(frozen=True)
 class SweepTable:
     """A sweep's baseline mean at each point (NaN: it did not run there) and one curve per
-    other strategy, in config order."""
+    other strategy, in config order. ``rows``: the baseline's label at each point;
+    ``picked``: GRPO's row is picked per setting (``baseline`` is then "GRPO"), else
+    ``baseline`` is the one label of ``rows``."""
 
     sweep: Sweep
     baseline: str
     metric_label: str
     baseline_means: tuple[float, ...]
     curves: tuple[SweepCurve, ...]
+    rows: tuple[str, ...]
+    picked: bool
 
 
 def find_sweeps(
@@ -86,27 +92,39 @@ def find_sweeps(
     return sweeps
 
 
-def sweep_table(rows: Iterable[dict[str, object]], spec: SummarySpec, sweep: Sweep) -> SweepTable:
+def sweep_table(
+    rows: Iterable[dict[str, object]],
+    spec: SummarySpec,
+    sweep: Sweep,
+    grpo: Mapping[str, str] | None = None,
+) -> SweepTable:
     """Every strategy of ``spec`` but the baseline, minus the baseline, at each point of
     ``sweep`` (module docstring), with the baseline's mean there and the sweep's metric label
-    (its settings', ``SettingSpec.metric_label``)."""
+    (its settings', ``SettingSpec.metric_label``). ``grpo``: setting -> the label of GRPO's
+    row there (the primary family's pick), the baseline at that point; a strategy gets no
+    difference at a point where it is that row. None: ``spec.baseline`` everywhere."""
     primary = primary_values(rows, spec, spec.strategies)
-    bases = [primary.get((setting, spec.baseline), {}) for setting in sweep.settings]
+    labels = tuple(
+        spec.baseline if grpo is None else grpo.get(setting, spec.baseline)
+        for setting in sweep.settings
+    )
+    bases = [primary.get(pt, {}) for pt in zip(sweep.settings, labels, strict=True)]
     means = tuple(math.fsum(b.values()) / len(b) if b else math.nan for b in bases)
     curves = []
     for strategy in spec.strategies:
-        if strategy == spec.baseline:
+        if all(strategy == label for label in labels):
             continue
         diffs = []
-        for setting, base in zip(sweep.settings, bases, strict=True):
+        for setting, label, base in zip(sweep.settings, labels, bases, strict=True):
             diff = paired_over(
                 primary.get((setting, strategy), {}), base, ALL_FAMILIES, spec.confidence
             )
-            diffs.append(diff if diff.n >= 2 else None)
+            diffs.append(diff if diff.n >= 2 and strategy != label else None)
         if any(d is not None for d in diffs):
             curves.append(SweepCurve(strategy, tuple(diffs)))
     label = next(s.metric_label for s in spec.settings if s.name == sweep.settings[0])
-    return SweepTable(sweep, spec.baseline, label, means, tuple(curves))
+    name = spec.baseline if grpo is None else "GRPO"
+    return SweepTable(sweep, name, label, means, tuple(curves), labels, grpo is not None)
 
 
 def _value(x: float) -> str:
@@ -137,18 +155,29 @@ def sweep_markdown(
         header = " | ".join(
             f"{s.param} = {_value(v)} (`{n}`)" for v, n in zip(s.values, s.settings, strict=True)
         )
+        picked = table.picked
+        base = "GRPO" if picked else f"`{table.baseline}`"
+        means = [
+            fmt(m) + (f" (`{label}`)" if picked else "")
+            for m, label in zip(table.baseline_means, table.rows, strict=True)
+        ]
         parts += [
             "",
             f"### `{s.kind}` against `{s.param}`: {table.metric_label}",
             "",
             f"| strategy | {header} |",
             "|---|" + "---|" * len(s.settings),
-            f"| `{table.baseline}` (mean) | "
-            + " | ".join(fmt(m) for m in table.baseline_means)
+            f"| {base} (mean{'; its row at each point' if picked else ''}) | "
+            + " | ".join(means)
             + " |",
         ]
         for curve in table.curves:
-            cells = [fmt_interval(d, signed=True) if d else "n/a" for d in curve.diffs]
-            parts.append(f"| `{curve.strategy}` - `{table.baseline}` | " + " | ".join(cells) + " |")
+            cells = [
+                fmt_interval(d, signed=True)
+                if d
+                else ("GRPO's row" if row == curve.strategy else "n/a")
+                for d, row in zip(curve.diffs, table.rows, strict=True)
+            ]
+            parts.append(f"| `{curve.strategy}` - {base} | " + " | ".join(cells) + " |")
         parts += ["", f"![sweep {s.kind}]({figure})"]
     return "\n".join(parts)

@@ -121,6 +121,10 @@ def test_grpos_row_is_the_best_learning_rate_by_its_mean_over_all_pairs(
         assert pick.label == "uniform_hi"
     grpo = [c for c in result.contrasts if c.against_grpo]
     assert {c.against for c in grpo} == {"uniform_hi"}
+    assert result.grpo_rows() == {"toy": "uniform_hi", "other": "uniform_hi"}  # the sweeps'
+    fixed = dataclasses.replace(FAMILY, baseline_best_of=())
+    plain = primary_family(rows(curves()), dataclasses.replace(SPEC, primary_family=fixed))
+    assert [p.label for p in plain.picks] == ["uniform", "uniform"] and plain.grpo_rows() is None
 
 
 def test_each_contrast_is_the_paired_difference_with_its_exact_sign_flip_p(

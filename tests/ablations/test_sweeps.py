@@ -131,3 +131,50 @@ def test_the_committed_evidence_report_sweeps_the_length_task() -> None:
         cells = " | ".join(f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]" for d in curve.diffs if d)
         assert f"| `{curve.strategy}` - `uniform` | {cells} |" in report
     assert is_png(folder / "figures" / "sweep_length_sweep.png")
+
+
+def test_with_grpos_row_picked_per_point_each_strategy_is_against_that_points_pick(
+    tmp_path: Path,
+) -> None:
+    """The primary family picks GRPO's row among its learning rates per setting
+    (``primary.PrimaryResult.grpo_rows``): at each point the baseline is that point's pick,
+    and a candidate gets no difference where it is the pick."""
+    rows_hi = [
+        {**r, "strategy": "uniform_hi", "eval_reward_sampled": r["eval_reward_sampled"] + 0.1}
+        for r in rows()
+        if r["strategy"] == "uniform"
+    ]
+    spec = SummarySpec(
+        settings=SPEC.settings,
+        strategies=["uniform", "uniform_hi", "datc", "red"],
+        baseline="uniform",
+        method="datc",
+        control=None,
+    )
+    grpo = {"n24": "uniform_hi", "n96": "uniform"}
+    table = sweep_table([*rows(), *rows_hi], spec, SWEEP, grpo)
+    assert table.rows == ("uniform_hi", "uniform") and table.baseline == "GRPO"
+    assert table.baseline_means == pytest.approx((0.45, 0.14))
+    curves = {c.strategy: c.diffs for c in table.curves}
+    assert list(curves) == ["uniform", "uniform_hi", "datc", "red"]
+    for i, (setting, pick) in enumerate(grpo.items()):
+        by_hand = paired_difference(
+            dict(enumerate(VALUES[(setting, "datc")])),
+            dict(
+                enumerate(
+                    x + (0.1 if pick == "uniform_hi" else 0.0) for x in VALUES[(setting, "uniform")]
+                )
+            ),
+        )
+        diff = curves["datc"][i]
+        assert diff is not None and diff.mean == pytest.approx(by_hand.mean)
+    assert curves["uniform"][1] is None and curves["uniform_hi"][0] is None  # the picks
+    uniform_at_24 = curves["uniform"][0]
+    assert uniform_at_24 is not None and uniform_at_24.mean == pytest.approx(-0.1)
+    text = sweep_markdown([table], ["figures/sweep.png"], secondary=True)
+    assert (
+        "| GRPO (mean; its row at each point) | 0.450 (`uniform_hi`) | 0.140 (`uniform`) |" in text
+    )
+    assert "| `uniform` - GRPO | -0.100 [" in text and "| GRPO's row |" in text
+    assert "**Secondary**: the verdicts are the primary family's" in text
+    assert is_png(plot_sweep(tmp_path / "sweep.png", table))
