@@ -625,38 +625,45 @@ def _one_pass_signals(
     )
 
 
+def null_token_id(null: str, tokenizer: Any) -> int | None:
+    """The token whose embedding row is P2T's null embedding ``null`` on the one-pass path
+    (OpenRLHF's reward model reads the policy's token ids, so the token is the policy
+    tokenizer's): ``pad``, the id OpenRLHF pads with (the tokenizer's pad token, else its
+    eos token); ``unk``, its unknown token; None for ``zero`` (no row). Needs no model: the
+    maker checks it when it is installed. ``CreditError`` naming ``null`` when the tokenizer
+    lacks the token."""
+    kind = check_null(null)
+    if kind == "zero":
+        return None
+    if kind == "pad":
+        token = getattr(tokenizer, "pad_token_id", None)
+        if token is None:
+            token = getattr(tokenizer, "eos_token_id", None)
+    else:
+        token = getattr(tokenizer, "unk_token_id", None)
+    if not isinstance(token, int):
+        raise CreditError(
+            f"null: {kind!r} needs the tokenizer's "
+            f"{'pad (or eos)' if kind == 'pad' else 'unknown'} token, but "
+            f"{type(tokenizer).__name__} has none; use null: "
+            f"{'zero' if kind == 'pad' else 'pad or zero'}"
+        )
+    return token
+
+
 def one_pass_null(actor_self: Any, state: ActorCreditState) -> torch.Tensor:
-    """e_null (d,) float32 of a one-pass reward actor (OpenRLHF's reward model reads the
-    policy's token ids, so its tokenizer is the policy's, ``state.tokenizer``): ``pad``, the
-    model's input-embedding row of the id OpenRLHF pads with (the tokenizer's pad token,
-    else its eos token); ``unk``, the row of its unknown token; ``zero``, zeros. Read once
-    and kept on the state: the maker reads it on every reward actor when it is installed
-    (``prepare_attribution``; under ZeRO-3 the row is gathered, a collective every actor
-    enters). ``CreditError`` naming ``null`` when the tokenizer lacks the token."""
+    """e_null (d,) float32 of a one-pass reward actor: the input-embedding row of its
+    model at ``null_token_id(state.attribution_null, state.tokenizer)``, or zeros for
+    ``zero``. Read once and kept on the state: the maker reads it on every reward actor
+    before the first step's forwards (``prepare_attribution``; under ZeRO-3 the row is
+    gathered, a collective every actor enters)."""
     if state.null_embedding is not None:
         return state.null_embedding
-    kind = check_null(state.attribution_null)
+    token = null_token_id(state.attribution_null, state.tokenizer)
     param = unwrapped(actor_self.model).get_input_embeddings().weight
     with gathered(param):
         d = int(param.shape[1])
-        if kind == "zero":
-            row = torch.zeros(d)
-        else:
-            tokenizer = state.tokenizer
-            if kind == "pad":
-                token = getattr(tokenizer, "pad_token_id", None)
-                if token is None:
-                    token = getattr(tokenizer, "eos_token_id", None)
-            else:
-                token = getattr(tokenizer, "unk_token_id", None)
-            if not isinstance(token, int):
-                raise CreditError(
-                    f"null: {kind!r} needs the tokenizer's "
-                    f"{'pad (or eos)' if kind == 'pad' else 'unknown'} token, but "
-                    f"{type(tokenizer).__name__} has none; use null: "
-                    f"{'zero' if kind == 'pad' else 'pad or zero'}"
-                )
-            row = param.detach()[token].float().cpu().clone()
+        row = torch.zeros(d) if token is None else param.detach()[token].float().cpu().clone()
     state.null_embedding = row
     return row
 

@@ -66,6 +66,7 @@ from backends.openrlhf.actor_side import (
     direction_path_problem,
     export_reward_embedding,
     import_reward_embedding,
+    null_token_id,
     prepare_attribution,
     signals_method,
 )
@@ -236,7 +237,9 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         #: under a critic, the step whose GAE OpenRLHF is computing, and its pending shifts
         self._critic_step: list[Experience] | None = None
         self._critic_shifts: list[tuple[Experience, torch.Tensor]] = []
-        if credit.requires and gather_signals is None:
+        #: whether the actors are ready for the first step (``prepare_actors``)
+        self._actors_ready = not credit.requires or gather_signals is not None
+        if not self._actors_ready:
             self._bind_actor_methods()
 
     @classmethod
@@ -388,14 +391,17 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                 experience.info["credit/direction_reward"] = signal.direction_reward.float()
 
     def _bind_actor_methods(self) -> None:
-        """Bind the signal methods (and, on the policy actors, the forward wrapper that keeps
-        the logits signals; on the reward-model actors of the one-pass path, the forward that
-        gives OpenRLHF's reward and its input gradient at once); share the embedding table
-        before the first forward needs it; for a strategy reading the direction model's
-        attention or taking the path gradient, build that model on the actors hosting it now
-        and refuse it if it cannot serve (``compat.check_direction_capabilities``); for one
-        reading P2T's attribution, read its null embedding there now and refuse a null the
-        model lacks (``prepare_attribution``)."""
+        """At installation, before OpenRLHF has loaded any model into its actors (its
+        ``train_ppo_ray`` creates the trainer first): bind the signal methods (and, on the
+        policy actors, the forward wrapper that keeps the logits signals; on the reward-model
+        actors of the one-pass path, the forward that gives OpenRLHF's reward and its input
+        gradient at once); for a strategy reading the direction model's attention or taking
+        the path gradient, build that model (a model of its own, not an actor's) on the
+        actors hosting it and refuse it if it cannot serve
+        (``compat.check_direction_capabilities``); for one reading P2T's attribution, refuse
+        a null embedding the direction model (or, on the one-pass path, the policy
+        tokenizer) lacks. What reads the actors' models waits for the first step
+        (``prepare_actors``)."""
         credit = self.credit
         chunk = credit.config.stats_chunk_size
         points = self.credit_strategy.reward_grad_points
@@ -415,7 +421,6 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                 "__ray_call__", bind_credit_methods, "policy", policy_state
             )
         )
-        host: tuple[Any, Role] = (self.actor_model_group, "policy")
         if credit.placement == "reward":
             reward_state = ActorCreditState(
                 computes=credit.requires & SCORING_SIGNALS,
@@ -431,10 +436,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                     "__ray_call__", bind_credit_methods, "reward", reward_state
                 )
             )
-            host = (self.reward_model_group, "reward")
-            if credit.requires & EMBEDDING_SIGNALS:
-                self._share_reward_embedding()
-        group, role = host
+        group, role = self._direction_host()
         if "reward_attention" in credit.requires:
             answers = ray.get(
                 group.async_run_method("__ray_call__", direction_gives_attention, role)
@@ -444,21 +446,61 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
             problems = ray.get(group.async_run_method("__ray_call__", direction_path_problem, role))
             check_direction_capabilities(credit, path_problem=next(filter(None, problems), None))
         if "reward_attribution" in credit.requires:
-            # every actor hosting the gradient reads its null embedding now (on the one-pass
-            # path a row of OpenRLHF's reward model, gathered under ZeRO-3: a collective)
-            problems = ray.get(group.async_run_method("__ray_call__", prepare_attribution, role))
-            problem = next(filter(None, problems), None)
-            if problem is not None:
-                raise CreditError(
-                    f"--credit: strategy {self.credit_strategy.name!r} reads "
-                    f"reward_attribution: {problem}"
-                )
+            if credit.one_pass:  # the row is read from OpenRLHF's reward model at the first step
+                try:
+                    null_token_id(null, self.tokenizer)
+                except CreditError as err:
+                    raise self._attribution_refusal(str(err)) from err
+            else:
+                self._prepare_attribution()
+
+    def _direction_host(self) -> tuple[Any, Role]:
+        """The actor group hosting the reward gradient and its role."""
+        if self.credit.placement == "reward":
+            return self.reward_model_group, "reward"
+        return self.actor_model_group, "policy"
+
+    def _attribution_refusal(self, problem: str) -> CreditError:
+        return CreditError(
+            f"--credit: strategy {self.credit_strategy.name!r} reads reward_attribution: {problem}"
+        )
+
+    def _prepare_attribution(self) -> None:
+        """Every actor hosting the gradient reads its null embedding now (on the one-pass path
+        a row of OpenRLHF's reward model, gathered under ZeRO-3: a collective)."""
+        group, role = self._direction_host()
+        problems = ray.get(group.async_run_method("__ray_call__", prepare_attribution, role))
+        problem = next(filter(None, problems), None)
+        if problem is not None:
+            raise self._attribution_refusal(problem)
+
+    def prepare_actors(self) -> None:
+        """Once, before the first step's forwards (OpenRLHF has loaded its models by then):
+        the policy actors get the direction model's embedding table from the reward-model
+        actors (when the statistics need it there), and the one-pass reward actors read
+        P2T's null embedding from OpenRLHF's reward model."""
+        if self._actors_ready:
+            return
+        credit = self.credit
+        if credit.placement == "reward" and credit.requires & EMBEDDING_SIGNALS:
+            self._share_reward_embedding()
+        if credit.one_pass and "reward_attribution" in credit.requires:
+            self._prepare_attribution()
+        self._actors_ready = True
+
+    @torch.no_grad()
+    def make_experience(self, samples_list: list[Experience]) -> list[Experience]:
+        """OpenRLHF's ``make_experience``, the actors prepared first (``prepare_actors``)."""
+        self.prepare_actors()
+        experiences: list[Experience] = super().make_experience(samples_list)
+        return experiences
 
     def _gather_from_actors(self, experiences: Sequence[Experience]) -> list[ActorSignals]:
         """Every micro-batch's signals from the actors holding them, merged. A path strategy
         with the direction model on the reward-model actors gathers the policy actors' first
         and hands each micro-batch's m1 (``PolicyStats.m1``, from OpenRLHF's own log-prob
         forward) to the reward-model actors' path gradient."""
+        self.prepare_actors()
         credit = self.credit
         roles: list[tuple[Any, Role]] = []
         if credit.requires & LOGITS_SIGNALS or credit.placement == "policy":

@@ -18,6 +18,9 @@ local worker's ``sys.path``):
    calls on an actor in order). ``install_in_trainer`` replaces the actor's
    ``experience_maker`` by a ``TokenCreditExperienceMaker`` sharing all of its parts, and
    that maker binds ``credit_<role>_signals`` onto the policy / reward-model actors the same way.
+   ``train_ppo_ray`` creates the trainer *before* it loads the models into those actors, so
+   the install reads no actor's model: what does (the reward model's embedding table, P2T's
+   null row) waits for the first step (``TokenCreditExperienceMaker.prepare_actors``).
    For ``PPOTrainerAsync`` (which creates its training actor itself) the install hops one
    level down to its ``trainer_actor``.
 

@@ -115,14 +115,17 @@ def stock_maker() -> Any:
 
 def credit_maker(credit: ResolvedCredit, policy: Any, reward: Any = None) -> Any:
     """The token-credit maker on the policy (and reward-model) hosts, which it binds as it
-    binds OpenRLHF's actor groups."""
+    binds OpenRLHF's actor groups, ready for a step whose forwards the test dispatches by
+    hand: prepared as ``make_experience`` prepares it first (``prepare_actors``)."""
     from backends.openrlhf.experience_maker import TokenCreditExperienceMaker
 
     stock = stock_maker()
     groups = (LocalGroup(policy), None, None if reward is None else LocalGroup(reward), None)
-    return TokenCreditExperienceMaker(
+    maker = TokenCreditExperienceMaker(
         *groups, stock.kl_ctl, stock.strategy, stock.tokenizer, credit=credit
     )
+    maker.prepare_actors()
+    return maker
 
 
 def micro_batches() -> list[Any]:
