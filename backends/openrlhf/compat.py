@@ -14,9 +14,11 @@ step's rewards and groups (``reads_groups``: ``ktae``, the paper forms) gets the
 either, each prompt's ``--rollout.n_samples_per_prompt`` (>= 2) samples a group. Signals
 reduced from the policy's logits (policy statistics, DATC's W0, the token entropy) are read
 per sample from the logits of OpenRLHF's forward, packed (``--ds.packing_samples``,
-``--train.dynamic_batch_enable``) or not; ring attention (which splits those logits over
-ranks) and DeepSpeed tensor parallelism are rejected for strategies that read them;
-vision-language inputs are rejected for every strategy but ``uniform``.
+``--train.dynamic_batch_enable``) or not; a truncated rollout (``--rollout.top_p`` < 1,
+``SAMPLING_OFF``) is rejected for strategies whose signals reduce the distribution sampled
+from (the plan's sampling check), and so are ring attention (which splits those logits over
+ranks) and DeepSpeed tensor parallelism for strategies that read them; vision-language
+inputs are rejected for every strategy but ``uniform``.
 
 What the actors compute (``ResolvedCredit.requires``) is the run's ``CreditPlan`` on
 ``BACKEND`` (the strategy built once per process): with the direction model on the policy
@@ -83,6 +85,12 @@ BACKEND = Backend(
 #: OpenRLHF's critic estimator: credit enters as a shift of its token rewards
 #: (docs/design.md, "Credit under a critic").
 CRITIC_ESTIMATORS = ("gae",)
+
+#: The rollout's sampling settings that truncate the distribution, and their "off" values: a
+#: strategy reducing the distribution sampled from needs the full softmax at the temperature
+#: (``CreditPlan.sampling_problem``). OpenRLHF 0.11.2's parser has ``--rollout.top_p`` only
+#: (its samples generator passes vLLM top_k -1); ``--rollout.top_k`` is read where present.
+SAMPLING_OFF: dict[str, tuple[object, ...]] = {"top_p": (1.0, None), "top_k": (-1, 0, None)}
 
 #: OpenRLHF estimators whose token advantages are one value per response.
 RESPONSE_LEVEL_ESTIMATORS = (
@@ -196,6 +204,10 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
         RESPONSE_LEVEL_ESTIMATORS,
         critic=CRITIC_ESTIMATORS,
     )
+    if problem is not None:
+        problems.append(str(problem))
+    sampling = {f"--rollout.{key}": _get(args, f"rollout.{key}") for key in SAMPLING_OFF}
+    problem = plan.sampling_problem(sampling, SAMPLING_OFF)
     if problem is not None:
         problems.append(str(problem))
     samples = int(_get(args, "rollout.n_samples_per_prompt", 1))
