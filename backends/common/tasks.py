@@ -6,6 +6,9 @@
   f(x) = v . tanh(A x + b) standardized over the vocabulary,
   r = (1/|S|) sum_{t in S, t < n} f(E[y_t]). Prompts are short word sequences; the reward
   does not depend on them, so held-out prompts measure the same skill.
+- ``arithmetic`` (``backends.common.arithmetic``): short sums for a pretrained chat model,
+  checked exactly on the decoded text; no reward model of its own (the config's ``reward``
+  names the scorer and, when needed, a direction model).
 
 ``get_task(name, params, vocab_size)`` builds one; ``TASKS`` lists them. A task is reusable
 outside the trainer (the ablation runner builds the same task for every strategy).
@@ -25,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adapters.direction import DirectionModel
 from adapters.reward_models import ModuleRM
 from adapters.tiny import TINY_CORPUS
+from backends.common.arithmetic import ArithmeticParams, arithmetic_task
 from backends.common.data import Prompt
 from backends.common.errors import ConfigError, FieldError
 from credit_core.errors import validation_messages
@@ -35,7 +39,9 @@ class Task:
     """Prompts for training and held-out evaluation, and a reward factory.
 
     ``build_direction(device)`` returns the frozen differentiable reward model
-    (``adapters.direction.DirectionModel``) that both sets the reward and supplies its gradient.
+    (``adapters.direction.DirectionModel``) that both sets the reward and supplies its gradient;
+    a task that scores text instead raises ``ConfigError`` there, naming the ``reward`` keys
+    to set.
     """
 
     name: str
@@ -131,6 +137,7 @@ def positional_task(params: PositionalParams, vocab_size: int) -> Task:
 
 TASKS: dict[str, tuple[type[BaseModel], Callable[[Any, int], Task]]] = {
     "positional": (PositionalParams, positional_task),
+    "arithmetic": (ArithmeticParams, arithmetic_task),
 }
 
 

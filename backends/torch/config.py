@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from adapters.config import RewardSignalsConfig
+from adapters.gguf import GGUFError, GGUFSpec
 from adapters.tiny import Family
 from backends.common.data import check_shardable
 from backends.common.errors import ConfigError, FieldError, format_config_errors
@@ -58,9 +59,13 @@ class PresetConfig(Section):
 
 
 class PolicyConfig(Section):
-    """The policy: a local Hugging Face model folder, or a built-in tiny preset."""
+    """The policy: a local Hugging Face model folder, a GGUF file (``adapters.gguf``: by
+    path, or by the package that ships it) or a built-in tiny preset."""
 
     path: str | None = Field(default=None, description="local folder with config.json and weights")
+    gguf: GGUFSpec | None = Field(
+        default=None, description="a GGUF file: {path: ...} or {package: ..., file: ...}"
+    )
     preset: PresetConfig | None = None
     tokenizer: str | None = Field(
         default=None, description="tokenizer folder; default: the model's"
@@ -70,8 +75,10 @@ class PolicyConfig(Section):
 
     @model_validator(mode="after")
     def _one_source(self) -> PolicyConfig:
-        if (self.path is None) == (self.preset is None):
-            raise ValueError("set exactly one of 'path' (a local model folder) or 'preset'")
+        if sum(source is not None for source in (self.path, self.gguf, self.preset)) != 1:
+            raise ValueError(
+                "set exactly one of 'path' (a local model folder), 'gguf' (a GGUF file) or 'preset'"
+            )
         if self.path is not None:
             folder = Path(self.path).expanduser()
             if not (folder / "config.json").is_file():
@@ -80,6 +87,11 @@ class PolicyConfig(Section):
                     f"no Hugging Face model folder at {str(folder)!r} "
                     "(expected a directory containing config.json)",
                 )
+        if self.gguf is not None:
+            try:
+                self.gguf.resolve()
+            except GGUFError as exc:
+                raise FieldError(f"gguf.{exc.field}", exc.message) from None
         if self.tokenizer is not None and not Path(self.tokenizer).expanduser().is_dir():
             raise FieldError("tokenizer", f"no tokenizer folder at {self.tokenizer!r}")
         return self

@@ -1,5 +1,5 @@
-"""Building the policy (a local HF folder or a built-in tiny preset) and its tokenizer, and
-switching its gradient checkpointing on around the training forward."""
+"""Building the policy (a local HF folder, a GGUF file or a built-in tiny preset) and its
+tokenizer, and switching its gradient checkpointing on around the training forward."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from adapters.config import DTYPES
+from adapters.gguf import load_gguf
 from adapters.tiny import tiny_causal_lm, train_bpe_tokenizer
 from backends.torch.config import PolicyConfig
 
@@ -21,7 +22,8 @@ from backends.torch.config import PolicyConfig
 class Policy:
     """The policy model (eval mode: no dropout), its tokenizer and the ids rollout needs.
 
-    ``model_path`` is the local folder it was loaded from (None for a preset).
+    ``model_path`` is the local folder it was loaded from (None for a preset or a GGUF file:
+    a vLLM rollout engine then loads a folder the trainer writes from the model).
     """
 
     model: PreTrainedModel
@@ -45,7 +47,9 @@ def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list
 def build_policy(cfg: PolicyConfig, *, seed: int, device: torch.device) -> Policy:
     """The policy of ``cfg`` on ``device``; preset weights depend on ``preset.seed`` (or ``seed``).
 
-    A preset gets the in-process byte-level BPE of ``adapters.tiny`` (or ``cfg.tokenizer``).
+    A preset gets the in-process byte-level BPE of ``adapters.tiny`` (or ``cfg.tokenizer``);
+    a GGUF file its own tokenizer (``adapters.gguf.load_gguf``: cached per process, pad and
+    eos from the file), unless ``cfg.tokenizer`` names another.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -66,6 +70,11 @@ def build_policy(cfg: PolicyConfig, *, seed: int, device: torch.device) -> Polic
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,
         )
+        path = None
+    elif cfg.gguf is not None:
+        model, tokenizer = load_gguf(cfg.gguf, dtype=cfg.dtype)
+        if cfg.tokenizer:
+            tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer)
         path = None
     else:
         assert cfg.path is not None  # the config guarantees one source

