@@ -1,9 +1,14 @@
 """The README's code runs as written.
 
-- Every ```python block runs with the inputs it names but does not define (``rewards,
-  hidden, lm_head, tokens, rm_embedding, mask, g``: a batch of two groups of responses
-  with a real ``nn.Linear`` LM head), once with the hidden states in the autograd graph
-  (as they are inside a training step) and once without.
+- The API block (the ```python block that calls ``assign_credit``) runs with the inputs it
+  names but does not define (``rewards, hidden, lm_head, tokens, rm_embedding, mask, g``: a
+  batch of two groups of responses with a real ``nn.Linear`` LM head), once with the hidden
+  states in the autograd graph (as they are inside a training step) and once without.
+- The TRL quickstart (the ```python block that imports ``backends.trl``) trains with what a
+  TRL user already has (``model, tokenizer, reward, dataset``) and a ``direction`` model:
+  a tiny policy and the built-in positional task.
+- The strategies x backends table is the one ``backends.common.support`` computes from the
+  backends' own plans.
 - Every command of a ```bash block either runs, in README order, or is listed in ``SKIPPED``
   with the reason. The commands run unchanged in a scratch folder that holds the
   repository's ``configs/`` and a ``.venv/bin`` that is the running interpreter's; so
@@ -45,6 +50,8 @@ SKIPPED = {
     "meant for two machines)",
     ".venv/bin/credit-ablate merge": "merges the output folders of the full run's shards",
     "credit-openrlhf": "OpenRLHF on 8 GPUs with Ray and vLLM",
+    "credit-verl": "verl's main_ppo on GPUs with Ray and vLLM, in .venv-verl",
+    "pip install": "installs into the environment that runs the tests (make install does)",
 }
 
 
@@ -85,15 +92,25 @@ def api_inputs(requires_grad: bool) -> dict[str, Any]:
     }
 
 
-def test_there_is_a_python_block_and_it_uses_the_inputs_provided() -> None:
-    [api] = blocks("python")
+def python_block(marker: str) -> str:
+    """The one ```python block of the README that contains ``marker``."""
+    [block] = [b for b in blocks("python") if marker in b]
+    return block
+
+
+def test_every_python_block_is_run_by_a_test() -> None:
+    assert len(blocks("python")) == 2  # the TRL quickstart and the API block
+
+
+def test_the_api_block_uses_the_inputs_provided() -> None:
+    api = python_block("assign_credit(")
     for name in api_inputs(False):
         assert re.search(rf"\b{name}\b", api), name
 
 
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["no-grad", "grad"])
-def test_the_python_blocks_run(requires_grad: bool) -> None:
-    for block in blocks("python"):
+def test_the_api_block_runs(requires_grad: bool) -> None:
+    for block in [python_block("assign_credit(")]:
         namespace = api_inputs(requires_grad)
         exec(compile(block, "README.md (python block)", "exec"), namespace)
         mask: torch.Tensor = namespace["mask"]
@@ -106,6 +123,57 @@ def test_the_python_blocks_run(requires_grad: bool) -> None:
         assert not namespace["w0"].requires_grad
         same: CreditResult = namespace["same"]
         torch.testing.assert_close(same.token_advantages, token_adv, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_trl_quickstart_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.helpers.openrlhf_stubs import stubs_hidden
+
+    with stubs_hidden():  # TRL probes for vllm at import; the OpenRLHF tests stub it
+        pytest.importorskip("trl.trainer.grpo_trainer")
+        from backends.trl.tasks import PolicyPreset, task_data, tiny_policy
+
+        model, tokenizer = tiny_policy(PolicyPreset())
+        task = task_data(
+            "positional", {"positions": [2, 9, 17]}, len(tokenizer), tokenizer, torch.device("cpu")
+        )
+        namespace: dict[str, Any] = {
+            "model": model,
+            "tokenizer": tokenizer,
+            "reward": task.reward,
+            "dataset": task.train,
+            "direction": task.direction,
+        }
+        monkeypatch.chdir(tmp_path)
+        block = python_block("backends.trl")
+        exec(compile(block, "README.md (TRL quickstart)", "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 2
+    assert trainer.args.credit_plan.name == "datc"
+
+
+# ------------------------------------------------------------------------------ support
+
+
+def test_the_support_table_is_the_backends_plans() -> None:
+    from backends.common.support import support_markdown, support_rows
+
+    assert support_markdown(support_rows()) in README
+
+
+def test_the_first_screen_holds_the_install_the_quickstarts_and_the_support_table() -> None:
+    first = "\n".join(README.splitlines()[:60])
+    for needed in (
+        "pip install",
+        "make demo",
+        "make test",
+        "credit-train",
+        "backends.trl",
+        "credit-openrlhf --credit datc",
+        "algorithm.credit=datc",
+        "| strategy |",
+    ):
+        assert needed in first, needed
 
 
 # -------------------------------------------------------------------------------- shell
