@@ -65,6 +65,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+import ray
 import torch
 import torch.distributed as dist
 
@@ -143,6 +144,14 @@ class ActorSignals:
             reward_attention=self.reward_attention,
             prefix_rewards=self.prefix_rewards,
             reward_attribution=self.reward_attribution,
+        )
+
+    def logged(self) -> ActorSignals:
+        """What the step's diagnostics read of these signals (the direction model's reward,
+        the extra forwards), without the signals themselves."""
+        return ActorSignals(
+            direction_reward=self.direction_reward,
+            extra_policy_forwards=self.extra_policy_forwards,
         )
 
     def merged(self, other: ActorSignals) -> ActorSignals:
@@ -921,7 +930,7 @@ def credit_signals(
     sequences: torch.Tensor,
     action_mask: torch.Tensor,
     attention_mask: torch.Tensor,
-    expected_embeddings: torch.Tensor | None = None,
+    policy_signals: ActorSignals | Any = None,
 ) -> ActorSignals:
     """The signals ``state`` says this actor computes, for one micro-batch.
 
@@ -931,11 +940,13 @@ def credit_signals(
     micro-batch's log-prob forward, or, if that forward was not seen, computed with one extra
     forward of ``actor_self.actor`` (counted in ``extra_policy_forwards``). "reward_grad" is,
     on the one-pass path (``state.one_pass``), the one kept from OpenRLHF's reward forward;
-    for a path strategy (``state.path_points``), the path gradient from the policy's m1:
-    ``expected_embeddings`` (B, A, d) when the experience maker hands it over (the direction
-    model on the reward-model actors), else the m1 of the statistics kept here (on the policy
-    actors). The other ``SCORING_SIGNALS`` not computed yet (the W0 path takes g in the
-    forward) come from one scoring call of the direction model, built on first use.
+    for a path strategy (``state.path_points``), the path gradient from the policy's m1
+    (B, A, d): that of ``policy_signals`` (the policy actors' ``ActorSignals`` of this
+    micro-batch, or a Ray reference to them, fetched here) when the experience maker hands
+    them over (the direction model on the reward-model actors), else that of the statistics
+    kept here (on the policy actors). The other ``SCORING_SIGNALS`` not computed yet (the W0
+    path takes g in the forward) come from one scoring call of the direction model, built on
+    first use.
     """
     signals = ActorSignals()
     if state.computes & LOGITS_SIGNALS:
@@ -953,14 +964,9 @@ def credit_signals(
     )
     device = _device()
     if "reward_grad" in missing and state.path_points:
-        m1 = expected_embeddings
-        if m1 is None and signals.policy_stats is not None:
-            m1 = signals.policy_stats.m1
-        if m1 is None:
-            raise CreditError(
-                "expected embeddings: the path gradient (datc_mid, datc_ig) needs the policy's "
-                "m1 of this micro-batch, which was neither handed over nor kept here"
-            )
+        if policy_signals is not None and not isinstance(policy_signals, ActorSignals):
+            policy_signals = ray.get(policy_signals)
+        m1 = _m1_of(policy_signals if policy_signals is not None else signals)
         grad = path_grad_for_actions(
             _direction_model(state, device),
             sequences.to(device),
@@ -982,6 +988,16 @@ def credit_signals(
         )
         signals = signals.merged(_to_cpu(scored))
     return signals
+
+
+def _m1_of(signals: ActorSignals) -> torch.Tensor:
+    """The policy's expected embeddings m1 (B, A, d) of one micro-batch's policy signals."""
+    if signals.policy_stats is None:
+        raise CreditError(
+            "expected embeddings: the path gradient (datc_mid, datc_ig) needs the policy's "
+            "m1 of this micro-batch, which was neither handed over nor kept here"
+        )
+    return signals.policy_stats.m1
 
 
 def _to_cpu(signals: ActorSignals) -> ActorSignals:
@@ -1056,7 +1072,7 @@ def bind_credit_methods(actor_self: Any, role: Role, state: ActorCreditState) ->
 
     Sets ``actor_self._credit_states[role] = state`` and the attribute
     ``signals_method(role)``, a callable taking ``sequences``, ``action_mask``,
-    ``attention_mask`` (and ``expected_embeddings``: what
+    ``attention_mask`` (and ``policy_signals``: what
     ``RayActorGroup.async_run_method_batch`` passes). When the state computes logits signals
     and the actor has a ``forward`` (OpenRLHF's policy actor), that ``forward`` is wrapped by
     ``policy_forward_with_credit``; when it takes the reward gradient on the one-pass path

@@ -19,7 +19,7 @@ whole step as one batch of per-token signals; any other one micro-batch at a tim
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +63,7 @@ def grpo_advantages(rewards: torch.Tensor, groups: torch.Tensor, n: int) -> torc
 def critic_reward_shifts(
     experiences: Sequence[Any],
     strategy: CreditStrategy,
-    signals: Sequence[ActorSignals],
+    signals: Iterable[ActorSignals],
     *,
     n_samples_per_prompt: int,
     clip_range: Sequence[float] | None,
@@ -72,8 +72,8 @@ def critic_reward_shifts(
 
     ``experiences``: the step's micro-batches, after OpenRLHF's length penalties, with
     ``action_mask`` (B_k, A_k), ``sequences``, ``rewards`` (B_k,) and ``index``; ``signals``
-    one per micro-batch. ``CreditError`` when a group has fewer than 2 responses or the
-    strategy has no ``critic_reward_form``.
+    one per micro-batch, in order (taken one at a time). ``CreditError`` when a group has
+    fewer than 2 responses or the strategy has no ``critic_reward_form``.
     """
     form = strategy.critic_reward_form
     if form is None:

@@ -32,7 +32,11 @@ and each prompt's ``--rollout.n_samples_per_prompt`` samples a group (``Experien
 // n, so a group split over micro-batches is whole). Every other strategy works response by
 response and gets one micro-batch at a time (``apply_token_credit``), so that the step's
 (B, A, d) signals of the DATC family are never copied into one; ``compat.resolve_credit``
-refuses a whole-step strategy that reads them.
+refuses a whole-step strategy that reads them. The actors compute a step's signals in one
+dispatch, and the maker fetches them one micro-batch at a time as it credits it
+(``dispatch.run_method_per_item``, ``StepSignals``): the trainer actor holds one
+micro-batch's (B, A, d) signals (and the previous one's, until it is dropped) whatever the
+step's size.
 
 Everything happens inside this one call on whole micro-batches, before OpenRLHF splits or
 rebalances them, so nothing relies on extra ``Experience`` attributes (those are dropped on
@@ -49,7 +53,7 @@ token rewards OpenRLHF hands its ``get_advantages_and_returns``, and leaves the 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import ray
@@ -78,6 +82,7 @@ from backends.openrlhf.compat import (
     check_direction_capabilities,
 )
 from backends.openrlhf.critic import critic_reward_shifts
+from backends.openrlhf.dispatch import run_method_per_item
 from backends.openrlhf.layout import action_token_ids
 from backends.openrlhf.step_batch import (
     outcome_rewards,
@@ -92,8 +97,9 @@ from credit_core import (
 )
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
 
-#: Gathers the signals of a list of micro-batches (one ``ActorSignals`` per Experience).
-SignalGatherer = Callable[[Sequence[Experience]], list[ActorSignals]]
+#: Gathers the signals of a list of micro-batches: one ``ActorSignals`` per Experience, in
+#: order (an iterator fetches them one micro-batch at a time).
+SignalGatherer = Callable[[Sequence[Experience]], Iterable[ActorSignals]]
 
 #: Relative tolerance of the check that a response's action tokens share one advantage.
 CONSTANT_ADVANTAGE_RTOL = 1e-6
@@ -203,14 +209,36 @@ def apply_step_credit(
     return diagnostics
 
 
-def _m1_of(signals: ActorSignals) -> torch.Tensor:
-    """The policy's expected embeddings m1 (B, A, d) of one micro-batch's policy signals."""
-    if signals.policy_stats is None:
-        raise CreditError(
-            "expected embeddings: the policy actors returned no PolicyStats for a micro-batch "
-            "(the path gradient starts from their m1)"
-        )
-    return signals.policy_stats.m1
+class StepSignals:
+    """The signals of a step's ``count`` micro-batches, in order, taken from ``source`` one
+    micro-batch at a time as they are iterated (once): a consumer that drops each before
+    taking the next holds one micro-batch's (B, A, d) signals, whatever the step's size.
+    ``seconds``: the time spent taking them; ``logged``: what the diagnostics read of each
+    taken one (``ActorSignals.logged``). ``CreditError`` when ``source`` gives another
+    number of them."""
+
+    def __init__(self, source: Iterable[ActorSignals], count: int) -> None:
+        self._source = source
+        self.count = count
+        self.seconds = 0.0
+        self.logged: list[ActorSignals] = []
+
+    def __iter__(self) -> Iterator[ActorSignals]:
+        found = iter(self._source)
+        for i in range(self.count):
+            start = time.perf_counter()
+            signals = next(found, None)
+            self.seconds += time.perf_counter() - start
+            if signals is None:
+                raise CreditError(
+                    f"credit signals: expected one per micro-batch ({self.count}), got {i}"
+                )
+            self.logged.append(signals.logged())
+            yield signals
+        if next(found, None) is not None:
+            raise CreditError(
+                f"credit signals: expected one per micro-batch ({self.count}), got more"
+            )
 
 
 class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
@@ -312,9 +340,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         """Each micro-batch of the step with the shift D of its token rewards (gathering the
         strategy's signals as under GRPO), logging the credit's diagnostics."""
         args = self.strategy.args
-        start = time.perf_counter()
         signals = self._signals(experiences)
-        elapsed = time.perf_counter() - start
         found = critic_reward_shifts(
             experiences,
             self.credit_strategy,
@@ -322,20 +348,15 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
             n_samples_per_prompt=int(args.rollout.n_samples_per_prompt),
             clip_range=args.reward.clip_range,
         )
-        self._log(experiences, signals, found.diagnostics, elapsed)
+        self._log(experiences, signals, found.diagnostics)
         return list(zip(experiences, found.shifts, strict=True))
 
-    def _signals(self, experiences: list[Experience]) -> list[ActorSignals]:
-        """The strategy's signals of every micro-batch (none gathered when it reads none)."""
+    def _signals(self, experiences: list[Experience]) -> StepSignals:
+        """The strategy's signals of every micro-batch, taken one at a time (none gathered
+        when it reads none)."""
         if not self.credit.requires:
-            return [ActorSignals() for _ in experiences]
-        signals = self._gather_signals(experiences)
-        if len(signals) != len(experiences):
-            raise CreditError(
-                f"credit signals: expected one per micro-batch ({len(experiences)}), "
-                f"got {len(signals)}"
-            )
-        return signals
+            return StepSignals([ActorSignals() for _ in experiences], len(experiences))
+        return StepSignals(self._gather_signals(experiences), len(experiences))
 
     def assign_token_credit(self, experiences: list[Experience]) -> list[Experience]:
         """Apply the strategy to every micro-batch of ``experiences`` (in place) and log."""
@@ -343,11 +364,9 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
             for experience in experiences:
                 log_diagnostics(experience, UNIFORM_DIAGNOSTICS.to_dict())
             return experiences
-        start = time.perf_counter()
         signals = self._signals(experiences)
-        elapsed = time.perf_counter() - start
         strategy = self.credit_strategy
-        if strategy.gathers or strategy.reads_groups:
+        if strategy.gathers or strategy.reads_groups:  # per-token signals only (compat)
             rewards = groups = None
             if strategy.reads_groups:
                 # the rewards OpenRLHF's estimator normalized (it clamps the normalized value
@@ -355,35 +374,35 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                 rewards = outcome_rewards(experiences, None)
                 n = int(self.strategy.args.rollout.n_samples_per_prompt)
                 groups = step_groups(experiences, n)
-            step = apply_step_credit(experiences, strategy, signals, rewards, groups)
+            step = apply_step_credit(experiences, strategy, list(signals), rewards, groups)
             diagnostics = [step] * len(experiences)
         else:
             diagnostics = [
                 apply_token_credit(experience, self.credit_strategy, signal)
                 for experience, signal in zip(experiences, signals, strict=True)
             ]
-        self._log(experiences, signals, diagnostics, elapsed)
+        self._log(experiences, signals, diagnostics)
         return experiences
 
     def _log(
         self,
         experiences: Sequence[Experience],
-        signals: Sequence[ActorSignals],
+        signals: StepSignals,
         diagnostics: Sequence[CreditDiagnostics],
-        elapsed: float,
     ) -> None:
-        """Each micro-batch's credit diagnostics into its ``info`` (``log_diagnostics``)."""
+        """Each micro-batch's credit diagnostics into its ``info`` (``log_diagnostics``),
+        once all of ``signals`` were taken."""
         # OpenRLHF averages every info entry: the extremes are logged as the step's, the
         # same in each micro-batch, so that their average is the step's max and min
         extremes = {
             "credit/weight_max": max(d.weight_max for d in diagnostics),
             "credit/weight_min": min(d.weight_min for d in diagnostics),
         }
-        for experience, signal, diag in zip(experiences, signals, diagnostics, strict=True):
+        for experience, signal, diag in zip(experiences, signals.logged, diagnostics, strict=True):
             values = {
                 **diag.to_dict(),
                 **extremes,
-                "credit/signal_time_s": elapsed,
+                "credit/signal_time_s": signals.seconds,
                 "credit/extra_policy_forwards": float(signal.extra_policy_forwards),
             }
             log_diagnostics(experience, values)
@@ -495,11 +514,16 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         experiences: list[Experience] = super().make_experience(samples_list)
         return experiences
 
-    def _gather_from_actors(self, experiences: Sequence[Experience]) -> list[ActorSignals]:
-        """Every micro-batch's signals from the actors holding them, merged. A path strategy
-        with the direction model on the reward-model actors gathers the policy actors' first
-        and hands each micro-batch's m1 (``PolicyStats.m1``, from OpenRLHF's own log-prob
-        forward) to the reward-model actors' path gradient."""
+    def _gather_from_actors(self, experiences: Sequence[Experience]) -> Iterator[ActorSignals]:
+        """Every micro-batch's signals from the actors holding them, merged, in order, one
+        micro-batch at a time: each group computes the whole step at once, dispatched as
+        OpenRLHF's ``async_run_method_batch`` dispatches it, with one result object per
+        micro-batch (``dispatch.run_method_per_item``), fetched here only when its
+        micro-batch's turn comes (so the step's (B, A, d) signals are never in this actor
+        at once). A path strategy with the direction model on the reward-model actors
+        dispatches the policy actors first and hands the reward-model actors each
+        micro-batch's policy signals by reference (their ``PolicyStats.m1``, from OpenRLHF's
+        own log-prob forward, starts the path gradient there)."""
         self.prepare_actors()
         credit = self.credit
         roles: list[tuple[Any, Role]] = []
@@ -513,25 +537,22 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
             "attention_mask": [e.attention_mask for e in experiences],
         }
         hands_m1 = bool(self.credit_strategy.reward_grad_points) and len(roles) == 2
-        per_group: list[list[ActorSignals]] = []
-        pending: list[Any] = []
+        pending: list[list[Any]] = []
         for group, role in roles:
             if hands_m1 and role == "reward":
-                per_group = [
-                    self._flatten_results(refs, credit.duplicate_factor) for refs in pending
-                ]
-                pending = []
-                batch["expected_embeddings"] = [_m1_of(signal) for signal in per_group[0]]
-            refs = group.async_run_method_batch(method_name=signals_method(role), **batch)
+                batch["policy_signals"] = pending[0]
+            refs = run_method_per_item(
+                group, signals_method(role), credit.duplicate_factor, **batch
+            )
             if credit.colocate:  # models share GPUs: one at a time, like OpenRLHF's forwards
-                ray.get(refs)
+                ray.wait(refs, num_returns=len(refs), fetch_local=False)
                 ray.get(group.async_run_method(method_name="empty_cache"))
             pending.append(refs)
-        per_group += [self._flatten_results(refs, credit.duplicate_factor) for refs in pending]
-        signals = per_group[0]
-        for other in per_group[1:]:
-            signals = [a.merged(b) for a, b in zip(signals, other, strict=True)]
-        return signals
+        for i in range(len(experiences)):
+            signals: ActorSignals = ray.get(pending[0][i])
+            for refs in pending[1:]:
+                signals = signals.merged(ray.get(refs[i]))
+            yield signals
 
     def _share_reward_embedding(self) -> None:
         # One copy of the (V, d) table, from the first reward-model actor; every actor takes

@@ -8,6 +8,8 @@ by ``get_llm_for_sequence_regression``) with ``RewardModelActor.forward`` and
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -99,10 +101,20 @@ class RewardHost:
 
 class LocalHandle:
     """A Ray actor handle of an in-process host: ``handle.__ray_call__.remote(f, *args)``
-    runs ``f(host, *args)`` at once."""
+    runs ``f(host, *args)`` at once; ``.options(num_returns=n)`` (n > 1) returns the n
+    values as a list, as Ray returns n references."""
 
     def __init__(self, host: Any) -> None:
-        self.__ray_call__ = SimpleNamespace(remote=lambda f, *args: f(host, *args))
+        self.host = host
+        self.__ray_call__ = SimpleNamespace(remote=self._call, options=self._options)
+
+    def _call(self, f: Any, *args: Any) -> Any:
+        return f(self.host, *args)
+
+    def _options(self, num_returns: int = 1) -> Any:
+        if num_returns == 1:
+            return SimpleNamespace(remote=self._call)
+        return SimpleNamespace(remote=lambda f, *args: list(self._call(f, *args)))
 
 
 class LocalGroup:
@@ -123,3 +135,50 @@ class LocalGroup:
     def async_run_method_batch(self, method_name: str, **batch: Any) -> list[list[Any]]:
         size = len(next(iter(batch.values())))
         return [self.host.execute_batch(method_name, batch, 0, size)]
+
+
+class StoredRef:
+    """A Ray object reference as its owner sees it: the value serialized in the object store
+    (``pickle``); only ``stored_get`` turns it back into objects in this process."""
+
+    def __init__(self, value: Any) -> None:
+        self.data = pickle.dumps(value)
+
+
+def stored_get(on_fetch: Callable[[Any], None]) -> Callable[[Any], Any]:
+    """``ray.get`` for ``StoredRef``s (and lists of them): each fetched value is deserialized
+    and passed to ``on_fetch``; anything else is returned as it is (a ``LocalGroup``'s)."""
+
+    def get(refs: Any) -> Any:
+        if isinstance(refs, list):
+            return [get(ref) for ref in refs]
+        if not isinstance(refs, StoredRef):
+            return refs
+        value = pickle.loads(refs.data)
+        on_fetch(value)
+        return value
+
+    return get
+
+
+class StoredHandle(LocalHandle):
+    """A ``LocalHandle`` whose calls with ``.options(num_returns=n)`` return ``StoredRef``s."""
+
+    def _options(self, num_returns: int = 1) -> Any:
+        if num_returns == 1:
+            return SimpleNamespace(remote=lambda f, *args: StoredRef(self._call(f, *args)))
+        return SimpleNamespace(remote=lambda f, *args: [StoredRef(v) for v in self._call(f, *args)])
+
+
+class StoredGroup(LocalGroup):
+    """A ``LocalGroup`` whose batched calls return, as Ray's do, references to values in an
+    object store (``StoredRef``): ``async_run_method_batch`` one per actor (the list of its
+    results), per-item ``__ray_call__`` one per item."""
+
+    def __init__(self, host: Any) -> None:
+        super().__init__(host)
+        self._actor_handlers = [StoredHandle(host)]
+
+    def async_run_method_batch(self, method_name: str, **batch: Any) -> list[Any]:
+        results = super().async_run_method_batch(method_name, **batch)
+        return [StoredRef(result) for result in results]

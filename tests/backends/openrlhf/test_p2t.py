@@ -101,7 +101,7 @@ def test_the_attribution_is_the_direction_models_own_and_p2t_credits_it(
     maker = credit_maker(credit, policy, None if placement == "policy" else host)
     policy.forwards = 0
     batches = with_logprobs(batches, policy.run("forward", batches))
-    signals = maker._gather_signals(batches)
+    signals = list(maker._gather_signals(batches))
     rm = host._credit_states[placement].direction_model
     rm.module.calls = 0
     out = maker.compute_advantages_and_returns(copy.deepcopy(batches))
