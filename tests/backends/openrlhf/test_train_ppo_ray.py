@@ -8,8 +8,14 @@ split off, ``train_ppo_ray`` run as ``__main__``, its parser, ``get_strategy``,
 experience maker) on a local Ray cluster with fake GPU resources. Only the actor classes
 ``train`` builds are swapped, where it looks them up, for tiny CPU actors
 (``tests.helpers.openrlhf_train``: OpenRLHF's own ``forward`` methods around its ``Actor``
-and ``RewardModel`` loaded from tiny checkpoints, without DeepSpeed engines; a Hugging Face
-sampler behind OpenRLHF's single-turn executor in place of vLLM, which needs CUDA).
+and ``RewardModel`` loaded from tiny checkpoints as OpenRLHF loads them, without the
+DeepSpeed engines and process group that ``strategy.setup_distributed`` / ``prepare`` build
+with CUDA and NCCL; a Hugging Face sampler behind OpenRLHF's single-turn executor in place of
+vLLM, which needs CUDA). Nothing else is patched.
+
+At the commit before the fix, both runs died at start-up inside ``PPOTrainer.remote``:
+``RayTaskError(AttributeError): 'TinyRewardActor' object has no attribute 'model'`` from
+``export_reward_embedding`` (datc) and ``one_pass_null`` (p2t), called by the install.
 
 The one-pass path (no ``--credit.direction.*``: the direction model is OpenRLHF's reward
 model on its actors) is the headline use: ``datc`` and ``p2t`` must train two steps.
