@@ -25,16 +25,26 @@ SCRIPT = REPO / "scripts" / "verl_gpu_smoke.sh"
 NAMES = ["VERL_COMMON", "VERL_UNIFORM", "VERL_DATC", "VERL_RED"]
 
 
-def settings() -> dict[str, list[str]]:
-    """The arrays of the script's SETTINGS block (``WORK=/work``, ``ROLLOUT=vllm``)."""
+def settings(work: str = "/work") -> dict[str, list[str]]:
+    """The arrays of the script's SETTINGS block (``WORK=work``, ``ROLLOUT=vllm``)."""
     block = f"eval \"$(sed -n '/^# BEGIN SETTINGS/,/^# END SETTINGS/p' {SCRIPT})\"; " + "; ".join(
         f'printf "%s\\0" "${{{n}[@]}}"; printf "\\1"' for n in NAMES
     )
-    env = {**os.environ, "WORK": "/work", "ROLLOUT": "vllm"}
+    env = {**os.environ, "WORK": work, "ROLLOUT": "vllm"}
     out = subprocess.run(["bash", "-c", block], capture_output=True, text=True, check=True, env=env)
     values = out.stdout.split("\1")[:-1]
     assert len(values) == len(NAMES), out.stdout
     return {n: v.split("\0")[:-1] for n, v in zip(NAMES, values, strict=True)}
+
+
+def write_setup(work: Path) -> None:
+    """Run the script's setup (its models, data and reward function, as written) into
+    ``work``."""
+    text = SCRIPT.read_text()
+    start = text.index("\n", text.index("<<'PY'")) + 1
+    setup = text[start : text.index("\nPY\n")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, "-c", setup, str(work)], check=True, env=env, cwd=REPO)
 
 
 def test_the_script_parses() -> None:
@@ -56,11 +66,7 @@ def test_the_setup_writes_models_and_data_verl_reads(tmp_path: Path) -> None:
     """The script's setup (run here as written) gives a policy with a chat template, a
     reward model, a reward function and a parquet file that verl's ``create_rl_dataset``
     reads, every prompt within ``data.max_prompt_length`` (verl refuses longer ones)."""
-    text = SCRIPT.read_text()
-    start = text.index("\n", text.index("<<'PY'")) + 1
-    setup = text[start : text.index("\nPY\n")]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    subprocess.run([sys.executable, "-c", setup, str(tmp_path)], check=True, env=env, cwd=REPO)
+    write_setup(tmp_path)
     found = settings()
     config = checked_config(verl_overrides(found["VERL_COMMON"] + found["VERL_DATC"]))
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "policy")
