@@ -17,12 +17,17 @@ What blocks the rest on a machine without a GPU, so the run stops where verl bui
 first worker group (``RayWorkerGroup``, replaced by a stand-in that records what verl asked
 for and raises ``WorkersReachedError``):
 
-1. verl's resource pools are GPU pools (``ResourcePoolManager.create_resource_pool`` passes
-   ``use_gpu=True``; Ray is told of one logical GPU here so that the pools are made), and its
-   workers (``ActorRolloutRefWorker``) set up their process group in
-   ``initialize_global_process_group_ray``, which failed with ``use_gpu=False`` on the CPU
-   (``cpu:gloo,cpu:gloo``, /work/shared/ENVIRONMENT.md); ``CreditFSDPEngine`` is registered
-   for (cuda, nvidia) only, so a CPU worker would build verl's own engine anyway;
+1. the worker group's actors cannot be placed (measured with verl 0.9.1 and Ray 2.55 on this
+   CPU machine, Ray told of one logical GPU): ``RayClassWithInitArgs.__call__`` asks the
+   platform for the actor's accelerator options, which the CPU platform (resource name
+   ``CPU``) gives as ``{"resources": {"CPU": n}}`` and Ray refuses ("Use the 'num_cpus' and
+   'num_gpus' keyword instead of 'CPU' and 'GPU'"); given as ``{"num_gpus": n}`` instead,
+   the request ``{'GPU': 1/3, 'CPU': 1}`` fits none of the pool's placement-group bundles
+   ``[{'CPU': 1.0}]``. Past placement, verl's workers (``ActorRolloutRefWorker``) set up their
+   process group in ``initialize_global_process_group_ray``, which failed with
+   ``use_gpu=False`` on the CPU (``cpu:gloo,cpu:gloo``, /work/shared/ENVIRONMENT.md); and
+   ``CreditFSDPEngine`` is registered for (cuda, nvidia) only, so a CPU worker would build
+   verl's own engine;
 2. after the workers, ``LLMServerManager`` starts the rollout replicas, which verl's V1
    trainer has for vllm, sglang and trtllm only (``RolloutReplicaRegistry``), none of which
    installs without CUDA; V1 has no Hugging Face rollout.
