@@ -197,6 +197,16 @@ def direct_attribution(policy: Path, rm: Path, batch: TensorDict, null: str) -> 
     """P2T's r_t (B, R): ``DirectionModel.attribution`` of a separately built direction
     model's own reward gradient on the batch's prompt (left-padded) and response
     (right-padded) token ids."""
+    direction, responses, response_mask, g = direct_reward_grad(policy, rm, batch)
+    return direction.attribution(g, responses, response_mask, null)
+
+
+def direct_reward_grad(
+    policy: Path, rm: Path, batch: TensorDict
+) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A separately built direction model, the batch's responses (B, R) and mask
+    (right-padded), and the model's own reward gradient g (B, R, d) on the batch's prompt
+    (left-padded) and response token ids."""
     tokenizer = AutoTokenizer.from_pretrained(policy)
     B, P = len(PROMPTS), max(PROMPTS)
     ids = batch["input_ids"].to_padded_tensor(0)
@@ -210,7 +220,7 @@ def direct_attribution(policy: Path, rm: Path, batch: TensorDict, null: str) -> 
     direction = build_direction_model({"kind": "seq_classification", "path": str(rm)}, tokenizer)
     out = direction.score(prompt_ids, prompt_mask, responses, response_mask, with_grad=True)
     assert out.reward_grad is not None
-    return direction.attribution(out.reward_grad.detach(), responses, response_mask, null)
+    return direction, responses, response_mask, out.reward_grad.detach()
 
 
 def attribution_request(rm: Path, null: str) -> str:
@@ -273,6 +283,47 @@ def test_attribution_under_verls_bf16_autocast_is_computed_in_float32(
     assert got.dtype == torch.float32 and scale > 0
     torch.testing.assert_close(got[mask], expected[mask], rtol=1e-4, atol=1e-4 * scale)
     assert torch.equal(got[~mask], torch.zeros_like(got[~mask]))
+
+
+def test_w0_under_verls_bf16_autocast_is_reduced_in_float32(
+    models: tuple[Path, Path], bf16_engine: Any
+) -> None:
+    """Under verl's bf16 mixed precision W0 is ``credit_core.unsigned_work_from_logits`` of
+    the logits that forward gave (bf16, recorded from the engine's module), read in float32,
+    with the float32 direction model's gradient, to the float32 engine's tolerance (it held
+    before the engine disabled autocast for its signals too: of the signals only P2T's
+    attribution was rounded by verl's bf16 autocast)."""
+    policy, rm = models
+    batch = old_log_prob_batch(bf16_engine, work_request(rm))
+    recorded: list[torch.Tensor] = []
+    hook = bf16_engine.module.register_forward_hook(
+        lambda _m, _i, out: recorded.append(out.logits.detach())
+    )
+    try:
+        output, _ = infer(bf16_engine, batch)
+    finally:
+        hook.remove()
+    work = response_from_nested(output[WORK_FIELD], batch["response_mask"]).to_padded_tensor(0.0)
+    direction, responses, _, g = direct_reward_grad(policy, rm, batch)
+    expected = torch.zeros_like(work)
+    lengths = [p + r for p, r in zip(PROMPTS, RESPONSES, strict=True)]
+    for i, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
+        logits = recorded[i // MICRO_BATCH]  # packed: (1, tokens of the micro-batch, V)
+        start = sum(lengths[i - i % MICRO_BATCH : i]) + p - 1
+        span = logits[0, start : start + r].float().unsqueeze(0)
+        assert logits.dtype == torch.bfloat16
+        expected[i, :r] = unsigned_work_from_logits(
+            span,
+            responses[i, :r].unsqueeze(0),
+            direction.reward_embedding,
+            g[i, :r].unsqueeze(0),
+            temperature=TEMPERATURE,
+            chunk_size=64,
+        )[0]
+    mask = batch["response_mask"].to_padded_tensor(0).bool()
+    scale = float(expected[mask].abs().max())
+    assert scale > 0
+    torch.testing.assert_close(work[mask], expected[mask], rtol=1e-4, atol=1e-4 * scale)
 
 
 def reward_model_passes(engine: Any, request: str) -> tuple[int, int]:
