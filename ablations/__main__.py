@@ -10,11 +10,11 @@ writes the same outputs. ``check`` reruns N recorded runs drawn at random and co
 their final metrics with the recorded ones (``ablations.check``): one line per run and a
 summary; exit status 0 when every rerun is identical within the tolerance, 1 when some
 differ. Expected failures (bad config, missing file, package or GPU)
-print one message and exit with status 2 (``credit_core.cli``); a failed run is a bug
+print one message and exit with status 2 (``backends.common.cli``); a failed run is a bug
 until shown otherwise and raises with its traceback. A worker process that dies, fails or
 hangs ends the runner with one message naming it and its run (status 2); a stop signal
 (SIGTERM, SIGUSR1) ends the run in progress after its step and the command with one line
-and status 75 (``credit_core.preemption``). Finished runs are kept: the same command
+and status 75 (``backends.common.preemption``). Finished runs are kept: the same command
 continues.
 """
 
@@ -28,10 +28,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from backends.common.cli import add_debug_argument, run_cli
 from backends.common.errors import ConfigError
+from backends.common.preemption import PREEMPTED_EXIT
 from backends.torch.config import add_override_argument, check_device
-from credit_core.cli import add_debug_argument, run_cli
-from credit_core.preemption import PREEMPTED_EXIT
 
 if TYPE_CHECKING:
     from ablations.ablation_config import AblateConfig

@@ -28,7 +28,7 @@ fresh batch of held-out prompts sampled by the trainer's own rollout
 - ``probe/oracle_credit_corr`` (with ``oracle_k > 0``, settings with a rule): the same
   correlation for the oracle credit of the probe batch: DATC's work with the direction
   model's exact swap differences over the sampled and top-k tokens
-  (``credit_core.swap.swap_work``, ``adapters.swap.swap_deltas``; B x T x k RM forwards),
+  (``ablations.swap.swap_work``, ``ablations.swap.swap_deltas``; B x T x k RM forwards),
   allocated by the shared rule with ``oracle_beta``/``oracle_lam``: the upper bound of what
   a better direction could give, whatever the run's strategy.
 
@@ -48,16 +48,15 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from ablations.sparse_tasks import TokenRule
+from ablations.swap import swap_deltas, swap_work
 from adapters.direction import DirectionModel
 from adapters.policy import final_hidden_states, lm_head_of, predictor_positions
 from adapters.policy import response_logprobs_and_stats as logprobs_and_stats
 from adapters.scorers import decode_rows
-from adapters.swap import swap_deltas
 from backends.common.data import Prompt
 from backends.torch.compare import CompareCredit
 from backends.torch.rollout import RolloutBatch
 from credit_core import allocate_weights
-from credit_core.swap import swap_work
 
 if TYPE_CHECKING:
     from backends.torch.trainer import GRPORecipe

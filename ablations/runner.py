@@ -60,9 +60,9 @@ from ablations.results import (
 from ablations.settings import SettingAssets
 from ablations.summary import SettingSpec, SummarySpec, group_runs, summarize
 from ablations.sweeps import Sweep, find_sweeps, sweep_markdown, sweep_table
+from backends.common.cli import CommandError
 from backends.common.errors import ConfigError
-from credit_core.cli import CommandError
-from credit_core.preemption import PreemptionWatch, signal_name
+from backends.common.preemption import PreemptionWatch, signal_name
 
 #: Bumped when what a run computes changes, so that older results are redone.
 RESULT_VERSION = 2

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from backends.common.cli import CommandError, add_debug_argument, run_cli
 from benchmarks import report
-from credit_core.cli import CommandError, add_debug_argument, run_cli
 
 PROG = "credit-bench"
 

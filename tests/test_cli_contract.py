@@ -1,4 +1,4 @@
-"""Every command line keeps one error contract (``credit_core.cli``).
+"""Every command line keeps one error contract (``backends.common.cli``).
 
 ``credit-train``, ``credit-ablate``, ``credit-openrlhf`` and ``credit-bench``: an expected
 failure (bad config, bad input, missing file, package or GPU) prints one message whose
@@ -19,13 +19,13 @@ import pytest
 import torch
 
 from ablations.__main__ import main as ablate_main
+from backends.common.cli import SILENCED, CommandError
 from backends.common.errors import ConfigError
 from backends.openrlhf.launcher import main as openrlhf_main
 from backends.openrlhf.settings import OpenRLHFCreditConfig
 from backends.torch.__main__ import main as train_main
 from benchmarks.cli import main as bench_main
 from credit_core import CreditError
-from credit_core.cli import SILENCED, CommandError
 from tests.helpers.paths import REPO
 
 TRAIN_CONFIG = """\
@@ -286,7 +286,7 @@ def test_credit_ablate_prints_no_deepspeed_accelerator_line(
 
 
 def test_the_silenced_line_is_the_one_the_installed_deepspeed_logs() -> None:
-    """DeepSpeed's logger and message are what ``credit_core.cli.SILENCED`` names (read from
+    """DeepSpeed's logger and message are what ``backends.common.cli.SILENCED`` names (read from
     its source: importing DeepSpeed takes 10 s and more)."""
     spec = importlib.util.find_spec("deepspeed")
     if spec is None or spec.origin is None:

@@ -21,10 +21,10 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from backends.common.cli import DEBUG_FLAG, run_cli
 from backends.openrlhf.settings import OpenRLHFCreditConfig, build_config, read_config_file
 from backends.openrlhf.version import SUPPORTED_TEXT, check_openrlhf_version
 from credit_core import CreditError, list_strategies
-from credit_core.cli import DEBUG_FLAG, run_cli
 
 PROG = "credit-openrlhf"
 OPENRLHF_MODULE = "openrlhf.cli.train_ppo_ray"
@@ -187,6 +187,6 @@ def main(
     ``train`` runs the training (replaced in tests). Returns 0 on success, 2 on an expected
     failure: a credit or version error (nothing started), a missing package such as
     flash_attn or a missing file (one message on stderr; ``--debug`` shows the traceback,
-    ``credit_core.cli``).
+    ``backends.common.cli``).
     """
     return run_cli(PROG, lambda args: _launch(args, train), argv)

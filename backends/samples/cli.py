@@ -15,9 +15,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from backends.common.cli import CommandError, add_debug_argument, run_cli
 from backends.samples.page import RunSamples, render_page
 from backends.samples.records import SAMPLES_FILE, read_samples
-from credit_core.cli import CommandError, add_debug_argument, run_cli
 
 PROG = "credit-view"
 PAGE_FILE = "credit_view.html"

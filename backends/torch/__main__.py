@@ -3,9 +3,9 @@
 
 Under ``torchrun --nproc_per_node N -m backends.torch CONFIG.yaml`` every rank runs it.
 Expected failures (bad config, missing file, package or GPU) print one message and exit
-with status 2 (``credit_core.cli``); ``--debug`` shows their traceback. A stop signal
+with status 2 (``backends.common.cli``); ``--debug`` shows their traceback. A stop signal
 (SIGTERM, SIGUSR1) ends the run after its step, with a checkpoint, one line and status 75
-(``credit_core.preemption``).
+(``backends.common.preemption``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+from backends.common.cli import add_debug_argument, run_cli
 from backends.common.errors import ConfigError
+from backends.common.preemption import PREEMPTED_EXIT
 from backends.torch.config import add_override_argument, check_device, load_config
-from credit_core.cli import add_debug_argument, run_cli
-from credit_core.preemption import PREEMPTED_EXIT
 
 PROG = "credit-train"
 

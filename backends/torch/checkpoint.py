@@ -54,9 +54,9 @@ from torch.distributed.checkpoint.hf_storage import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from backends.common.cli import CommandError
 from backends.common.errors import ConfigError
 from backends.torch.distributed import DistContext
-from credit_core.cli import CommandError
 
 log = logging.getLogger(__name__)
 

@@ -44,6 +44,7 @@ from adapters.policy import (
 )
 from backends.common.data import Prompt, PromptSampler, shard
 from backends.common.errors import ConfigError
+from backends.common.preemption import PreemptionWatch, signal_name
 from backends.torch import checkpoint as ckpt
 from backends.torch.answer_span import AnswerSpan, build_answer_span
 from backends.torch.config import (
@@ -113,7 +114,6 @@ from credit_core import (
 )
 from credit_core.answer_reweighting import ANSWER_SALIENCY
 from credit_core.plan import CreditPlan
-from credit_core.preemption import PreemptionWatch, signal_name
 from credit_core.token_rewards import critic_reward_shift
 
 CONFIG_FILE = "config.yaml"
@@ -1086,7 +1086,7 @@ class GRPORecipe:
         """Train to ``cfg.steps``; log every step, evaluate and checkpoint when due.
 
         ``at_eval()`` is merged into every evaluation record (the ablation's measurements).
-        A stop signal (``credit_core.preemption``) ends the run after the step in progress,
+        A stop signal (``backends.common.preemption``) ends the run after the step in progress,
         with a checkpoint of that step (``RunResult.preempted``).
         """
         cfg = self.cfg

@@ -26,8 +26,8 @@ import os
 import sys
 import warnings
 
+from backends.common.cli import run_cli
 from backends.verl.config import CREDIT_KEYS, TRAINER_MODE
-from credit_core.cli import run_cli
 
 PROG = "credit-verl"
 

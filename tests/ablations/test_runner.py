@@ -31,7 +31,7 @@ from ablations.figures import is_png
 from ablations.results import RESULT_FILE, TIMING_COLUMNS, read_csv
 from ablations.runner import CSV_FILE, REPORT_FILE, merge, plan_runs, run_ablation
 from ablations.settings import SETTINGS
-from credit_core.preemption import PREEMPTED_EXIT
+from backends.common.preemption import PREEMPTED_EXIT
 from tests.helpers.paths import REPO
 
 pytestmark = pytest.mark.slow

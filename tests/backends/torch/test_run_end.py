@@ -22,10 +22,10 @@ from safetensors.torch import load_file
 
 import backends.torch.checkpoint as ckpt
 from backends.common.jsonl import read_jsonl
+from backends.common.preemption import PREEMPTED_EXIT
 from backends.torch.__main__ import main as train_main
 from backends.torch.run_lock import RunFolderBusyError, acquire_run_lock
 from backends.torch.trainer import GRPORecipe, RunResult, train
-from credit_core.preemption import PREEMPTED_EXIT
 from tests.helpers.paths import REPO
 from tests.helpers.torch_tiny import RESUMABLE, comparable, tiny_config
 

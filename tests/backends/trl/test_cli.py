@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from backends.common.preemption import PREEMPTED_EXIT
 from backends.trl.cli import main
-from credit_core.preemption import PREEMPTED_EXIT
 from tests.helpers.paths import REPO
 
 CONFIG = str(REPO / "configs" / "trl" / "tiny_datc.yaml")

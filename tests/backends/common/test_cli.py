@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
+from backends.common.cli import CommandError, run_cli
 from credit_core import CreditError
-from credit_core.cli import CommandError, run_cli
 
 
 def failing(exc: Exception) -> Callable[[list[str]], int]:

@@ -1,5 +1,5 @@
-"""The exact-swap oracle's work (``credit_core.swap.swap_work``) and its signal
-(``adapters.swap.swap_deltas``), docs/design.md, "Curvature-robust direction".
+"""The exact-swap oracle's work (``ablations.swap.swap_work``) and its signal
+(``ablations.swap.swap_deltas``), docs/design.md, "Curvature-robust direction".
 
 - For an RM linear in each input embedding, R = sum_t w_t . x_t, the exact swap differences
   are the first-order ones: with the whole vocabulary as candidates ``swap_work`` equals
@@ -14,10 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ablations.swap import swap_deltas, swap_work, top_candidates
 from adapters.reward_models import ModuleRM
-from adapters.swap import swap_deltas, top_candidates
 from credit_core import allocate_weights, policy_stats_from_logits, token_work
-from credit_core.swap import swap_work
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-from credit_core.preemption import DUPLICATE_WINDOW_S, PreemptionWatch
+from backends.common.preemption import DUPLICATE_WINDOW_S, PreemptionWatch
 from tests.helpers.paths import REPO
 
 BODY = """
 import os, signal, sys, time
-from credit_core.preemption import PreemptionWatch
+from backends.common.preemption import PreemptionWatch
 with PreemptionWatch("prog", grace_s={grace}) as watch:
     {actions}
     print("requested", watch.requested, flush=True)
