@@ -43,10 +43,10 @@ from typing import Any, Literal
 
 import yaml
 
+from backends.common.cli import silence_third_party_noise
 from backends.common.config_values import json_object
+from backends.common.preemption import PREEMPTED_EXIT, PreemptionWatch, signal_name
 from credit_core import CreditError
-from credit_core.cli import silence_third_party_noise
-from credit_core.preemption import PREEMPTED_EXIT, PreemptionWatch, signal_name
 
 PROG = "credit-trl"
 
