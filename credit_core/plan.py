@@ -21,7 +21,7 @@ the path gradient into W0 itself (``Backend.path_work``).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from credit_core.batch import DIRECTION_SIGNALS, SIGNALS, TRAINED_MODEL_SIGNALS
@@ -137,7 +137,8 @@ class Backend:
       W0 for a strategy with ``work_requires``.
     - ``path_work``: its policy pass also forms W0 from the statistics and a path gradient
       (``reward_grad_points`` >= 1; otherwise such a strategy gets ``requires``).
-    - ``hint``: what serves a strategy it refuses (ends the refusal).
+    - ``hint`` (keyword, required): what serves a strategy it refuses, in the backend's own
+      words (ends the refusal); the core names no backend.
     """
 
     name: str
@@ -146,7 +147,7 @@ class Backend:
     features: frozenset[str]
     work_first: bool = True
     path_work: bool = False
-    hint: str = "run it with the native trainer (python -m backends.torch, docs/backends.md)"
+    hint: str = field(kw_only=True)
 
     def __post_init__(self) -> None:
         if not self.signals <= SIGNALS:

@@ -33,7 +33,15 @@ KLEstimator = Literal["k1", "k2", "k3"]
 #: What the native trainer provides: every signal and feature (docs/backends.md). Its rewards
 #: are scored before the old policy's pass (W0 streamed), except on a path, whose gradient
 #: needs that pass's m1 first.
-BACKEND = Backend("native", "credit", SIGNALS, FEATURES, work_first=True, path_work=False)
+BACKEND = Backend(
+    "native",
+    "credit",
+    SIGNALS,
+    FEATURES,
+    work_first=True,
+    path_work=False,
+    hint="every signal and feature of credit_core is computed here (docs/backends.md)",
+)
 #: The values of the rollout's sampling keys that leave the distribution untruncated.
 SAMPLING_OFF: dict[str, tuple[object, ...]] = {"top_k": (0,), "top_p": (1.0,)}
 

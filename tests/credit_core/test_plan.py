@@ -17,9 +17,10 @@ from credit_core.plan import (
     signals_read,
 )
 
-EVERYTHING = Backend("all", "credit", SIGNALS, FEATURES)
-NO_PATH_WORK = Backend("all", "credit", SIGNALS, FEATURES, path_work=False)
-SCORE_LATE = Backend("late", "credit", SIGNALS, FEATURES, work_first=False)
+HINT = "use another backend"
+EVERYTHING = Backend("all", "credit", SIGNALS, FEATURES, hint=HINT)
+NO_PATH_WORK = Backend("all", "credit", SIGNALS, FEATURES, path_work=False, hint=HINT)
+SCORE_LATE = Backend("late", "credit", SIGNALS, FEATURES, work_first=False, hint=HINT)
 
 
 def test_every_signal_has_one_source_and_the_trained_model_ones_are_trained() -> None:
@@ -46,7 +47,7 @@ def test_the_signals_follow_the_reward_gradient_first_rule(name: str) -> None:
     assert plan.reward_grad_first is first
     late = CreditPlan.build(name, SCORE_LATE)
     assert late.signals == cls.requires and not late.reward_grad_first
-    path_work = Backend("pw", "credit", SIGNALS, FEATURES, path_work=True)
+    path_work = Backend("pw", "credit", SIGNALS, FEATURES, path_work=True, hint=HINT)
     assert CreditPlan.build(name, path_work).signals == cls.signals_to_compute(
         reward_grad_first=True
     )
@@ -63,7 +64,7 @@ def test_datc_streams_w0_and_a_path_strategy_reads_the_statistics() -> None:
 
 
 def test_uniform_reads_nothing_and_fits_every_backend() -> None:
-    nothing = Backend("bare", "credit", frozenset(), frozenset())
+    nothing = Backend("bare", "credit", frozenset(), frozenset(), hint=HINT)
     plan = CreditPlan.build("uniform", nothing)
     assert plan.signals == frozenset() and plan.features == frozenset()
     assert not plan.needs_direction and plan.trained_model is None
@@ -83,28 +84,40 @@ def test_a_backend_lacking_a_signal_or_feature_refuses_with_one_message() -> Non
         "algorithm.credit",
         frozenset({"unsigned_work"}),
         frozenset({"gather"}),
-        hint="use another backend",
+        hint=HINT,
     )
     with pytest.raises(CreditError) as err:
         CreditPlan.build("abc", backend)
     text = str(err.value)
     assert text.startswith("algorithm.credit: strategy 'abc' is not served: it reads ")
     assert "['reward_attention']" in text and "which the Toy backend does not provide" in text
-    assert text.endswith("use another backend")
+    assert text.endswith(HINT)
     with pytest.raises(CreditError, match=r"it reads each response's answer span"):
-        CreditPlan.build("oar_g", Backend("Toy", "credit", SIGNALS, frozenset()))
+        CreditPlan.build("oar_g", Backend("Toy", "credit", SIGNALS, frozenset(), hint=HINT))
     with pytest.raises(CreditError, match=r"it reads \['implicit_log_ratio'\] and the log-probs"):
         CreditPlan.build(
             "prime",
-            Backend("Toy", "credit", SIGNALS - TRAINED_MODEL_SIGNALS, FEATURES - {"trained_model"}),
+            Backend(
+                "Toy",
+                "credit",
+                SIGNALS - TRAINED_MODEL_SIGNALS,
+                FEATURES - {"trained_model"},
+                hint=HINT,
+            ),
         )
 
 
 def test_a_backend_declares_known_signals_and_features_only() -> None:
     with pytest.raises(CreditError, match="signals must be within"):
-        Backend("x", "credit", frozenset({"logits"}), frozenset())
+        Backend("x", "credit", frozenset({"logits"}), frozenset(), hint=HINT)
     with pytest.raises(CreditError, match="features must be within"):
-        Backend("x", "credit", frozenset(), frozenset({"packing"}))
+        Backend("x", "credit", frozenset(), frozenset({"packing"}), hint=HINT)
+
+
+def test_the_refusal_s_hint_is_the_backend_s_own() -> None:
+    """The core names no backend: a ``Backend`` says itself what serves what it refuses."""
+    with pytest.raises(TypeError, match="hint"):
+        Backend("x", "credit", frozenset(), frozenset())  # type: ignore[call-arg]
 
 
 def test_truncated_sampling_is_named_by_the_backend_s_key() -> None:
