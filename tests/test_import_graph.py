@@ -1,4 +1,5 @@
-"""The project's modules import each other without a cycle.
+"""The project's modules import each other without a cycle, and in layers: ``credit_core``
+imports none of the project's other packages; no backend imports another.
 
 The graph is read from the source with ``ast``: every ``import`` and ``from ... import``
 statement counts, at module level and inside functions alike (a function-level import that
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,6 +154,46 @@ def test_credit_core_imports_no_framework() -> None:
             for imported in names:
                 top = (imported or "").split(".")[0]
                 assert top in allowed, f"{name} imports {imported}"
+
+
+def imports_from(graph: Graph, importer: str, imported: Collection[str]) -> list[tuple[str, str]]:
+    """(module, target) pairs where a module of package ``importer`` imports a module of one
+    of the packages ``imported``."""
+
+    def package(module: str) -> str:
+        return module.split(".")[0]
+
+    return sorted(
+        (module, target)
+        for module, targets in graph.items()
+        if package(module) == importer
+        for target in targets
+        if package(target) in imported
+    )
+
+
+def test_credit_core_imports_no_backend_and_no_adapter() -> None:
+    """The library stands below every user of it: no module of ``credit_core`` imports
+    ``backends`` or ``adapters`` (nor ``ablations``, ``benchmarks``), at any depth, relative
+    imports included."""
+    assert imports_from(import_graph(), "credit_core", set(PACKAGES) - {"credit_core"}) == []
+
+
+def test_the_core_check_finds_a_function_level_backend_import(tmp_path: Path) -> None:
+    """The check can fail: an import of a backend inside a function, and a relative one
+    reaching out of the package, are both found."""
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "backends" / "common.py").write_text("")
+    (tmp_path / "adapters" / "policy.py").write_text("")
+    (tmp_path / "credit_core" / "a.py").write_text("def f():\n    import backends.common\n")
+    (tmp_path / "credit_core" / "b.py").write_text("from ..adapters import policy\n")
+    (tmp_path / "credit_core" / "c.py").write_text("from credit_core import a\n")
+    assert imports_from(import_graph(tmp_path), "credit_core", {"backends", "adapters"}) == [
+        ("credit_core.a", "backends.common"),
+        ("credit_core.b", "adapters.policy"),
+    ]
 
 
 #: The backends, each of which may import the shared layers but no other backend.
