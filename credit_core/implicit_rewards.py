@@ -14,7 +14,6 @@ reward, summed with their coefficients, returns-to-go, whitened over the step's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import torch
@@ -25,6 +24,7 @@ from credit_core.batch import CreditBatch, Gather
 from credit_core.errors import CreditError
 from credit_core.strategy import CreditResult, CreditStrategy, CriticRewardForm, builtin
 from credit_core.tensor_checks import check_tensor
+from credit_core.trained_model import ImplicitPRMSpec
 
 #: The floor of the batch-norm divisor (the recipe's ``prime_norm``: max |G| + 1e-6).
 NORM_EPS = 1e-6
@@ -197,32 +197,6 @@ def implicit_prm_loss(
     return torch.nn.functional.binary_cross_entropy_with_logits(
         score, labels.to(score.dtype), reduction="none"
     )
-
-
-@dataclass(frozen=True)
-class ImplicitPRMSpec:
-    """What a backend needs to host PRIME's implicit PRM pi_phi: ``beta`` (of the loss and
-    the rewards), pi_phi's AdamW learning rate ``lr`` (weight decay 0, constant schedule) and
-    gradient-norm clip ``grad_clip``, and how outcome labels come from rewards
-    (``threshold``: l = 1[R > threshold]; None: l = R, which must lie in [0, 1])."""
-
-    beta: float
-    lr: float
-    grad_clip: float
-    threshold: float | None
-
-    def labels(self, rewards: torch.Tensor) -> torch.Tensor:
-        """Outcome labels (B,) float32 in [0, 1] of the rewards (B,); ``CreditError`` naming
-        the rewards when they are the labels and leave [0, 1]."""
-        if self.threshold is not None:
-            return (rewards > self.threshold).to(torch.float32)
-        if not bool(((rewards >= 0) & (rewards <= 1)).all()):
-            raise CreditError(
-                "rewards: prime with threshold None takes the rewards as outcome labels and "
-                f"needs them in [0, 1], got min {float(rewards.min())}, max "
-                f"{float(rewards.max())}; set a threshold"
-            )
-        return rewards.to(torch.float32)
 
 
 class PrimeParams(BaseModel):

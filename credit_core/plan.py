@@ -22,16 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from credit_core.batch import DIRECTION_SIGNALS, SIGNALS, TRAINED_MODEL_SIGNALS
 from credit_core.config import CreditConfig
 from credit_core.errors import CreditError
 from credit_core.factory import get_strategy
 from credit_core.strategy import CreditStrategy
-
-if TYPE_CHECKING:
-    from credit_core.implicit_rewards import ImplicitPRMSpec
+from credit_core.trained_model import ImplicitPRMSpec
 
 #: Where a signal comes from: a frozen ``direction`` model (its score, gradient, attention,
 #: prefix scores; ``policy_stats`` also needs its embedding table), the ``policy_pass`` over

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,9 +18,7 @@ from credit_core.allocation import (
 from credit_core.attribution import DEFAULT_NULL, NullEmbedding
 from credit_core.batch import SIGNALS, CreditBatch
 from credit_core.errors import CreditError
-
-if TYPE_CHECKING:
-    from credit_core.implicit_rewards import ImplicitPRMSpec
+from credit_core.trained_model import ImplicitPRMSpec
 
 #: The std of the Gaussian noise on the reasoning tokens' input embeddings at which a backend
 #: takes ``answer_saliency`` (the OAR-G authors' ``noise_std``; docs/design.md,

@@ -20,7 +20,8 @@ import torch
 from adapters.policy import response_logprobs_and_stats
 from backends.torch.distributed import DistContext, grad_sync, root_gathered
 from backends.torch.rollout import RolloutBatch
-from credit_core.implicit_rewards import ImplicitPRMSpec, implicit_prm_loss
+from credit_core.implicit_rewards import implicit_prm_loss
+from credit_core.trained_model import ImplicitPRMSpec
 
 #: The key of pi_phi's model and optimizer state in a checkpoint's ``TrainingState.extra``.
 CHECKPOINT_KEY = "implicit_prm"

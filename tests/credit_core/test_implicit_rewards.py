@@ -20,13 +20,13 @@ import torch
 
 from credit_core import CreditError, CreditSignals, assign_credit, get_strategy, list_strategies
 from credit_core.implicit_rewards import (
-    ImplicitPRMSpec,
     PrimeStrategy,
     implicit_prm_loss,
     implicit_token_rewards,
     leave_one_out,
     prime_advantages,
 )
+from credit_core.trained_model import ImplicitPRMSpec
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 

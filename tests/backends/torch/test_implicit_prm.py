@@ -25,7 +25,7 @@ from backends.torch.config import config_from_dict
 from backends.torch.distributed import unwrap
 from backends.torch.implicit_prm import ImplicitPRM
 from backends.torch.trainer import GRPORecipe, train
-from credit_core.implicit_rewards import ImplicitPRMSpec
+from credit_core.trained_model import ImplicitPRMSpec
 from tests.helpers.one_rank import join_one_rank_group
 from tests.helpers.torch_tiny import comparable, crash_in_step_3, tiny_config
 
