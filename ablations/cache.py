@@ -5,6 +5,10 @@ does not exist yet, ``build(tmp)`` fills a temporary sibling folder which is the
 into place (atomic on POSIX), so an interrupted build never leaves a folder that looks
 complete, and two processes building the same artifact both end up with one whole copy.
 ``spec.json`` inside records what was built.
+
+``SpecModel`` is the base of the parameter models whose dump is part of a cache key or a
+run's fingerprint: a field at None is left out of its dump, so an optional knob added with
+default None keeps every key and fingerprint made before it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, SerializerFunctionWrapHandler, model_serializer
 
 SPEC_FILE = "spec.json"
 
@@ -48,3 +54,15 @@ def cached_dir(
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+class SpecModel(BaseModel):
+    """A parameter model whose dump (``model_dump``, also of it nested in another) leaves out
+    every field whose value is None (module docstring)."""
+
+    @model_serializer(mode="wrap")
+    def _without_unset_knobs(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if not isinstance(data, dict):
+            return data
+        return {key: value for key, value in data.items() if value is not None}

@@ -15,9 +15,14 @@ the first two form span A, the last two span B.
   span A nothing, whatever it holds.
 - The reward of a run is the rule itself (``span_checker``, exact); the direction model of
   DATC and the scorer of ``red``/``abc`` is a tiny BERT trained in-process on the rule
-  (``span_rm_examples``), as in setting 6.
+  (``span_rm_examples``), as in setting 6, or, to lower its fidelity, on a mix of the rule
+  and its additive proxy ``span_sum`` (c_A + c_B) / 4.
 - Pretraining texts (``length_task``) hold a target word at rate ``target_rate`` anywhere:
-  the untrained skill, with no notion of which positions count.
+  the untrained skill, with no notion of which positions count. With ``chain_noise`` they
+  follow a fixed successor chain instead (``chain_words``): each word is its predecessor's
+  successor with probability 1 - ``chain_noise``, else drawn as above, so the pretrained
+  policy is peaked (sampling entropy far below log V) while each position still holds a
+  target word at about the same rate.
 - ``SpanSwapRule`` is the probes' token credit: V_t[v] = r(y with y_t := v), the score each
   token would give at position t with the rest of the response fixed (constant in v away
   from the decisive positions, so their exact credit is 0).
@@ -81,6 +86,30 @@ def _words(rng: random.Random, n: int, rate_at: Sequence[float]) -> list[str]:
     ]
 
 
+def successors(seed: int) -> dict[str, str]:
+    """The successor chain of the peaked pretraining texts: a seeded random permutation of
+    the response words (target and non-target), word -> its successor."""
+    vocab = [*word_tasks.CATEGORIES[word_tasks.TARGET_CATEGORY], *word_tasks.non_target_words()]
+    shuffled = list(vocab)
+    random.Random(seed + 7919).shuffle(shuffled)
+    return dict(zip(vocab, shuffled, strict=True))
+
+
+def chain_words(
+    rng: random.Random, n: int, target_rate: float, noise: float, succ: dict[str, str]
+) -> list[str]:
+    """``n`` words: the first drawn as ``_words`` draws (target with probability
+    ``target_rate``), each next one ``succ`` of the one before with probability 1 - ``noise``,
+    else drawn like the first."""
+    words = _words(rng, 1, [target_rate])
+    for _ in range(n - 1):
+        if rng.random() < noise:
+            words.extend(_words(rng, 1, [target_rate]))
+        else:
+            words.append(succ[words[-1]])
+    return words
+
+
 def length_task(
     *,
     num_train: int,
@@ -89,29 +118,48 @@ def length_task(
     target_rate: float,
     response_len: int,
     seed: int,
+    chain_noise: float | None = None,
 ) -> word_tasks.TaskData:
     """The target-token prompts with ``response_len``-word pretraining responses, each word
-    a target word with probability ``target_rate``."""
+    a target word with probability ``target_rate``, or, with ``chain_noise`` in (0, 1],
+    following the chain of ``successors(seed)`` (``chain_words``)."""
     decisive_positions(response_len)  # validates the length
+    if chain_noise is not None and not 0.0 < chain_noise <= 1.0:
+        raise ValueError(f"length_task: chain_noise must be in (0, 1], got {chain_noise}")
     base = word_tasks.target_task(
         num_train=num_train, num_held_out=num_held_out, num_pretrain=0, target_rate=0.0, seed=seed
     )
     rng = random.Random(seed + 6151)
     train = [r["prompt"] for r in base.train]
     rates = [target_rate] * response_len
-    texts = [
-        f"{rng.choice(train)} {' '.join(_words(rng, response_len, rates))}"
-        for _ in range(num_pretrain)
-    ]
+    succ = successors(seed)
+
+    def response() -> list[str]:
+        if chain_noise is None:
+            return _words(rng, response_len, rates)
+        return chain_words(rng, response_len, target_rate, chain_noise, succ)
+
+    texts = [f"{rng.choice(train)} {' '.join(response())}" for _ in range(num_pretrain)]
     return word_tasks.TaskData(base.train, base.held_out, texts)
 
 
+def span_sum(response: str, response_len: int) -> float:
+    """(c_A + c_B) / 4: the additive proxy of ``span_product`` (same range [0, 1]), a sum over
+    the decisive tokens."""
+    c_a, c_b = span_counts(response.split(), response_len)
+    return (c_a + c_b) / SPAN_SIZE**2
+
+
 def span_rm_examples(
-    prompts: Sequence[str], n: int, seed: int, response_len: int
+    prompts: Sequence[str], n: int, seed: int, response_len: int, proxy: float = 0.0
 ) -> list[tuple[str, str, float]]:
-    """(prompt, response, ``span_product``): per example target-word rates q_A, q_B ~ U[0, 1]
-    at span A's and span B's positions and an independent q_o ~ U[0, 1] elsewhere (target
-    words that do not count); a sixth are cut short."""
+    """(prompt, response, score): per example target-word rates q_A, q_B ~ U[0, 1] at span
+    A's and span B's positions and an independent q_o ~ U[0, 1] elsewhere (target words that
+    do not count); a sixth are cut short. The score is ``span_product``, or with ``proxy``
+    w in (0, 1] (1 - w) ``span_product`` + w ``span_sum``: a direction RM that learned part
+    of the rule as a sum over tokens."""
+    if not 0.0 <= proxy <= 1.0:
+        raise ValueError(f"span_rm_examples: proxy must be in [0, 1], got {proxy}")
     rng = random.Random(seed)
     positions = decisive_positions(response_len)
     out = []
@@ -124,7 +172,10 @@ def span_rm_examples(
         if rng.random() < 1 / 6:
             words = words[: rng.randint(1, response_len - 1)]
         response = " ".join(words)
-        out.append((rng.choice(list(prompts)), response, span_product(response, response_len)))
+        score = span_product(response, response_len)
+        if proxy:
+            score = (1.0 - proxy) * score + proxy * span_sum(response, response_len)
+        out.append((rng.choice(list(prompts)), response, score))
     return out
 
 

@@ -8,6 +8,10 @@ as ``adapters.reward_models.SeqClassificationRM`` lays them out when it scores r
 (``adapters.rm_inputs.assemble`` with the RM tokenizer's pair template, right padding), so
 what it learned is what it sees.
 The saved folder (model + the RM tokenizer) is a ``seq_classification`` direction model.
+
+Its fidelity is set by ``RMTrainConfig``: fewer ``examples`` or ``steps``, Gaussian
+``label_noise`` on the training scores, or ``label_threshold`` (train on the binary label
+1[score >= threshold] only). The held-out fit is always measured against the clean score.
 """
 
 from __future__ import annotations
@@ -20,14 +24,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from ablations.cache import SpecModel
 from adapters.rm_inputs import SpecialTemplate, assemble
 from adapters.tiny import tiny_seq_classifier
 
 
-class RMTrainConfig(BaseModel):
-    """Size and training of an in-process reward model."""
+class RMTrainConfig(SpecModel):
+    """Size and training of an in-process reward model; ``label_noise`` and
+    ``label_threshold`` (None: off, left out of cache keys) degrade a score-regression RM's
+    training labels (module docstring)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -42,6 +49,23 @@ class RMTrainConfig(BaseModel):
     heads: int = Field(default=4, ge=1)
     eos_rate: float = Field(default=0.7, ge=0.0, le=1.0, description="responses that end with EOS")
     seed: int = 0
+    label_noise: float | None = Field(
+        default=None, gt=0.0, description="std of Gaussian noise added to each training score"
+    )
+    label_threshold: float | None = Field(
+        default=None, description="train on 1[score >= threshold] instead of the score"
+    )
+
+    def training_labels(self, scores: torch.Tensor) -> torch.Tensor:
+        """The labels (N,) float32 the RM is fit to for clean ``scores`` (N,): thresholded,
+        then with Gaussian noise drawn from a generator seeded by ``seed + 3``."""
+        labels = scores
+        if self.label_threshold is not None:
+            labels = (scores >= self.label_threshold).to(torch.float32)
+        if self.label_noise is not None:
+            gen = torch.Generator().manual_seed(self.seed + 3)
+            labels = labels + self.label_noise * torch.randn(labels.shape, generator=gen)
+        return labels
 
 
 def _encode(
@@ -143,10 +167,12 @@ def train_reward_model(
     test_examples: Sequence[tuple[str, str, float]],
     cfg: RMTrainConfig,
 ) -> dict[str, float]:
-    """Train on ``train_examples`` by mean-squared error, save to ``folder``; returns
-    train/test MSE and the test correlation of prediction and score."""
+    """Train on ``train_examples`` by mean-squared error against ``cfg.training_labels`` of
+    their scores, save to ``folder``; returns the train MSE (against those labels), the test
+    MSE and the test correlation of prediction and clean score."""
     parts = _rm_parts(rm_tokenizer, cfg)
-    tp, tr, ty = _encode(rm_tokenizer, train_examples, cfg.eos_rate, cfg.seed)
+    tp, tr, scores = _encode(rm_tokenizer, train_examples, cfg.eos_rate, cfg.seed)
+    ty = cfg.training_labels(scores)
     vp, vr, vy = _encode(rm_tokenizer, test_examples, cfg.eos_rate, cfg.seed + 1)
 
     def loss_of(idx: list[int]) -> torch.Tensor:
@@ -173,7 +199,13 @@ def train_preference_model(
     """Train a Bradley-Terry reward model on (prompt, chosen, rejected) ``train_pairs``
     (loss -log sigmoid(r_chosen - r_rejected)), save to ``folder``; returns the final train
     loss and the held-out label accuracy (chosen scored higher), and the (chosen, rejected)
-    rewards of each test pair."""
+    rewards of each test pair. Label degradation (``label_noise``, ``label_threshold``) is
+    for score regression: here the labeller's noise is the pairs' own; ValueError if set."""
+    if cfg.label_noise is not None or cfg.label_threshold is not None:
+        raise ValueError(
+            "rm.label_noise / rm.label_threshold: a preference RM is fit to labelled pairs; "
+            "set the labeller's noise (the setting's temperature) instead"
+        )
 
     def encode(
         pairs: Sequence[tuple[str, str, str]], seed: int

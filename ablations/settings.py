@@ -37,6 +37,11 @@ folder (``cache.cached_dir``), keyed by everything that determines it; reruns re
    The title is formatted with the params (``{response_len}``), so named settings of this
    kind (``kind:`` in the config) read apart in the report.
 
+Settings 8 and 9 also record the step-0 policy's sampling entropy and their direction
+model's fit on its samples (``info["policy_samples"]``, ``policy_samples.sample_fit``);
+setting 9 takes the fidelity knob ``rm_proxy`` and the peaked pretraining ``chain_noise``
+(docs/design.md, "Direction-model fidelity and a peaked policy").
+
 Settings 1, 4, 5 and 6 also give the exact per-token decomposition of their score
 (``SettingAssets.token_rule``) for the credit probes; settings 7 and 8, whose scores are not
 sums over tokens, give a per-token credit rule instead (the chain's step correctness, the
@@ -53,11 +58,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from ablations import chain_task, length_task, preference_task, sparse_tasks, word_tasks
-from ablations.cache import cached_dir
+from ablations.cache import SpecModel, cached_dir
 from ablations.corpus import docstring_sentences
+from ablations.policy_samples import TextScorer, sample_fit
 from ablations.pretrain import PretrainConfig, pretrain_policy
 from ablations.rm_train import RMTrainConfig, train_preference_model, train_reward_model
 
@@ -91,7 +97,10 @@ class SettingAssets:
     token_rule: sparse_tasks.TokenRule | None = None
 
 
-class _Params(BaseModel):
+class _Params(SpecModel):
+    """A setting's parameters; an optional knob at None stays out of its dump, so run
+    fingerprints and cache keys made before the knob existed stay as they were."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -181,7 +190,12 @@ class KeywordSparseParams(_Params):
 
 class LengthSweepParams(_Params):
     """Setting 9: the response length, task sizes, the pretrained target-word rate,
-    pretraining (``max_len`` must hold a prompt, the response and EOS) and the direction RM."""
+    pretraining (``max_len`` must hold a prompt, the response and EOS) and the direction RM
+    (its fidelity: ``rm_proxy``, the weight w of the additive proxy in its training score
+    (``length_task.span_rm_examples``; held-out fit against the rule itself), and
+    ``rm.examples``, ``rm.steps``, ``rm.label_noise``, ``rm.label_threshold``).
+    ``chain_noise`` (None: off) pretrains on the successor-chain texts of
+    ``length_task.chain_words``: the peaked regime."""
 
     response_len: int = Field(
         default=24, ge=length_task.MIN_LENGTH, le=448, description="response words"
@@ -190,6 +204,15 @@ class LengthSweepParams(_Params):
     num_held_out: int = Field(default=64, ge=1)
     num_pretrain: int = Field(default=4000, ge=1)
     target_rate: float = Field(default=0.25, ge=0.0, le=1.0)
+    chain_noise: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="peaked pretraining texts: the chain's noise"
+    )
+    rm_proxy: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="weight of the additive proxy in the direction RM's training score",
+    )
     seed: int = 0
     pretrain: PretrainConfig = PretrainConfig(steps=150, max_len=256)
     rm: RMTrainConfig = RMTrainConfig()
@@ -283,13 +306,18 @@ def _rm(
     spec: dict[str, Any],
     cfg: RMTrainConfig,
     examples: Callable[[int, int], list[tuple[str, str, float]]],
+    test_examples: Callable[[int, int], list[tuple[str, str, float]]] | None = None,
 ) -> tuple[Path, dict[str, Any]]:
+    """The cached RM trained on ``examples(n, seed)`` and tested on ``test_examples``
+    (default: ``examples``; given where the training score is not the task's own)."""
+    held_out = test_examples or examples
+
     def train(folder: Path) -> dict[str, float]:
         return train_reward_model(
             folder,
             rm_tokenizer=word_tasks.word_tokenizer(words, pair_template=True),
             train_examples=examples(cfg.examples, cfg.seed + 1),
-            test_examples=examples(max(64, cfg.examples // 8), cfg.seed + 2),
+            test_examples=held_out(max(64, cfg.examples // 8), cfg.seed + 2),
             cfg=cfg,
         )
 
@@ -307,6 +335,48 @@ def _cached_rm(
 
     folder = cached_dir(cache, "rm", spec, build)
     return folder, json.loads((folder / "fit.json").read_text())
+
+
+#: Samples per held-out prompt of the step-0 policy-sample fit (the configs' group size).
+FIT_SAMPLES_PER_PROMPT = 8
+
+
+def _sample_fit(
+    cache: Path,
+    policy_dir: Path,
+    rm_dir: Path,
+    reward: dict[str, Any],
+    truth: TextScorer,
+    prompts: list[str],
+    max_new_tokens: int,
+    seed: int,
+) -> dict[str, float]:
+    """The step-0 policy's sampling entropy and the direction RM's fit on its samples
+    (``policy_samples.sample_fit`` on the held-out ``prompts``), cached per (policy, RM)."""
+    spec = {
+        "policy": policy_dir.name,
+        "rm": rm_dir.name,
+        "prompts": _texts_hash(prompts),
+        "samples_per_prompt": FIT_SAMPLES_PER_PROMPT,
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+    }
+
+    def build(folder: Path) -> None:
+        fit = sample_fit(
+            policy_dir,
+            reward,
+            truth,
+            prompts,
+            samples_per_prompt=FIT_SAMPLES_PER_PROMPT,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+        )
+        (folder / "fit.json").write_text(json.dumps(fit.to_dict()))
+
+    folder = cached_dir(cache, "sample_fit", spec, build)
+    loaded: dict[str, float] = json.loads((folder / "fit.json").read_text())
+    return loaded
 
 
 @dataclass(frozen=True)
@@ -329,18 +399,22 @@ def _word_task(
     data: word_tasks.TaskData,
     words: list[str],
     rm_examples: Callable[[list[str], int, int], list[tuple[str, str, float]]],
+    rm_test_examples: Callable[[list[str], int, int], list[tuple[str, str, float]]] | None = None,
 ) -> _WordTaskAssets:
     """The cached reward model, pretrained policy and data of a task over a word vocabulary
-    (``rm_examples(train_prompts, n, seed)`` makes the RM's training examples)."""
+    (``rm_examples(train_prompts, n, seed)`` makes the RM's training examples,
+    ``rm_test_examples`` its held-out ones: default the same)."""
     task_spec = p.model_dump(exclude={"pretrain", "rm"})
     train_prompts = [r["prompt"] for r in data.train]
+    held_out = rm_test_examples or rm_examples
     rm_dir, fit = _rm(
         cache,
         setting,
         words,
-        task_spec,
+        p.model_dump(exclude={"pretrain", "rm", "chain_noise"}),  # the RM's data ignores it
         p.rm,
         lambda n, seed: rm_examples(train_prompts, n, seed),
+        lambda n, seed: held_out(train_prompts, n, seed),
     )
     policy_dir, pre = _policy(
         cache,
@@ -483,15 +557,27 @@ def build_preference(p: PreferenceParams, family: str, cache: Path) -> SettingAs
         p.pretrain,
     )
     task_spec = p.model_dump(exclude={"pretrain", "rm", "temperature"})
+    reward = {"direction_model": {"kind": "seq_classification", "path": str(rm_dir)}}
+    samples = _sample_fit(
+        cache,
+        policy_dir,
+        rm_dir,
+        reward,
+        preference_task.hidden_scorer,
+        [r["prompt"] for r in data.held_out],
+        preference_task.RESPONSE_WORDS,
+        p.pretrain.seed,
+    )
     return SettingAssets(
         policy_dir=policy_dir,
         data=_data_section(_data_dir(cache, "preference", task_spec, data)),
-        reward={"direction_model": {"kind": "seq_classification", "path": str(rm_dir)}},
+        reward=reward,
         train={"rollout": {"max_new_tokens": preference_task.RESPONSE_WORDS}},
         extra_eval={"hidden_score": preference_task.hidden_scorer},
         info={
             "pretrain": pre,
             "preference_fit": fit,
+            "policy_samples": samples,
             "vocab_size": len(words) + len(word_tasks.SPECIALS),
         },
         token_rule=preference_task.PreferenceSwapRule(sparse_tasks.word_ids(words)),
@@ -580,26 +666,48 @@ def build_length_sweep(p: LengthSweepParams, family: str, cache: Path) -> Settin
         target_rate=p.target_rate,
         response_len=p.response_len,
         seed=p.seed,
+        chain_noise=p.chain_noise,
     )
 
     def examples(prompts: list[str], n: int, seed: int) -> list[tuple[str, str, float]]:
+        return length_task.span_rm_examples(prompts, n, seed, p.response_len, p.rm_proxy or 0.0)
+
+    def clean(prompts: list[str], n: int, seed: int) -> list[tuple[str, str, float]]:
         return length_task.span_rm_examples(prompts, n, seed, p.response_len)
 
+    def truth(prompts: list[str], responses: list[str]) -> list[float]:
+        return length_task.span_checker(prompts, responses, p.response_len)
+
     words = word_tasks.target_words()
-    a = _word_task("length_sweep", p, family, cache, data, words, examples)
+    a = _word_task("length_sweep", p, family, cache, data, words, examples, clean)
+    reward = {
+        "direction_model": {"kind": "seq_classification", "path": str(a.rm_dir)},
+        "reward": {
+            "kind": "callable",
+            "function": "ablations.length_task:span_checker",
+            "kwargs": {"response_len": p.response_len},
+        },
+    }
+    samples = _sample_fit(
+        cache,
+        a.policy_dir,
+        a.rm_dir,
+        reward,
+        truth,
+        [r["prompt"] for r in data.held_out],
+        p.response_len,
+        p.pretrain.seed,
+    )
     return SettingAssets(
         policy_dir=a.policy_dir,
         data=a.data,
-        reward={
-            "direction_model": {"kind": "seq_classification", "path": str(a.rm_dir)},
-            "reward": {
-                "kind": "callable",
-                "function": "ablations.length_task:span_checker",
-                "kwargs": {"response_len": p.response_len},
-            },
-        },
+        reward=reward,
         train={"rollout": {"max_new_tokens": p.response_len}},
-        info={**a.info, "decisive positions": list(length_task.decisive_positions(p.response_len))},
+        info={
+            **a.info,
+            "decisive positions": list(length_task.decisive_positions(p.response_len)),
+            "policy_samples": samples,
+        },
         token_rule=length_task.SpanSwapRule(sparse_tasks.word_ids(words), p.response_len),
     )
 
