@@ -44,6 +44,8 @@ class CreditDiagnostics:
 
 #: Diagnostics of w = 1 on every valid token.
 UNIFORM_DIAGNOSTICS = CreditDiagnostics(1.0, 1.0, 1.0, 0.0, 0)
+#: Diagnostics of a batch without a valid token: nothing to summarize (NaN), no fallback.
+EMPTY_DIAGNOSTICS = CreditDiagnostics(math.nan, math.nan, math.nan, math.nan, 0, 0)
 
 
 def weight_diagnostics(

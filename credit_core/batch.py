@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Literal, get_args
 
 import torch
@@ -52,7 +52,10 @@ TOKEN_SIGNALS: tuple[str, ...] = (
 
 #: ``gather(values)``: a 1-D tensor of this process's values concatenated with those of
 #: every other process of the same step (an all-gather over variable lengths), on the
-#: values' device. None where one process holds the step's whole batch.
+#: values' device. None where one process holds the step's whole batch. Every process calls
+#: it once per call of a gathering strategy (``CreditStrategy.gathers``); one without a valid
+#: token calls it with an empty float64 tensor (``assign_credit``), so a gather accepts a
+#: different floating dtype on each process (e.g. it gathers as float64 and casts back).
 Gather = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -153,7 +156,9 @@ class CreditBatch:
     """One batch of B responses of (padded) length T, as a strategy sees it.
 
     - ``advantages`` (B,) floating, finite, B >= 1: the response-level advantage A_i.
-    - ``mask`` (B, T) bool: True at the valid response tokens; every row has at least one.
+    - ``mask`` (B, T) bool: True at the valid response tokens; every row has at least one
+      (``empty_rows=True``, init only: rows without one are accepted; ``assign_credit``
+      builds such a batch and hands a strategy only its rows with a valid token, ``select``).
     - ``token_ids`` (B, T) int64: the sampled tokens y_t (policy vocabulary).
     - ``reward_grad`` (B, T, d) floating, optional: dR_i / d(RM input embedding at t),
       already moved to policy positions. May hold non-finite values; strategies decide.
@@ -212,8 +217,9 @@ class CreditBatch:
     gather: Gather | None = None
     answer_saliency: torch.Tensor | None = None
     answer_mask: torch.Tensor | None = None
+    empty_rows: InitVar[bool] = False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, empty_rows: bool) -> None:
         adv = check_tensor("CreditBatch.advantages", self.advantages, (None,), floating=True)
         B = adv.shape[0]
         if B == 0:
@@ -226,7 +232,7 @@ class CreditBatch:
             bad = torch.nonzero(~torch.isfinite(adv)).flatten().tolist()
             raise CreditError(f"CreditBatch.advantages: expected finite values, rows {bad} are not")
         empty = torch.nonzero(~mask.any(dim=1)).flatten()
-        if empty.numel() > 0:
+        if empty.numel() > 0 and not empty_rows:
             raise CreditError(
                 "CreditBatch.mask: every response needs at least one valid token; "
                 f"rows {empty.tolist()} are empty"
@@ -272,6 +278,32 @@ class CreditBatch:
                     "CreditBatch.answer_mask: expected answer tokens among the valid tokens "
                     f"(mask); rows {outside.tolist()} mark padding"
                 )
+
+    def select(self, rows: torch.Tensor) -> CreditBatch:
+        """The batch of the responses ``rows`` ((B,) bool or 1-D int64 indices) picks, with
+        the same ``gather``, validated as any batch (every row needs a valid token)."""
+
+        def pick(value: torch.Tensor | None) -> torch.Tensor | None:
+            return None if value is None else value[rows]
+
+        return CreditBatch(
+            advantages=self.advantages[rows],
+            mask=self.mask[rows],
+            token_ids=self.token_ids[rows],
+            reward_grad=pick(self.reward_grad),
+            policy_stats=None if self.policy_stats is None else self.policy_stats.select(rows),
+            unsigned_work=pick(self.unsigned_work),
+            token_entropy=pick(self.token_entropy),
+            reward_attention=pick(self.reward_attention),
+            prefix_rewards=pick(self.prefix_rewards),
+            reward_attribution=pick(self.reward_attribution),
+            implicit_log_ratio=pick(self.implicit_log_ratio),
+            rewards=pick(self.rewards),
+            groups=pick(self.groups),
+            gather=self.gather,
+            answer_saliency=pick(self.answer_saliency),
+            answer_mask=pick(self.answer_mask),
+        )
 
     @property
     def batch_size(self) -> int:

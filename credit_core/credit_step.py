@@ -4,7 +4,9 @@ A backend computes the response advantages A (``group_advantages``) and only the
 strategy reads (``signals_to_compute``: ``requires``, or ``work_requires`` when the backend
 knows the reward gradient first and streams DATC's unsigned work), then calls
 ``assign_credit``. Passing a signal the strategy does not read is an error here, not silent
-waste; a missing one is an error naming it (``CreditBatch.require``).
+waste; a missing one is an error naming it (``CreditBatch.require``). Rows without a valid
+token are the core's to handle: the strategy sees only the others, and a process without any
+still takes part in a gathering strategy's collective.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from credit_core.allocation import EMPTY_DIAGNOSTICS
 from credit_core.batch import SIGNALS, TOKEN_SIGNALS, CreditBatch, Gather, PolicyStats
 from credit_core.errors import CreditError
 from credit_core.strategy import CreditResult, CreditStrategy
@@ -79,7 +82,13 @@ def assign_credit(
     """Token advantages (B, T) float32 (0 where ``mask`` is False) and diagnostics.
 
     ``advantages`` (B,), ``mask`` (B, T) bool, ``token_ids`` (B, T) int64 and ``signals`` as
-    ``CreditBatch`` validates them. ``rewards`` (B,) and ``groups`` (B,) int64: the response
+    ``CreditBatch`` validates them, except that a row may have no valid token: the strategy
+    runs on the rows with one (``CreditBatch.select``) and the result is scattered into zeros
+    (token advantages, and ``token_rewards`` when the strategy gives them); the diagnostics
+    are those of the valid rows. Without any valid row the token advantages are 0 and the
+    diagnostics ``EMPTY_DIAGNOSTICS``; a gathering strategy (``gathers``) does not run, but
+    the process still calls ``gather`` once, with an empty float64 tensor, so that the
+    other processes' collective completes. ``rewards`` (B,) and ``groups`` (B,) int64: the response
     rewards and the group of each response, which a strategy whose ``reads_groups`` needs (a
     backend passes them whenever it has them; they are context, not computed signals).
     ``gather``: how to reach the values of the step's other
@@ -108,6 +117,7 @@ def assign_credit(
         gather=gather,
         answer_saliency=signals.answer_saliency,
         answer_mask=answer_mask,
+        empty_rows=True,
     )
     reads = strategy.signals_for(batch)
     unread = sorted(signals.computed - reads)
@@ -116,4 +126,26 @@ def assign_credit(
             f"strategy {strategy.name!r} does not read {unread}; a backend computes only the "
             f"signals the strategy reads ({sorted(reads)}; see signals_to_compute)"
         )
-    return strategy.assign_with_diagnostics(batch)
+    rows = mask.any(dim=1)
+    if bool(rows.all()):
+        return strategy.assign_with_diagnostics(batch)
+    token_adv = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    if not bool(rows.any()):
+        if gather is not None and strategy.gathers:
+            gather(torch.zeros(0, dtype=torch.float64, device=mask.device))
+        return CreditResult(token_adv, EMPTY_DIAGNOSTICS, _empty_token_rewards(strategy, mask))
+    result = strategy.assign_with_diagnostics(batch.select(rows))
+    token_adv[rows] = result.token_advantages
+    token_rewards = None
+    if result.token_rewards is not None:
+        token_rewards = result.token_rewards.new_zeros(mask.shape)
+        token_rewards[rows] = result.token_rewards
+    return CreditResult(token_adv, result.diagnostics, token_rewards)
+
+
+def _empty_token_rewards(strategy: CreditStrategy, mask: torch.Tensor) -> torch.Tensor | None:
+    """The token rewards (B, T) float64 zeros of a batch without a valid token, for a strategy
+    whose result carries them (``critic_reward_form == "token_rewards"``); None otherwise."""
+    if strategy.critic_reward_form != "token_rewards":
+        return None
+    return torch.zeros(mask.shape, dtype=torch.float64, device=mask.device)
