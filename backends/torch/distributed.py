@@ -115,17 +115,20 @@ class DistContext:
         return mine.to(tensor.device)
 
     def gather_values(self, values: torch.Tensor) -> torch.Tensor:
-        """A 1-D tensor concatenated over ranks in rank order, on ``values``' device; the
-        lengths may differ between ranks (each is padded to the longest for the
-        collective and cut back). ``credit_core.CreditBatch.gather``."""
+        """A 1-D tensor concatenated over ranks in rank order, on ``values``' device and in
+        its dtype; the lengths may differ between ranks (each is padded to the longest for
+        the collective and cut back), and so may the floating dtypes: the values travel as
+        float64 (exact for every floating dtype up to float64), so a rank without a valid
+        token takes part with an empty tensor of any dtype. ``credit_core.CreditBatch.gather``."""
         if not self.active:
             return values
         lengths = self.all_gather_cat(torch.tensor([values.numel()], device=values.device))
         longest = int(lengths.max())
-        padded = torch.zeros(longest, dtype=values.dtype, device=values.device)
+        padded = torch.zeros(longest, dtype=torch.float64, device=values.device)
         padded[: values.numel()] = values
         parts = self.all_gather_cat(padded).view(self.world_size, longest)
-        return torch.cat([parts[r, : int(n)] for r, n in enumerate(lengths.tolist())])
+        joined = torch.cat([parts[r, : int(n)] for r, n in enumerate(lengths.tolist())])
+        return joined.to(values.dtype)
 
 
 def init_distributed(cfg: DistributedConfig, device: str = "auto") -> DistContext:

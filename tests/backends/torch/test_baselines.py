@@ -159,11 +159,15 @@ def _gather_worker(rank: int, init_file: str, out_dir: str) -> None:
         ctx = DistContext(rank, 2, rank, torch.device("cpu"), "gloo")
         mine = torch.arange(3 + 2 * rank, dtype=torch.float32) + 10 * rank
         torch.save(ctx.gather_values(mine), os.path.join(out_dir, f"rank{rank}.pt"))
+        # a rank without a valid token takes part with an empty tensor of its own dtype
+        mine = torch.arange(3, dtype=torch.float32) + 0.1 if rank == 0 else torch.zeros(0)
+        nothing = ctx.gather_values(mine.double() if rank else mine)
+        torch.save(nothing, os.path.join(out_dir, f"empty_rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def test_gather_values_joins_every_ranks_values_of_unequal_length_in_rank_order(
+def test_gather_values_joins_every_ranks_values_of_unequal_length_and_dtype_in_rank_order(
     tmp_path: Path,
 ) -> None:
     mp.start_processes(
@@ -175,6 +179,9 @@ def test_gather_values_joins_every_ranks_values_of_unequal_length_in_rank_order(
     expected = torch.cat([torch.arange(3.0), torch.arange(5.0) + 10])
     for rank in (0, 1):
         assert torch.equal(torch.load(tmp_path / f"rank{rank}.pt"), expected)
+    values = torch.arange(3, dtype=torch.float32) + 0.1
+    assert torch.equal(torch.load(tmp_path / "empty_rank0.pt"), values)
+    assert torch.equal(torch.load(tmp_path / "empty_rank1.pt"), values.double())
 
 
 @pytest.fixture(scope="module")
