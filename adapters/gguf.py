@@ -34,6 +34,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from credit_core import CreditError
+from credit_core.errors import FieldError
 
 __all__ = ["GGUFError", "GGUFSpec", "clear_gguf_cache", "gguf_cache_size", "load_gguf"]
 
@@ -69,9 +70,9 @@ class GGUFSpec(BaseModel):
         if (self.path is None) == (self.package is None):
             raise ValueError("set exactly one of 'path' (a .gguf file) or 'package' (with 'file')")
         if self.package is not None and not self.file:
-            raise ValueError(f"file: required with package {self.package!r} (a .gguf name)")
+            raise FieldError("file", f"required with package {self.package!r} (a .gguf name)")
         if self.path is not None and self.file is not None:
-            raise ValueError("file: only valid together with 'package'; 'path' names the file")
+            raise FieldError("file", "only valid together with 'package'; 'path' names the file")
         return self
 
     def resolve(self) -> Path:

@@ -10,8 +10,8 @@ by ``TrlParser`` with ``--config file.yaml``, command-line overrides) with
   instead of ``model_name_or_path``;
 - ``policy_gguf``: a GGUF file as the policy (``adapters.gguf``: ``{path: ...}`` or
   ``{package: ..., file: ...}``; cached per process, the tokenizer's pad and eos from the
-  file), instead of ``model_name_or_path``; TRL builds its reference model (``beta`` > 0)
-  from the same file;
+  file), instead of ``model_name_or_path``; with ``beta`` > 0 TRL builds its reference
+  model from the same weights, written once as a Hugging Face folder under ``output_dir``;
 - ``eval_samples_per_prompt``: with a task, sample that many completions per held-out prompt
   after training and print their mean reward (0: skip).
 
@@ -149,10 +149,10 @@ def _reward_funcs(script_args: Any) -> list[Any]:
 
 def _gguf_policy(spec: dict[str, Any], training_args: Any, model_args: Any) -> tuple[Any, Any]:
     """(model, tokenizer) of ``policy_gguf`` (``adapters.gguf.load_gguf``, in
-    ``model_args.dtype``: float32 unless bfloat16 or float16). TRL builds a reference model
-    (``beta`` > 0) with ``from_pretrained(model.config._name_or_path,
-    **model_init_kwargs)``: both are pointed at the file, so the reference is the same
-    weights, read by transformers itself. ``CreditError`` naming ``policy_gguf.<key>``."""
+    ``model_args.dtype``: float32 unless bfloat16 or float16); ``CreditError`` naming
+    ``policy_gguf.<key>``. With ``beta`` > 0 TRL builds a reference model with
+    ``from_pretrained(model.config._name_or_path)``, which reads no GGUF file: that is
+    pointed at the same weights written as a Hugging Face folder (``_reference_folder``)."""
     from pydantic import ValidationError
 
     from adapters.gguf import GGUFError, GGUFSpec, load_gguf
@@ -172,13 +172,34 @@ def _gguf_policy(spec: dict[str, Any], training_args: Any, model_args: Any) -> t
     if model_args.dtype in ("bfloat16", "float16"):
         dtype = model_args.dtype
     model, tokenizer = load_gguf(parsed, dtype=dtype)
-    model.config._name_or_path = str(file.parent)
-    training_args.model_init_kwargs = {
-        "gguf_file": file.name,
-        "dtype": dtype,
-        **(training_args.model_init_kwargs or {}),
-    }
+    if training_args.beta != 0.0:
+        model.config._name_or_path = str(_reference_folder(model, file, training_args.output_dir))
+        training_args.model_init_kwargs = {
+            "dtype": dtype,
+            **(training_args.model_init_kwargs or {}),
+        }
     return model, tokenizer
+
+
+def _reference_folder(model: Any, file: Any, output_dir: str) -> Any:
+    """``<output_dir>/gguf_reference-<file name>-<size>``: ``model`` (just loaded from
+    ``file``) saved as a Hugging Face folder, once. Every process of a run that finds it
+    missing writes its own copy and moves it into place; the copies are identical, so the
+    first move wins and the others are dropped."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    folder = Path(output_dir) / f"gguf_reference-{file.name}-{file.stat().st_size}"
+    if not (folder / "config.json").is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".gguf_reference-"))
+        model.save_pretrained(staging)
+        try:
+            staging.rename(folder)
+        except OSError:  # another process moved its copy first
+            shutil.rmtree(staging, ignore_errors=True)
+    return folder
 
 
 @dataclass
