@@ -111,3 +111,20 @@ def test_proxy_examples_score_the_mix_of_the_rule_and_its_additive_proxy(proxy: 
         assert score == pytest.approx((1 - proxy) * exact + proxy * (c_a + c_b) / 4)
     with pytest.raises(ValueError, match="proxy must be in"):
         length_task.span_rm_examples(prompts, 1, 0, 24, 1.5)
+
+
+def test_the_fidelity_config_matches_datcs_allocation_and_sweeps_the_knobs() -> None:
+    cfg = load_ablate_config("configs/ablate/fidelity.yaml")
+    datc = cfg.strategy("datc").credit.params
+    for label in ("p2t_matched", "red_matched"):
+        params = cfg.strategy(label).credit.params
+        assert params["allocation"] == "softmax_floor"
+        assert (params["beta"], params["lam"]) == (datc["beta"], datc["lam"])
+    assert cfg.strategy("p2t").credit.params == {}  # this library's mean form, as before
+    knobs = {name: cfg.setting_params(name).model_dump() for name in cfg.settings}
+    assert {k["response_len"] for k in knobs.values()} == {96}
+    assert knobs["proxy_05"]["rm_proxy"] == 0.5 and knobs["proxy_10"]["rm_proxy"] == 1.0
+    assert knobs["binary"]["rm"]["label_threshold"] == 0.25
+    assert knobs["peaked_96"]["chain_noise"] == 0.1
+    length = load_ablate_config("configs/ablate/length.yaml")
+    assert knobs["sweep_96"] == length.setting_params("sweep_96").model_dump()
