@@ -84,8 +84,8 @@ class CreditStrategy(ABC):
     - ``Params``: a pydantic model of the parameters (unknown keys rejected).
     - ``gathers``: True when ``assign`` reads the values of the step's other processes
       through ``CreditBatch.gather``, called exactly once per call (a collective): a
-      backend then has every process take part at every credit step, one without a valid
-      token by gathering an empty tensor.
+      backend then has every process call ``assign_credit`` at every credit step; one
+      without a valid token takes part there with an empty tensor.
 
     - ``reads_answer_span``: True when ``assign`` reads each response's answer span
       (``CreditBatch.answer_mask``), which the task declares; a backend without one refuses
