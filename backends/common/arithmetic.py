@@ -21,12 +21,10 @@ import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from adapters.direction import DirectionModel
 from backends.common.data import Prompt
 from backends.common.errors import ConfigError, FieldError
 
@@ -35,9 +33,6 @@ TEMPLATE = "What is {a} + {b}? Answer with the number only."
 #: Where this module's scorer is, for a config's ``reward.reward.function``.
 SCORER = "backends.common.arithmetic:exact_answer"
 _INTEGER = re.compile(r"-?\d+")
-
-if TYPE_CHECKING:
-    from backends.common.tasks import Task
 
 
 class ArithmeticParams(BaseModel):
@@ -143,18 +138,3 @@ def write_trl_jsonl(params: ArithmeticParams, folder: str | Path) -> tuple[Path,
     for path, prompts in zip(paths, arithmetic_prompts(params), strict=True):
         path.write_text("".join(json.dumps(r) + "\n" for r in trl_records(prompts)))
     return paths
-
-
-def arithmetic_task(params: ArithmeticParams, vocab_size: int) -> Task:
-    """The ``arithmetic`` task; ``vocab_size`` is unused: the reward reads text."""
-    from backends.common.tasks import Task  # tasks.py registers this module's task
-
-    def no_model(device: torch.device) -> DirectionModel:
-        raise ConfigError(
-            "data.task: 'arithmetic' scores text and has no reward model of its own: set "
-            f"reward.reward: {{kind: callable, function: {SCORER}}} (and reward.direction_model "
-            "for a strategy that reads the reward gradient)"
-        )
-
-    train, held_out = arithmetic_prompts(params)
-    return Task("arithmetic", train, held_out, no_model)

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from adapters.direction import DirectionModel
 from adapters.reward_models import ModuleRM
 from adapters.tiny import TINY_CORPUS
-from backends.common.arithmetic import ArithmeticParams, arithmetic_task
+from backends.common.arithmetic import SCORER, ArithmeticParams, arithmetic_prompts
 from backends.common.data import Prompt
 from backends.common.errors import ConfigError, FieldError
 from credit_core.errors import validation_messages
@@ -133,6 +133,20 @@ def positional_task(params: PositionalParams, vocab_size: int) -> Task:
         return ModuleRM(rm, rm.embedding, policy_vocab_size=vocab_size, include_prompt=False)
 
     return Task("positional", train, held_out, build)
+
+
+def arithmetic_task(params: ArithmeticParams, vocab_size: int) -> Task:
+    """The ``arithmetic`` task; ``vocab_size`` is unused: the reward reads text."""
+
+    def no_model(device: torch.device) -> DirectionModel:
+        raise ConfigError(
+            "data.task: 'arithmetic' scores text and has no reward model of its own: set "
+            f"reward.reward: {{kind: callable, function: {SCORER}}} (and reward.direction_model "
+            "for a strategy that reads the reward gradient)"
+        )
+
+    train, held_out = arithmetic_prompts(params)
+    return Task("arithmetic", train, held_out, no_model)
 
 
 TASKS: dict[str, tuple[type[BaseModel], Callable[[Any, int], Task]]] = {
