@@ -2,10 +2,17 @@
 
 - ``credit-openrlhf`` / ``python -m backends.openrlhf`` (``launcher.main``): OpenRLHF's
   ``train_ppo_ray`` with ``--credit NAME`` and friends; everything else passes through.
+- ``settings`` (the credit settings of a run), ``compat`` (which OpenRLHF settings a
+  strategy works with, checked before ``ray.init``), ``injection`` (how the maker gets into
+  the trainer actor, which ``train_ppo_ray`` creates before it loads the models).
 - ``experience_maker.TokenCreditExperienceMaker``: OpenRLHF's experience maker whose
-  advantages are split over tokens by a ``credit_core`` strategy.
+  advantages are split over tokens by a ``credit_core`` strategy; ``dispatch`` (one result
+  object per micro-batch, fetched when credited), ``step_batch`` (the step's micro-batches
+  as one batch, with rewards and groups), ``critic`` (credit as a shift of the token rewards
+  under ``gae``).
 - ``actor_side``: what runs inside the policy / reward-model actors (policy statistics,
-  reward gradients), ``injection``: how the maker gets into the trainer actor.
+  reward gradients), with ``forward_capture``, ``layout`` and ``packing`` for OpenRLHF's
+  own forward and batch layout.
 
 Importing this package does not import OpenRLHF (which needs vllm/flash_attn); the modules
 ``experience_maker`` and ``injection`` do. Supported OpenRLHF: see ``version``.

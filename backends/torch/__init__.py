@@ -1,11 +1,13 @@
-"""Native PyTorch GRPO trainer that takes any ``credit_core`` strategy.
+"""Native PyTorch GRPO/PPO trainer that takes any ``credit_core`` strategy.
 
-Modules (torchtune style, one job each): ``config`` (pydantic + YAML + ``--set``), ``data``
-(prompts, resumable sampler), ``tasks`` (built-in offline tasks), ``models`` (policy),
-``rollout`` / ``rollout_vllm`` (sampling), ``rollout_rewards`` (rewards and reward
-gradients of a rollout batch), ``loss``, ``kl``, ``schedule``, ``checkpoint``, ``metrics``,
-``distributed``, ``step`` (what the phases of a step hand to each other) and the recipe in
-``trainer``.
+Modules (torchtune style, one job each): ``config`` (pydantic + YAML + ``--set``),
+``models`` (policy, reference, GGUF files), ``rollout`` / ``rollout_vllm`` (sampling),
+``rollout_rewards`` (rewards and reward gradients of a rollout batch), ``answer_span``,
+``loss``, ``kl``, ``gae`` and ``critic`` (PPO with a critic), ``implicit_prm`` (PRIME's
+second model), ``compare`` and ``credit_samples`` (other strategies on the run's batches),
+``schedule``, ``checkpoint``, ``run_lock``, ``metrics``, ``distributed``, ``step`` (what the
+phases of a step hand to each other) and the recipe in ``trainer``. Prompts and built-in
+tasks come from ``backends.common``.
 
 Public entry points (imported lazily, so ``backends.torch.config`` stays light)::
 
