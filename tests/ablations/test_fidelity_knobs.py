@@ -122,9 +122,17 @@ def test_the_fidelity_config_matches_datcs_allocation_and_sweeps_the_knobs() -> 
         assert (params["beta"], params["lam"]) == (datc["beta"], datc["lam"])
     assert cfg.strategy("p2t").credit.params == {}  # this library's mean form, as before
     knobs = {name: cfg.setting_params(name).model_dump() for name in cfg.settings}
-    assert {k["response_len"] for k in knobs.values()} == {96}
+    lengths = {k.get("response_len") for n, k in knobs.items() if not n.startswith("pref")}
+    assert lengths == {96}
+    assert (knobs["pref_1500"]["rm"]["examples"], knobs["pref_500"]["rm"]["examples"]) == (
+        1500,
+        500,
+    )
     assert knobs["proxy_05"]["rm_proxy"] == 0.5 and knobs["proxy_10"]["rm_proxy"] == 1.0
     assert knobs["binary"]["rm"]["label_threshold"] == 0.25
     assert knobs["peaked_96"]["chain_noise"] == 0.1
     length = load_ablate_config("configs/ablate/length.yaml")
     assert knobs["sweep_96"] == length.setting_params("sweep_96").model_dump()
+    preference = load_ablate_config("configs/ablate/preference.yaml")
+    run = RunKey("preference", "llama", "datc", 4)
+    assert run_fingerprint(cfg, run) == run_fingerprint(preference, run)
