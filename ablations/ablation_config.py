@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ablations.credit_probes import ProbeConfig
+from ablations.sample_fidelity import AXES
 from ablations.settings import SETTINGS, SettingKind, seeded
 from ablations.summary import MIN_PAIRS, PrimaryFamily
 from adapters.tiny import Family
@@ -137,6 +138,31 @@ class PrimaryFamilyConfig(Section):
         )
 
 
+class SweepConfig(Section):
+    """A declared sweep (``sweeps.measured_sweep``): settings of one kind, judged on one
+    metric, that differ in their direction models, put side by side against a measured
+    figure of those models on the step-0 policy's own samples."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="the sweep's name in the report and its figure's file (sweep_<name>.png)",
+    )
+    settings: list[str] = Field(
+        min_length=2, description="two or more settings of this config, of one kind"
+    )
+    axis: str = Field(
+        description="the measured figure (info.policy_samples, mean over each setting's "
+        "(policy, RM) pairs) the settings are ordered by: rm_corr or rm_pair_accuracy"
+    )
+
+    @field_validator("axis")
+    @classmethod
+    def _axis(cls, value: str) -> str:
+        if value not in AXES:
+            raise ValueError(f"expected one of {sorted(AXES)}, got {value!r}")
+        return value
+
+
 class ReportConfig(Section):
     """How runs are summarized."""
 
@@ -171,6 +197,11 @@ class ReportConfig(Section):
         description="the pre-registered primary family (its verdicts: exact sign-flip test, "
         "Holm over the family; the rest is secondary); null: every contrast is decided by the "
         "paired t-test, Holm-corrected per setting",
+    )
+    sweeps: list[SweepConfig] = Field(
+        default_factory=list,
+        description="declared sweeps over a measured figure of the direction models, e.g. "
+        "{name: fidelity_length, settings: [sweep_96, proxy_05], axis: rm_corr}",
     )
 
 
@@ -304,6 +335,7 @@ class AblateConfig(Section):
                 raise ValueError(f"{role}: {label!r} is not one of the strategies {labels}")
         if self.report.primary_family is not None:
             self._check_primary_family(self.report.primary_family)
+        self._check_sweeps()
         for name, spec in self.settings.items():
             recorded = self.setting_kind(name).metrics()
             if spec.primary is not None and spec.primary not in recorded:
@@ -384,6 +416,41 @@ class AblateConfig(Section):
             if not any(a.runs_in(n) and b.runs_in(n) for n in self.settings):
                 raise FieldError(
                     f"{where}.{key}", f"[{contender}, {against}]: no setting runs both"
+                )
+
+    def _check_sweeps(self) -> None:
+        """Each declared sweep's name once and no setting kind's (the automatic sweeps' file
+        names), its settings this config's, distinct, of one kind and judged on one metric;
+        else a ``FieldError`` naming the key."""
+        kinds = {n: self.settings[n].kind or n for n in self.settings}
+        names: set[str] = set()
+        for i, sweep in enumerate(self.report.sweeps):
+            where = f"report.sweeps.{i}"
+            if sweep.name in names or sweep.name in kinds.values():
+                raise FieldError(
+                    f"{where}.name",
+                    f"{sweep.name!r} is another sweep's or a setting kind's name; name each "
+                    "declared sweep apart",
+                )
+            names.add(sweep.name)
+            unknown = [n for n in sweep.settings if n not in self.settings]
+            if unknown:
+                raise FieldError(
+                    f"{where}.settings",
+                    f"{unknown} are not settings of this config {list(self.settings)}",
+                )
+            if len(set(sweep.settings)) != len(sweep.settings):
+                raise FieldError(f"{where}.settings", f"{sweep.settings} names a setting twice")
+            of_kind = sorted({kinds[n] for n in sweep.settings})
+            if len(of_kind) > 1:
+                raise FieldError(
+                    f"{where}.settings", f"expected settings of one kind, got kinds {of_kind}"
+                )
+            metrics = sorted({self.primary(n) for n in sweep.settings})
+            if len(metrics) > 1:
+                raise FieldError(
+                    f"{where}.settings",
+                    f"expected settings judged on one primary metric, got {metrics}",
                 )
 
     def setting_kind(self, name: str) -> SettingKind:

@@ -11,8 +11,8 @@
   (setting, published baseline): the paired difference of the held-out metric over all
   (family, seed) pairs with its interval, a vertical line at 0 (``ablations.head_to_head``).
 - ``plot_sweep``: one sweep (``ablations.sweeps``): each strategy's paired difference to the
-  baseline against the swept parameter, one line per strategy with its interval as error
-  bars, the baseline's own mean in a panel beside it.
+  baseline against the swept parameter (or a declared sweep's measured axis), one line per
+  strategy with its interval as error bars, the baseline's own mean in a panel beside it.
 - ``plot_credit``: a few sampled responses, one row each, every token a cell colored by its
   DATC weight w_t = A_t / A (1 = what GRPO gives every token; the color scale is centered
   at 1), with the token text written in the cell (``backends.samples.heatmap``, the
@@ -262,8 +262,9 @@ def plot_head_to_head(path: Path, comparisons: Sequence[SettingHeadToHead]) -> P
 
 def plot_sweep(path: Path, table: SweepTable) -> Path:
     """Write the figure of one sweep to ``path`` (PNG): left, each curve of ``table`` against
-    the swept parameter, its points shifted a little sideways so that the intervals of one
-    value do not hide each other; right, the baseline's mean there."""
+    the swept parameter (a declared sweep's: its measured axis, ``Sweep.spans``), its points
+    shifted a little sideways so that the intervals of one value do not hide each other;
+    right, the baseline's mean there."""
     plt = pyplot()
     sweep = table.sweep
     fig, (ax, base_ax) = plt.subplots(
@@ -288,14 +289,17 @@ def plot_sweep(path: Path, table: SweepTable) -> Path:
     ax.set_ylabel(f"minus {table.baseline}, paired")
     base_ax.plot(sweep.values, table.baseline_means, "o--", color="black")
     base_ax.set_ylabel(f"{table.baseline}, mean over pairs")
+    measured = sweep.spans is not None
+    ticks = [f"{v:.3f}" if measured else f"{v:g}" for v in sweep.values]
     for a in (ax, base_ax):
-        a.set_xticks(sweep.values, [f"{v:g}" for v in sweep.values])
-        a.set_xlabel(sweep.param)
+        a.set_xticks(sweep.values, ticks, rotation=45 if measured else 0)
+        a.set_xlabel(f"{sweep.param}, measured (mean over the RMs)" if measured else sweep.param)
         a.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 7), frameon=False)
+    head = f"{sweep.label} ({sweep.kind})" if measured else sweep.kind
     fig.suptitle(
-        f"{sweep.kind}: {table.metric_label} against {sweep.param}\n"
+        f"{head}: {table.metric_label} against {sweep.param}\n"
         "paired difference over (family, seed) pairs, 95% interval (unadjusted)",
         fontsize=10,
     )

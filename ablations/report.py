@@ -161,13 +161,16 @@ def render_report(
     verdicts: Sequence[Verdict],
     figures: Mapping[str, Sequence[Path]],
     setting_info: Mapping[str, Mapping[str, Any]],
+    setting_tables: Mapping[str, str] | None = None,
     preamble: Sequence[str] = (),
     sections: Sequence[str] = (),
     primary: str | None = None,
     relative_to: Path,
 ) -> str:
     """The whole report.md text. ``figures`` maps a setting to its PNGs; ``setting_info``
-    to facts about its models (pretraining loss, reward-model fit, ...); ``sections``:
+    to facts about its models (pretraining loss, reward-model fit, ...); ``setting_tables``
+    to a Markdown block on its models placed under them (the "Direction models" table,
+    ``sample_fidelity.fidelity_markdown``, where its runs record one); ``sections``:
     Markdown sections placed after the verdicts; ``primary``: the primary-family section
     (``primary.primary_markdown``), given where the config declares one: it comes first and
     the method's lines follow it as secondary."""
@@ -252,6 +255,9 @@ def render_report(
         if info:
             out.append("; ".join(f"{k}: {v}" for k, v in info.items()) + ".")
             out.append("")
+        block = (setting_tables or {}).get(s.name)
+        if block:
+            out += [block, ""]
         primary_is_reward = s.primary == "eval_reward_sampled"
         for t in blocks:
             thr = (

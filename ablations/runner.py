@@ -57,9 +57,10 @@ from ablations.results import (
     write_csv,
     write_result,
 )
+from ablations.sample_fidelity import SettingFidelity, fidelity_markdown, setting_fidelity
 from ablations.settings import SettingAssets
 from ablations.summary import SettingSpec, SummarySpec, group_runs, summarize
-from ablations.sweeps import Sweep, find_sweeps, sweep_markdown, sweep_table
+from ablations.sweeps import Sweep, find_sweeps, measured_sweep, sweep_markdown, sweep_table
 from backends.common.cli import CommandError
 from backends.common.errors import ConfigError
 from backends.common.preemption import PreemptionWatch, signal_name
@@ -559,6 +560,20 @@ def config_sweeps(cfg: AblateConfig) -> list[Sweep]:
     )
 
 
+def declared_sweeps(cfg: AblateConfig, fidelity: dict[str, SettingFidelity]) -> list[Sweep]:
+    """The sweeps ``cfg`` declares (``report.sweeps``; ``sweeps.measured_sweep``), ordered by
+    each setting's measured axis in ``fidelity``. ConfigError naming the sweep's key where a
+    setting's runs measured none."""
+    out = []
+    for i, decl in enumerate(cfg.report.sweeps):
+        kind = cfg.settings[decl.settings[0]].kind or decl.settings[0]
+        try:
+            out.append(measured_sweep(decl.name, kind, decl.settings, decl.axis, fidelity))
+        except ValueError as exc:
+            raise ConfigError(f"report.sweeps.{i}: {exc}") from None
+    return out
+
+
 def _setting_info(results: dict[RunKey, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Facts about each setting's models for the report; with one model per seed
     (``model_seeds``), each figure is the mean over the distinct models with its range."""
@@ -741,11 +756,12 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
         sections.append(f"{section}\n\n![head_to_head]({rel})")
         by_setting.setdefault("", []).append(figure)
     primary = None if spec.primary_family is None else primary_family(rows, spec)
-    sweeps = config_sweeps(cfg)
+    fidelity = setting_fidelity(found, cfg.families, cfg.model_seeds)
+    sweeps = config_sweeps(cfg) + declared_sweeps(cfg, fidelity)
     if sweeps:
         grpo = None if primary is None else primary.grpo_rows()
         swept = [sweep_table(rows, spec, w, grpo) for w in sweeps]
-        paths = [figs.plot_sweep(fig_dir / f"sweep_{t.sweep.kind}.png", t) for t in swept]
+        paths = [figs.plot_sweep(fig_dir / f"sweep_{t.sweep.label}.png", t) for t in swept]
         sections.append(
             sweep_markdown(
                 swept,
@@ -763,6 +779,7 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
         verdicts=verdicts,
         figures=by_setting,
         setting_info=_setting_info(found),
+        setting_tables={n: fidelity_markdown(f) for n, f in fidelity.items()},
         preamble=preamble,
         sections=sections,
         primary=None if primary is None else primary_markdown(primary, spec),

@@ -11,6 +11,13 @@ the verdicts stay the settings' (Holm-corrected within each setting) or, where t
 declares one, the primary family's; none is drawn here. Where the primary family picks
 GRPO's row among its learning rates (``primary.BaselinePick``), the baseline at each point
 is that point's pick, named "GRPO".
+
+A config may also declare a sweep (``report.sweeps``: a name, settings of one kind judged on
+one metric, and an ``axis``): settings that differ in the direction model's knobs, not in one
+number, put side by side against a MEASURED figure of their direction models, the mean over
+each setting's (policy, RM) pairs of ``rm_corr`` or ``rm_pair_accuracy`` on the step-0
+policy's own samples (``sample_fidelity.AXES``; ``measured_sweep``), in increasing order of
+it, each point with its range over the pairs.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ablations.head_to_head import ALL_FAMILIES, paired_over, primary_values
+from ablations.sample_fidelity import AXES, SettingFidelity
 from ablations.stats import Interval
 from ablations.summary import SummarySpec, fmt, fmt_interval
 
@@ -27,12 +35,29 @@ from ablations.summary import SummarySpec, fmt, fmt_interval
 @dataclass(frozen=True)
 class Sweep:
     """Settings of one ``kind`` that differ only in ``param``: ``settings[i]`` ran at
-    ``values[i]``, in increasing order of the value."""
+    ``values[i]``, in increasing order of the value. A declared sweep (``measured_sweep``)
+    has its config ``name`` and ``spans``: the (min, max) of the measured ``param`` over each
+    point's (policy, RM) pairs, its value the mean."""
 
     kind: str
     param: str
     settings: tuple[str, ...]
     values: tuple[float, ...]
+    name: str | None = None
+    spans: tuple[tuple[float, float], ...] | None = None
+
+    @property
+    def label(self) -> str:
+        """The sweep's name in the report and its figure's file: its config name, or its kind."""
+        return self.kind if self.name is None else self.name
+
+    def value_text(self, i: int) -> str:
+        """Point ``i``'s value: ``96`` / ``0.5``; measured, ``0.881 (0.866 to 0.897)``."""
+        v = self.values[i]
+        if self.spans is None:
+            return str(int(v)) if v.is_integer() else f"{v:g}"
+        low, high = self.spans[i]
+        return f"{v:.3f}" if low == high else f"{v:.3f} ({low:.3f} to {high:.3f})"
 
 
 @dataclass(frozen=True)
@@ -92,6 +117,36 @@ def find_sweeps(
     return sweeps
 
 
+def measured_sweep(
+    name: str,
+    kind: str,
+    settings: Sequence[str],
+    axis: str,
+    fidelity: Mapping[str, SettingFidelity],
+) -> Sweep:
+    """The declared sweep ``name`` over ``settings`` (of one ``kind``), ordered by their
+    measured ``axis`` (``SettingFidelity.axis``: the mean over each setting's pairs; module
+    docstring). ValueError naming the settings without a measurement of it."""
+    missing = [s for s in settings if s not in fidelity or fidelity[s].axis(axis).n == 0]
+    if missing:
+        raise ValueError(
+            f"sweep {name!r}: settings {missing} have no measured {axis} (their runs record no "
+            "info.policy_samples, or only NaN)"
+        )
+    points = sorted(
+        ((fidelity[s].axis(axis), i, s) for i, s in enumerate(settings)),
+        key=lambda p: (p[0].mean, p[1]),
+    )
+    return Sweep(
+        kind,
+        axis,
+        tuple(s for _, _, s in points),
+        tuple(m.mean for m, _, _ in points),
+        name,
+        tuple((m.low, m.high) for m, _, _ in points),
+    )
+
+
 def sweep_table(
     rows: Iterable[dict[str, object]],
     spec: SummarySpec,
@@ -127,10 +182,6 @@ def sweep_table(
     return SweepTable(sweep, name, label, means, tuple(curves), labels, grpo is not None)
 
 
-def _value(x: float) -> str:
-    return str(int(x)) if x.is_integer() else f"{x:g}"
-
-
 def sweep_markdown(
     tables: Sequence[SweepTable], figures: Sequence[str], secondary: bool = False
 ) -> str:
@@ -150,10 +201,18 @@ def sweep_markdown(
         f"metric, mean [95% interval, unadjusted] over every (family, seed) pair both ran. "
         f"{verdicts}; none is drawn here.",
     ]
+    if any(t.sweep.spans is not None for t in tables):
+        parts += [
+            "",
+            "A declared sweep (`report.sweeps`) orders settings that differ in their direction "
+            "models by a measured figure of those models on the step-0 policy's own samples: "
+            "its mean (min to max) over each setting's (policy, RM) pairs (the Direction "
+            "models tables of the settings).",
+        ]
     for table, figure in zip(tables, figures, strict=True):
         s = table.sweep
         header = " | ".join(
-            f"{s.param} = {_value(v)} (`{n}`)" for v, n in zip(s.values, s.settings, strict=True)
+            f"{s.param} = {s.value_text(i)} (`{n}`)" for i, n in enumerate(s.settings)
         )
         picked = table.picked
         base = "GRPO" if picked else f"`{table.baseline}`"
@@ -163,7 +222,12 @@ def sweep_markdown(
         ]
         parts += [
             "",
-            f"### `{s.kind}` against `{s.param}`: {table.metric_label}",
+            (
+                f"### `{s.kind}` against `{s.param}`: {table.metric_label}"
+                if s.spans is None
+                else f"### `{s.label}`: `{s.kind}` against measured `{s.param}` "
+                f"({AXES[s.param]}): {table.metric_label}"
+            ),
             "",
             f"| strategy | {header} |",
             "|---|" + "---|" * len(s.settings),
@@ -179,5 +243,5 @@ def sweep_markdown(
                 for d, row in zip(curve.diffs, table.rows, strict=True)
             ]
             parts.append(f"| `{curve.strategy}` - {base} | " + " | ".join(cells) + " |")
-        parts += ["", f"![sweep {s.kind}]({figure})"]
+        parts += ["", f"![sweep {s.label}]({figure})"]
     return "\n".join(parts)
