@@ -1,21 +1,27 @@
 """Sweeps (``ablations.sweeps``): settings of one kind that differ in one numeric parameter
 are put side by side, each strategy's paired difference to the baseline against that
-parameter, in a table and a figure; any other group of settings is no sweep."""
+parameter, in a table and a figure; any other group of settings is no sweep, unless the
+config declares it (``report.sweeps``): then its axis is a measured figure of the settings'
+direction models, and a bad declaration is refused at load naming the field."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from ablations.ablation_config import load_ablate_config
 from ablations.figures import is_png, plot_sweep
-from ablations.results import read_csv
+from ablations.results import RunKey, read_csv
 from ablations.runner import config_sweeps, summary_spec
+from ablations.sample_fidelity import SettingFidelity, setting_fidelity
 from ablations.stats import paired_difference
 from ablations.summary import SettingSpec, SummarySpec
-from ablations.sweeps import Sweep, find_sweeps, sweep_markdown, sweep_table
+from ablations.sweeps import Sweep, find_sweeps, measured_sweep, sweep_markdown, sweep_table
+from backends.common.errors import ConfigError
 from tests.helpers.paths import REPO
 
 LENGTH = "length_sweep"
@@ -178,3 +184,135 @@ def test_with_grpos_row_picked_per_point_each_strategy_is_against_that_points_pi
     assert "| `uniform` - GRPO | -0.100 [" in text and "| GRPO's row |" in text
     assert "**Secondary**: the verdicts are the primary family's" in text
     assert is_png(plot_sweep(tmp_path / "sweep.png", table))
+
+
+# --- declared sweeps over a measured axis (report.sweeps) --------------------------------
+
+
+def _fidelity(corr: dict[str, list[float]]) -> dict[str, SettingFidelity]:
+    """setting -> its RMs' correlations on the policy's samples, one per seed (llama)."""
+    data = {
+        RunKey(setting, "llama", "uniform", seed): {
+            "info": {
+                "policy_samples": {
+                    "rm_corr": c,
+                    "rm_pair_accuracy": 0.9,
+                    "entropy": 3.0,
+                    "log_vocab": 4.0,
+                }
+            }
+        }
+        for setting, values in corr.items()
+        for seed, c in enumerate(values)
+    }
+    return setting_fidelity(data, ["llama"], model_seeds=True)
+
+
+def test_a_declared_sweep_is_ordered_by_the_measured_mean_with_its_range(tmp_path: Path) -> None:
+    """n24 and n96 stand for two settings whose RMs differ: n96's correlations 0.9, 0.7 and
+    0.8 (mean 0.8) put it before n24's 0.95, 0.97, 0.99 (mean 0.97); each point is each
+    strategy minus the baseline there, as for a numeric sweep."""
+    fidelity = _fidelity({"n24": [0.95, 0.97, 0.99], "n96": [0.9, 0.7, 0.8]})
+    sweep = measured_sweep("fid", LENGTH, ["n24", "n96"], "rm_corr", fidelity)
+    assert sweep.settings == ("n96", "n24") and sweep.name == sweep.label == "fid"
+    assert sweep.values == pytest.approx((0.8, 0.97))
+    assert sweep.spans == ((0.7, 0.9), (0.95, 0.99))  # min and max: the values themselves
+    table = sweep_table(rows(), SPEC, sweep)
+    assert table.baseline_means == pytest.approx((0.14, 0.35))  # n96's, then n24's
+    datc = table.curves[0]
+    for i, setting in enumerate(sweep.settings):
+        by_hand = paired_difference(
+            dict(enumerate(VALUES[(setting, "datc")])),
+            dict(enumerate(VALUES[(setting, "uniform")])),
+        )
+        diff = datc.diffs[i]
+        assert diff is not None and diff.mean == pytest.approx(by_hand.mean)
+    # by hand: n96 datc - uniform = 0.21, 0.16, 0.18 (mean 0.183); n24: 0.11, 0.08, 0.12
+    assert datc.diffs[0] is not None and datc.diffs[0].mean == pytest.approx(0.55 / 3)
+    assert datc.diffs[1] is not None and datc.diffs[1].mean == pytest.approx(0.31 / 3)
+    text = sweep_markdown([table], ["figures/sweep_fid.png"])
+    assert "### `fid`: `length_sweep` against measured `rm_corr`" in text
+    assert (
+        "| strategy | rm_corr = 0.800 (0.700 to 0.900) (`n96`) "
+        "| rm_corr = 0.970 (0.950 to 0.990) (`n24`) |"
+    ) in text
+    assert "| `datc` - `uniform` | +0.183 [" in text
+    assert "![sweep fid](figures/sweep_fid.png)" in text
+    assert is_png(plot_sweep(tmp_path / "sweep_fid.png", table))
+
+
+def test_a_declared_sweep_needs_every_settings_measurement() -> None:
+    fidelity = _fidelity({"n24": [0.95], "n96": [math.nan]})  # a constant RM: NaN only
+    with pytest.raises(ValueError, match=r"sweep 'fid': settings \['n96', 'n48'\] have no"):
+        measured_sweep("fid", LENGTH, ["n24", "n96", "n48"], "rm_corr", fidelity)
+
+
+def _declared(tmp_path: Path, sweeps: list[dict[str, object]]) -> Path:
+    length = {"kind": "length_sweep", "primary": "eval_reward_sampled"}
+    data = {
+        "strategies": ["uniform", "datc"],
+        "settings": {
+            "exact": {**length, "params": {"response_len": 24}},
+            "proxy": {**length, "params": {"response_len": 24, "rm_proxy": 1.0}},
+            "greedy": {**length, "params": {"response_len": 24}, "primary": "eval_reward_greedy"},
+            "preference": {},
+        },
+        "report": {"sweeps": sweeps},
+    }
+    path = tmp_path / "ablate.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("sweep", "message"),
+    [
+        (
+            {"name": "f", "settings": ["exact", "proxi"], "axis": "rm_corr"},
+            r"report\.sweeps\.0\.settings: \['proxi'\] are not settings of this config",
+        ),
+        (
+            {"name": "f", "settings": ["exact", "preference"], "axis": "rm_corr"},
+            r"report\.sweeps\.0\.settings: expected settings of one kind, got kinds "
+            r"\['length_sweep', 'preference'\]",
+        ),
+        (
+            {"name": "f", "settings": ["exact", "greedy"], "axis": "rm_corr"},
+            r"report\.sweeps\.0\.settings: expected settings judged on one primary metric",
+        ),
+        (
+            {"name": "f", "settings": ["exact", "exact"], "axis": "rm_corr"},
+            r"report\.sweeps\.0\.settings: .* names a setting twice",
+        ),
+        ({"name": "f", "settings": ["exact"], "axis": "rm_corr"}, r"report\.sweeps\.0\.settings"),
+        (
+            {"name": "f", "settings": ["exact", "proxy"], "axis": "entropy"},
+            r"report\.sweeps\.0\.axis.*expected one of \['rm_corr', 'rm_pair_accuracy'\]",
+        ),
+        (
+            {"name": "length_sweep", "settings": ["exact", "proxy"], "axis": "rm_corr"},
+            r"report\.sweeps\.0\.name: 'length_sweep' is another sweep's or a setting kind's",
+        ),
+        ({"name": "a/b", "settings": ["exact", "proxy"], "axis": "rm_corr"}, r"sweeps\.0\.name"),
+        ({"name": "f", "settings": ["exact", "proxy"]}, r"report\.sweeps\.0\.axis"),
+    ],
+)
+def test_a_bad_declared_sweep_is_refused_at_load_naming_the_field(
+    tmp_path: Path, sweep: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_ablate_config(_declared(tmp_path, [sweep]))
+
+
+def test_a_sweep_declared_twice_is_refused_and_fidelity_yaml_declares_its_two(
+    tmp_path: Path,
+) -> None:
+    decl = {"name": "f", "settings": ["exact", "proxy"], "axis": "rm_corr"}
+    with pytest.raises(ConfigError, match=r"report\.sweeps\.1\.name: 'f' is another sweep's"):
+        load_ablate_config(_declared(tmp_path, [decl, decl]))
+    cfg = load_ablate_config(REPO / "configs" / "ablate" / "fidelity.yaml")
+    assert [(s.name, s.settings, s.axis) for s in cfg.report.sweeps] == [
+        ("fidelity_length", ["sweep_96", "proxy_05", "proxy_10", "binary"], "rm_corr"),
+        ("fidelity_preference", ["preference", "pref_1500", "pref_500"], "rm_corr"),
+    ]
+    assert config_sweeps(cfg) == []  # none of its groups moves one number: declared only
