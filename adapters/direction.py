@@ -88,6 +88,9 @@ class RewardOutput:
       ``rewards[b]`` itself, so sum_t prefix_rewards[b, t] = rewards[b] - s_0. s_0 is the
       score with an empty response, and 0 where the RM input would then hold no token at all
       (no prompt, no special tokens: e.g. a ``ModuleRM`` reading the response alone).
+    - direction_scores (B,) float32 or None: the direction model's own reward where
+      ``rewards`` came from a separate scorer and the direction model ran anyway
+      (``adapters.scorers.RewardSignals``); None where it did not run or is the scorer.
     """
 
     rewards: torch.Tensor
@@ -95,6 +98,7 @@ class RewardOutput:
     diagnostics: dict[str, float] = field(default_factory=dict)
     attention: torch.Tensor | None = None
     prefix_rewards: torch.Tensor | None = None
+    direction_scores: torch.Tensor | None = None
 
 
 class DirectionModel(ABC):

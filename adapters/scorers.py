@@ -155,6 +155,12 @@ class RewardSignals:
     scorer: Scorer
     direction_model: DirectionModel | None = None
 
+    @property
+    def direction_is_reward(self) -> bool:
+        """Whether the scorer is the direction model's own reward (one model for both)."""
+        scorer = self.scorer
+        return isinstance(scorer, ModelScorer) and scorer.model is self.direction_model
+
     def compute(
         self,
         prompt_ids: torch.Tensor,
@@ -175,7 +181,9 @@ class RewardSignals:
 
         With a separate scorer the attention and prefix rewards are still the direction
         model's (as its gradient is): its prefix rewards then sum to the direction model's
-        reward minus s_0, not to the scorer's reward.
+        reward minus s_0, not to the scorer's reward; its own reward is then
+        ``direction_scores`` (a by-product of the same pass, for its agreement with the
+        scorer's reward).
         """
         dm = self.direction_model
         for wanted, signal in (
@@ -188,7 +196,7 @@ class RewardSignals:
                     f"{signal} was asked for, but no direction model is configured "
                     "(set a differentiable reward model as the direction model)"
                 )
-        same = isinstance(self.scorer, ModelScorer) and self.scorer.model is dm
+        same = self.direction_is_reward
         rewards: torch.Tensor | None = None
         if not same:
             rewards = self.scorer(
@@ -213,4 +221,6 @@ class RewardSignals:
             **out.diagnostics,
             "rm/direction_model_reward_mean": float(out.rewards.mean()),
         }
-        return replace(out, rewards=rewards, diagnostics=diagnostics)
+        return replace(
+            out, rewards=rewards, diagnostics=diagnostics, direction_scores=out.rewards.float()
+        )

@@ -17,11 +17,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from credit_core.errors import CreditError
 from credit_core.tensor_checks import check_tensor
+
+#: The EMA's weight on its past when ``gate.decay`` is not given.
+DEFAULT_DECAY = 0.9
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,7 @@ class AgreementGate:
 
     low: float
     high: float
-    decay: float = 0.9
+    decay: float = DEFAULT_DECAY
     ema: float | None = None
 
     def __post_init__(self) -> None:
@@ -119,6 +124,41 @@ class AgreementGate:
             v = agreement.value
             self.ema = v if self.ema is None else self.decay * self.ema + (1 - self.decay) * v
         return self.alpha
+
+    def state_dict(self) -> dict[str, Any]:
+        """The EMA, the gate's only state (a checkpoint resumes it bit for bit)."""
+        return {"ema": self.ema}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s EMA (a float, or None before any measure)."""
+        ema = state.get("ema", "missing")
+        if ema is not None and not isinstance(ema, float):
+            raise CreditError(f"gate state: expected 'ema' a float or None, got {ema!r}")
+        self.ema = ema
+
+
+class GateConfig(BaseModel):
+    """The ``gate`` key of a credit setting: ``{agreement: [low, high], decay: 0.9}``
+    (docs/design.md, "Trusting the direction model"); ``build()`` makes the run's gate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    agreement: tuple[float, float] = Field(
+        description="[low, high]: alpha is 0 at or below low, 1 at or above high"
+    )
+    decay: float = Field(DEFAULT_DECAY, ge=0.0, lt=1.0, description="the EMA's weight on its past")
+
+    @field_validator("agreement")
+    @classmethod
+    def _ordered(cls, value: tuple[float, float]) -> tuple[float, float]:
+        low, high = value
+        if not -1.0 <= low < high <= 1.0:
+            raise ValueError(f"expected -1 <= low < high <= 1, got [{low}, {high}]")
+        return value
+
+    def build(self) -> AgreementGate:
+        """A fresh gate (no EMA yet) of this setting."""
+        return AgreementGate(self.agreement[0], self.agreement[1], self.decay)
 
 
 def gate_token_advantages(

@@ -7,11 +7,13 @@ from typing import Any
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Field,
     ModelWrapValidatorHandler,
     ValidationError,
     model_validator,
 )
 
+from credit_core.agreement_gate import GateConfig
 from credit_core.errors import CreditError, validation_messages
 
 
@@ -19,16 +21,21 @@ class CreditConfig(BaseModel):
     """A strategy name plus its parameters, validated against the registry.
 
     Accepts ``"datc"`` (so a YAML line ``credit: datc`` works) or a mapping
-    ``{"name": "datc", "beta": 2.0, "lam": 0.5}``. Parameters other than ``name`` are
-    validated against the strategy's ``Params``; an unknown strategy, an unknown key or an
-    out-of-range value raises ``CreditError`` naming it, from the constructor and from
-    ``parse``. Inside another pydantic model the same error surfaces as that model's
-    ``ValidationError`` on the ``credit`` field.
+    ``{"name": "datc", "beta": 2.0, "lam": 0.5}``. Parameters other than ``name`` and
+    ``gate`` are validated against the strategy's ``Params``; an unknown strategy, an
+    unknown key or an out-of-range value raises ``CreditError`` naming it, from the
+    constructor and from ``parse``. Inside another pydantic model the same error surfaces as
+    that model's ``ValidationError`` on the ``credit`` field.
+
+    ``gate`` (``GateConfig``, off when absent and then left out of ``model_dump``): the
+    agreement gate toward GRPO (docs/design.md, "Trusting the direction model"), taken by a
+    strategy whose signals come from a direction model, in a mean-preserving weight form.
     """
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
     name: str = "uniform"
+    gate: GateConfig | None = Field(None, exclude_if=lambda gate: gate is None)
 
     def __init__(self, /, **data: Any) -> None:
         try:
@@ -49,7 +56,9 @@ class CreditConfig(BaseModel):
         from credit_core.registry import validate_params
 
         model = handler(data)
-        validate_params(model.name, model.params)
+        params = validate_params(model.name, model.params)
+        if model.gate is not None:
+            _check_gate(model.name, params)
         return model
 
     @property
@@ -59,8 +68,10 @@ class CreditConfig(BaseModel):
 
     @property
     def label(self) -> str:
-        """The strategy's name, with its parameters when given (``datc(beta=2.0)``)."""
+        """The strategy's name, with its parameters and gate when given (``datc(beta=2.0)``)."""
         params = self.params
+        if self.gate is not None:
+            params["gate"] = self.gate.model_dump(mode="json")
         if not params:
             return self.name
         return f"{self.name}({', '.join(f'{k}={v}' for k, v in sorted(params.items()))})"
@@ -77,6 +88,28 @@ class CreditConfig(BaseModel):
             return cls.model_validate(value)
         except ValidationError as exc:
             raise _credit_error(exc) from None
+
+
+def _check_gate(name: str, params: BaseModel) -> None:
+    """``CreditError`` naming ``gate`` where strategy ``name`` (with its validated ``params``)
+    cannot take it: it reads no direction model, or its paper form gives token rewards."""
+    from credit_core.plan import SOURCES, signals_read
+    from credit_core.registry import strategy_class
+
+    reads = signals_read(strategy_class(name))
+    if not any(SOURCES[s] == "direction" for s in reads):
+        scored = sorted(s for s, source in SOURCES.items() if source == "direction")
+        raise CreditError(
+            f"credit.gate: strategy {name!r} reads no direction model (it reads "
+            f"{sorted(reads) or 'no signal'}; a gated strategy reads one of {scored}): the "
+            "gate weighs a direction model's credit by its agreement with the reward"
+        )
+    if getattr(params, "mode", None) == "paper":
+        raise CreditError(
+            f"credit.gate: strategy {name!r} with mode 'paper' gives token rewards, not "
+            "mean-preserving weights; the gate's mix w' = 1 + alpha (w - 1) is defined on "
+            "weights that keep each response's mean advantage: use mode 'mean'"
+        )
 
 
 def _credit_error(exc: ValidationError) -> CreditError:

@@ -55,13 +55,15 @@ class RolloutRewards:
         """Rewards (B,) float32; the gradient (B, R, d) float32 if ``with_grad``, the
         attention (B, R) float32 if ``with_attention`` and the prefix rewards (B, R) float32
         if ``with_prefix_rewards`` (each None when not asked; 0 at padding, R the batch's
-        response length; see ``adapters.direction.RewardOutput``); and the adapters'
-        diagnostics averaged over micro-batches. ``labels`` (B,): each row's label, for text
-        scorers that take labels."""
+        response length; see ``adapters.direction.RewardOutput``); the direction model's own
+        scores (B,) where a separate scorer set the rewards and the direction model ran; and
+        the adapters' diagnostics averaged over micro-batches. ``labels`` (B,): each row's
+        label, for text scorers that take labels."""
         rewards: list[torch.Tensor] = []
         grads: list[torch.Tensor] = []
         attention: list[torch.Tensor] = []
         prefix_rewards: list[torch.Tensor] = []
+        scores: list[torch.Tensor] = []
         diagnostics: dict[str, float] = {}
         calls = 0
         for rows, mb in batch.micro_batches(micro_batch_size):
@@ -77,6 +79,8 @@ class RolloutRewards:
             )
             calls += 1
             rewards.append(out.rewards.float())
+            if out.direction_scores is not None:
+                scores.append(out.direction_scores.float())
             for key, value in out.diagnostics.items():
                 diagnostics[key] = diagnostics.get(key, 0.0) + float(value)
             for part, parts in (
@@ -92,6 +96,7 @@ class RolloutRewards:
             {k: v / calls for k, v in diagnostics.items()},
             torch.cat(attention) if with_attention else None,
             torch.cat(prefix_rewards) if with_prefix_rewards else None,
+            torch.cat(scores) if scores else None,
         )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from backends.common.credit import AgreementMetrics
 from backends.torch.distributed import DistContext
 from backends.torch.rollout import RolloutBatch
 from credit_core import CreditDiagnostics, CreditResult
@@ -44,6 +45,9 @@ class StepSignals:
       returns it regresses on (``backends.torch.gae``); ``advantages`` is then the whitened
       GAE advantage of each response's first token (its advantage against the critic's
       value of the prompt), and ``credit``'s token advantages are the whitened GAE ones.
+    - ``agreement``: the direction model's agreement with the reward on the whole step and
+      the gate's state (``CreditRun.apply``), for a strategy that reads a direction model;
+      None otherwise.
     """
 
     batch: RolloutBatch
@@ -59,6 +63,7 @@ class StepSignals:
     reward_seconds: float
     values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    agreement: AgreementMetrics | None = None
 
     @property
     def token_advantages(self) -> torch.Tensor:
@@ -109,6 +114,8 @@ class StepSignals:
         if self.values is not None and self.returns is not None:
             out.update(self._critic_metrics(ctx, tokens))
         out.update(self._credit_metrics(ctx, float(lengths.sum())))
+        if self.agreement is not None:  # already the whole step's
+            out.update(self.agreement.to_dict(prefix="credit/"))
         return out
 
     def _critic_metrics(self, ctx: DistContext, n_tok: float) -> dict[str, float]:

@@ -42,6 +42,7 @@ from adapters.policy import (
     response_logprobs_and_stats,
     response_logprobs_and_work,
 )
+from backends.common.credit import CreditRun
 from backends.common.data import Prompt, PromptSampler, shard
 from backends.common.errors import ConfigError
 from backends.common.preemption import PreemptionWatch, signal_name
@@ -109,7 +110,6 @@ from credit_core import (
     CreditSignals,
     CreditStrategy,
     PolicyStats,
-    assign_credit,
     group_advantages,
 )
 from credit_core.answer_reweighting import ANSWER_SALIENCY
@@ -117,6 +117,9 @@ from credit_core.plan import CreditPlan
 from credit_core.token_rewards import critic_reward_shift
 
 CONFIG_FILE = "config.yaml"
+#: The checkpoint's ``trainer`` key of the credit's own state (the agreement gate's EMA),
+#: present only when ``credit.gate`` is set.
+CREDIT_KEY = "credit"
 CHECKPOINT_DIR = "checkpoints"
 _INNER = "module."  # PolicyModule holds the HF model as .module
 
@@ -265,6 +268,15 @@ class GRPORecipe:
             device=dev,
             grad_points=self.strategy.reward_grad_points,
         )
+        #: the run's credit step: the plan, and the agreement gate if ``credit.gate`` is set
+        try:
+            self.credit_run = CreditRun(
+                self.plan,
+                cfg.credit.gate,
+                direction_is_reward=self.reward.signals.direction_is_reward,
+            )
+        except CreditError as err:
+            raise ConfigError(str(err)) from err
         direction = self.reward.direction
         if self.plan.needs_direction and direction is None:
             raise ConfigError(
@@ -455,6 +467,8 @@ class GRPORecipe:
             )
             self.critic_scheduler.load_state_dict(state.trainer["critic_scheduler"])
         self.sampler.load_state_dict(state.trainer["sampler"])
+        if self.credit_run.gate is not None:
+            self.credit_run.load_state_dict(state.trainer[CREDIT_KEY])
         self.strategy.load_state_dict(state.rank["strategy"])
         ckpt.restore_rng(state.rank["rng"], self.ctx.device)
         self.step = state.step
@@ -495,6 +509,11 @@ class GRPORecipe:
                 **(
                     {"critic_scheduler": self.critic_scheduler.state_dict()}
                     if self.critic is not None
+                    else {}
+                ),
+                **(
+                    {CREDIT_KEY: self.credit_run.state_dict()}
+                    if self.credit_run.gate is not None
                     else {}
                 ),
             },
@@ -624,6 +643,7 @@ class GRPORecipe:
         *,
         strategy: CreditStrategy | None = None,
         rewards: RolloutRewards | None = None,
+        advance: bool = False,
     ) -> StepSignals:
         """The credit path: rewards, advantages, old/ref log-probs, the strategy's signals
         and token advantages of ``batch`` (whose ``group`` indexes ``pool``).
@@ -638,10 +658,13 @@ class GRPORecipe:
         the outcome token rewards, the critic's values, GAE, whitened), while another
         ``strategy`` judged on the batch keeps its token advantages (docs/design.md, "PPO
         with a critic (GAE)", "Credit under a critic").
+
+        ``advance``: this is the training step's batch: the run's credit state moves on
+        (``CreditRun.apply``: the agreement gate's EMA); a look at any other batch leaves it.
         """
         cfg = self.cfg
-        own_gae = self._gae and strategy in (None, self.strategy)
-        plan = self.plan if strategy in (None, self.strategy) else credit_plan(strategy)
+        own = strategy is None or strategy is self.strategy
+        plan = self.plan if strategy is None or own else credit_plan(strategy)
         strategy = plan.strategy
         side = rewards or self.reward
         reads = plan.signals
@@ -703,8 +726,12 @@ class GRPORecipe:
                     "trainer builds only when the run's own strategy reads it"
                 )
             log_ratio = self._old_policy_pass(self.prm.model, batch).logp - ref_logp
-        credit = assign_credit(
-            strategy,
+        run = (
+            self.credit_run
+            if own
+            else CreditRun(plan, direction_is_reward=side.signals.direction_is_reward)
+        )
+        step = run.apply(
             advantages,
             batch.response_mask,
             batch.response_ids,
@@ -721,8 +748,11 @@ class GRPORecipe:
             ),
             rewards=reward.rewards,
             groups=self._group_ids(batch),
+            direction_scores=reward.direction_scores,
             gather=self.ctx.gather_values,
+            reduce_sum=self.ctx.all_reduce_sum,
             answer_mask=answer_mask,
+            advance=advance,
         )
         signals = StepSignals(
             batch=batch,
@@ -730,14 +760,15 @@ class GRPORecipe:
             advantages=advantages,
             old_logp=old.logp,
             ref_logp=ref_logp,
-            credit=credit,
+            credit=step.result,
             kl_ref=kl_ref,
             reward_diagnostics=reward.diagnostics,
             reward_grad_rows=batch.size if reward.reward_grad is not None else 0,
             policy_stats_rows=batch.size if old.stats is not None or old.work is not None else 0,
             reward_seconds=reward_seconds,
+            agreement=step.agreement,
         )
-        return self._gae_credit(signals) if own_gae else signals
+        return self._gae_credit(signals) if own and self._gae else signals
 
     def _gae_credit(self, signals: StepSignals) -> StepSignals:
         """PPO's signals from GRPO's ``signals`` of the run's own strategy: the outcome reward
@@ -997,7 +1028,7 @@ class GRPORecipe:
             tag="rollout",
         )
         t_rollout = clock.lap()
-        signals = self.signals(batch, self.train_prompts)
+        signals = self.signals(batch, self.train_prompts, advance=True)
         t_signals = clock.lap()
         # at the policy that sampled the batch; timed on its own (time/credit_samples)
         recorded = self.samples.record(self.step, signals, self.train_prompts)
