@@ -51,6 +51,10 @@ SKIPPED = {
     ".venv/bin/credit-ablate merge": "merges the output folders of the full run's shards",
     "credit-openrlhf": "OpenRLHF on 8 GPUs with Ray and vLLM",
     "credit-verl": "verl's main_ppo on GPUs with Ray and vLLM, in .venv-verl",
+    ".venv/bin/credit-train configs/torch/smollm2_datc.yaml": "SmolLM2-135M for 4 steps "
+    "(minutes on CPU); tests/backends/torch/test_smollm2.py trains the same config's shape",
+    ".venv/bin/credit-trl --config configs/trl/smollm2_datc.yaml": "the same under TRL; "
+    "tests/backends/trl/test_smollm2.py runs a step of it",
     "pip install": "installs into the environment that runs the tests (make install does)",
 }
 
