@@ -100,3 +100,59 @@ def test_config_is_immutable() -> None:
     config = CreditConfig.parse("datc")
     with pytest.raises(pydantic.ValidationError):
         config.name = "uniform"  # type: ignore[misc]
+
+
+# ------------------------------------------------------------------- the agreement gate
+
+
+def test_a_gate_is_a_credit_setting_apart_from_the_strategy_s_parameters() -> None:
+    """docs/design.md, "Trusting the direction model": off when absent (and absent from the
+    dump, so configs without it are unchanged), never passed to the strategy's Params."""
+    plain = CreditConfig.parse({"name": "datc", "beta": 2.0})
+    assert plain.gate is None and plain.model_dump(mode="json") == {"name": "datc", "beta": 2.0}
+    gated = CreditConfig.parse({"name": "datc", "beta": 2.0, "gate": {"agreement": [0.1, 0.5]}})
+    assert gated.params == {"beta": 2.0}
+    assert gated.gate is not None and (gated.gate.agreement, gated.gate.decay) == ((0.1, 0.5), 0.9)
+    assert get_strategy(gated).params == get_strategy(plain).params
+    dumped = gated.model_dump(mode="json")
+    assert dumped["gate"] == {"agreement": [0.1, 0.5], "decay": 0.9}
+    assert CreditConfig.parse(yaml.safe_load(yaml.safe_dump(dumped))) == gated
+    assert gated.label != plain.label  # a gated run is named apart from an ungated one
+
+
+@pytest.mark.parametrize("name", ["datc", "datc_mid", "p2t", "red", "abc"])
+def test_strategies_that_read_a_direction_model_take_a_gate(name: str) -> None:
+    assert CreditConfig.parse({"name": name, "gate": {"agreement": [0.0, 0.5]}}).gate is not None
+
+
+@pytest.mark.parametrize(
+    ("credit", "message"),
+    [
+        (
+            {"name": "uniform", "gate": {"agreement": [0.0, 0.5]}},
+            "credit.gate: strategy 'uniform' reads no direction model",
+        ),
+        (
+            {"name": "entropy_top", "gate": {"agreement": [0.0, 0.5]}},
+            "credit.gate: strategy 'entropy_top' reads no direction model (it reads "
+            "['token_entropy']",
+        ),
+        (
+            {"name": "p2t", "mode": "paper", "gate": {"agreement": [0.0, 0.5]}},
+            "credit.gate: strategy 'p2t' with mode 'paper' gives token rewards, not "
+            "mean-preserving weights",
+        ),
+        (
+            {"name": "datc", "gate": {"agreement": [0.5, 0.5]}},
+            "gate.agreement: expected -1 <= low < high <= 1, got [0.5, 0.5]",
+        ),
+        ({"name": "datc", "gate": {"agreement": [0.0, 0.5], "decay": 1.0}}, "gate.decay"),
+        ({"name": "datc", "gate": {"agreement": [0.0, 0.5], "low": 0}}, "gate.low: unknown key"),
+    ],
+)
+def test_a_gate_it_cannot_take_is_refused_naming_the_key(
+    credit: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(CreditError) as err:
+        CreditConfig.parse(credit)
+    assert message in str(err.value)
