@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ablations.stats import Interval, paired_difference
 from ablations.summary import (
+    RunFigures,
     SummarySpec,
     contrasts,
     fmt,
@@ -205,23 +206,33 @@ def _mean(values: Iterable[float]) -> float:
     return math.fsum(xs) / len(xs)
 
 
-def primary_values(
+def run_figures_by_pair(
     rows: Iterable[dict[str, object]], spec: SummarySpec, labels: Iterable[str]
-) -> dict[tuple[str, str], dict[Pair, float]]:
-    """(setting, strategy) -> {(family, seed): the run's primary held-out metric}
-    (``summary.run_figures``), for the settings of ``spec`` and the strategies ``labels``;
-    runs without a value are left out."""
+) -> dict[tuple[str, str], dict[Pair, RunFigures]]:
+    """(setting, strategy) -> {(family, seed): the run's figures} (``summary.run_figures``),
+    for the settings of ``spec`` and the strategies ``labels``; runs without a primary value
+    are left out."""
     by_setting = {s.name: s for s in spec.settings}
     wanted = set(labels)
-    primary: dict[tuple[str, str], dict[Pair, float]] = {}
+    out: dict[tuple[str, str], dict[Pair, RunFigures]] = {}
     for key, run_rows in group_runs(rows).items():
         s = by_setting.get(key.setting)
         if s is None or key.strategy not in wanted:
             continue
-        value = run_figures(run_rows, s.primary, spec.final_window).primary
-        if not math.isnan(value):
-            primary.setdefault((key.setting, key.strategy), {})[(key.family, key.seed)] = value
-    return primary
+        figures = run_figures(run_rows, s.primary, spec.final_window)
+        if not math.isnan(figures.primary):
+            out.setdefault((key.setting, key.strategy), {})[(key.family, key.seed)] = figures
+    return out
+
+
+def primary_values(
+    rows: Iterable[dict[str, object]], spec: SummarySpec, labels: Iterable[str]
+) -> dict[tuple[str, str], dict[Pair, float]]:
+    """``run_figures_by_pair``'s primary held-out metric of each run."""
+    return {
+        key: {pair: figures.primary for pair, figures in runs.items()}
+        for key, runs in run_figures_by_pair(rows, spec, labels).items()
+    }
 
 
 def paired_over(

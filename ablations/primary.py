@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ablations.head_to_head import run_figures_by_pair
 from ablations.stats import Interval, decide, mean_interval, sign_flip_p
 from ablations.summary import (
     PrimaryFamily,
@@ -36,8 +37,6 @@ from ablations.summary import (
     contrasts,
     fmt,
     fmt_interval,
-    group_runs,
-    run_figures,
 )
 
 Pair = tuple[str, int]
@@ -108,23 +107,6 @@ class PrimaryResult:
         return {p.setting: p.label for p in self.picks}
 
 
-def _figures(
-    rows: Iterable[dict[str, Any]], spec: SummarySpec, labels: Iterable[str]
-) -> dict[tuple[str, str], dict[Pair, RunFigures]]:
-    """(setting, label) -> {(family, seed): the run's figures}, runs with a primary value."""
-    by_setting = {s.name: s for s in spec.settings}
-    wanted = set(labels)
-    out: dict[tuple[str, str], dict[Pair, RunFigures]] = {}
-    for key, run_rows in group_runs(rows).items():
-        s = by_setting.get(key.setting)
-        if s is None or key.strategy not in wanted:
-            continue
-        figures = run_figures(run_rows, s.primary, spec.final_window)
-        if not math.isnan(figures.primary):
-            out.setdefault((key.setting, key.strategy), {})[(key.family, key.seed)] = figures
-    return out
-
-
 def _diffs(a: Mapping[Pair, float], b: Mapping[Pair, float]) -> list[float]:
     """a - b over the pairs both have a finite value for, in pair order."""
     common = sorted(k for k in set(a) & set(b) if not math.isnan(a[k] + b[k]))
@@ -166,7 +148,7 @@ def primary_family(rows: Iterable[dict[str, Any]], spec: SummarySpec) -> Primary
         raise ValueError("spec.primary_family: expected a declared family, got None")
     grpo = family.baseline_best_of or (spec.baseline,)
     labels = {*family.against_baseline, *(x for p in family.pairs for x in p), *grpo}
-    figures = _figures(rows, spec, labels)
+    figures = run_figures_by_pair(rows, spec, labels)
     picks, flattening, found = [], [], []
     for s in spec.settings:
         runs = {label: figures.get((s.name, label), {}) for label in labels}

@@ -53,12 +53,7 @@ def group_return_advantages(
     ``mask`` (B, T) bool with >= 1 valid token per row; ``groups`` (B,) int64 group ids, each
     group holding >= 2 responses. Raises ``CreditError`` naming a bad tensor or a group of one.
     """
-    r = check_tensor("token_rewards", token_rewards, (None, None), floating=True)
-    B, T = r.shape
-    check_tensor("mask", mask, (B, T), dtype=torch.bool, device=r.device)
-    check_tensor("groups", groups, (B,), dtype=torch.long, device=r.device)
-    if not bool(torch.isfinite(torch.where(mask, r, 0.0)).all()):
-        raise CreditError("token_rewards: expected finite values at the valid tokens")
+    r = _check_token_rewards(token_rewards, mask, groups)
     G = returns_to_go(r, mask)
     first = mask.to(torch.int64).argmax(dim=1)
     total = G.gather(1, first.unsqueeze(1)).squeeze(1)
@@ -91,12 +86,7 @@ def group_step_advantages(
     ``mask`` (B, T) bool with >= 1 valid token per row; ``groups`` (B,) int64 group ids, each
     group holding >= 2 responses. Raises ``CreditError`` naming a bad tensor or a group of one.
     """
-    r = check_tensor("token_rewards", token_rewards, (None, None), floating=True)
-    B, T = r.shape
-    check_tensor("mask", mask, (B, T), dtype=torch.bool, device=r.device)
-    check_tensor("groups", groups, (B,), dtype=torch.long, device=r.device)
-    if not bool(torch.isfinite(torch.where(mask, r, 0.0)).all()):
-        raise CreditError("token_rewards: expected finite values at the valid tokens")
+    r = _check_token_rewards(token_rewards, mask, groups)
     index = _group_index(groups)
     r64 = torch.where(mask, r.to(torch.float64), 0.0)
     n_groups = int(index.max()) + 1
@@ -110,6 +100,20 @@ def group_step_advantages(
     normalised = dev / (std + eps).unsqueeze(1)
     adv = torch.where((std > 0).unsqueeze(1), returns_to_go(normalised, mask), 0.0)
     return adv.to(torch.float32)
+
+
+def _check_token_rewards(
+    token_rewards: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor
+) -> torch.Tensor:
+    """``token_rewards`` (B, T) floating, finite at ``mask`` (B, T) bool; ``groups`` (B,)
+    int64; all on one device. ``CreditError`` naming the bad tensor."""
+    r = check_tensor("token_rewards", token_rewards, (None, None), floating=True)
+    B, T = r.shape
+    check_tensor("mask", mask, (B, T), dtype=torch.bool, device=r.device)
+    check_tensor("groups", groups, (B,), dtype=torch.long, device=r.device)
+    if not bool(torch.isfinite(torch.where(mask, r, 0.0)).all()):
+        raise CreditError("token_rewards: expected finite values at the valid tokens")
+    return r
 
 
 def _group_index(groups: torch.Tensor) -> torch.Tensor:
