@@ -100,6 +100,20 @@ def _row(family: str, fits: Sequence[Mapping[str, float]]) -> FidelityRow:
     )
 
 
+def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """The same figures, NaN equal to NaN."""
+    return a.keys() == b.keys() and all(
+        a[k] == b[k]
+        or (
+            isinstance(a[k], float)
+            and isinstance(b[k], float)
+            and math.isnan(a[k])
+            and math.isnan(b[k])
+        )
+        for k in a
+    )
+
+
 def setting_fidelity(
     results: Mapping[RunKey, Mapping[str, Any]], families: Sequence[str], model_seeds: bool
 ) -> dict[str, SettingFidelity]:
@@ -118,7 +132,7 @@ def setting_fidelity(
         seen = fits.setdefault(run.setting, {}).get(pair)
         if seen is None:
             fits[run.setting][pair] = (run, dict(fit))
-        elif seen[1] != dict(fit):
+        elif not _same(seen[1], fit):
             raise ValueError(
                 f"info.{RECORD}: runs {seen[0].relpath} and {run.relpath} share their policy "
                 f"and RM but record different figures ({seen[1]} and {dict(fit)})"

@@ -114,6 +114,15 @@ def test_without_model_seeds_one_pair_per_family_and_differing_records_are_refus
     }
     (row,) = setting_fidelity(shared, FAMILIES, model_seeds=False)["hi"].rows
     assert row.family == "llama" and row.pairs == 1 and row.rm_corr.mean == pytest.approx(0.97)
+    # a NaN figure (a constant RM) is the same record in every run of its pair
+    nan = {
+        RunKey("lo", "llama", strategy, 2): {
+            "info": {"policy_samples": {**fit("lo", "llama", 2), "rm_corr": float("nan")}}
+        }
+        for strategy in ("uniform", "datc")
+    }
+    (row,) = setting_fidelity(nan, FAMILIES, model_seeds=True)["lo"].rows
+    assert row.pairs == 1 and row.rm_corr.n == 0
     # with model seeds each seed has its own pair; without, seeds 0 and 1 must agree
     differing = results()
     with pytest.raises(ValueError, match=r"hi/gpt2/datc/seed0 and hi/gpt2/datc/seed1 share"):
