@@ -86,7 +86,11 @@ pipcheck: $(STAMP) $(VERL_STAMP)
 	$(PY) scripts/pip_check.py
 	$(VERL_PY) scripts/pip_check.py
 
-test: lint typecheck pipcheck pytest pytest-verl
+# The two environments build side by side (each is mostly pip unpacking on one core), then
+# ruff, mypy, pip check and the two suites, in order.
+test:
+	$(MAKE) --no-print-directory -j2 install verl
+	$(MAKE) --no-print-directory lint typecheck pipcheck pytest pytest-verl
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) .cache .pytest_cache .mypy_cache .ruff_cache
