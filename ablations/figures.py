@@ -264,7 +264,7 @@ def plot_sweep(path: Path, table: SweepTable) -> Path:
     """Write the figure of one sweep to ``path`` (PNG): left, each curve of ``table`` against
     the swept parameter (a declared sweep's: its measured axis, ``Sweep.spans``), its points
     shifted a little sideways so that the intervals of one value do not hide each other;
-    right, the baseline's mean there."""
+    right, the baseline's mean there (measured: with each point's range of the axis)."""
     plt = pyplot()
     sweep = table.sweep
     fig, (ax, base_ax) = plt.subplots(
@@ -287,13 +287,26 @@ def plot_sweep(path: Path, table: SweepTable) -> Path:
         )
     ax.axhline(0.0, color="black", linestyle="--", linewidth=1.0, label=table.baseline)
     ax.set_ylabel(f"minus {table.baseline}, paired")
-    base_ax.plot(sweep.values, table.baseline_means, "o--", color="black")
+    if sweep.spans is None:
+        base_ax.plot(sweep.values, table.baseline_means, "o--", color="black")
+    else:  # each point's measured range over its RMs, as horizontal bars
+        base_ax.errorbar(
+            sweep.values,
+            table.baseline_means,
+            xerr=[
+                [v - lo for v, (lo, _) in zip(sweep.values, sweep.spans, strict=True)],
+                [hi - v for v, (_, hi) in zip(sweep.values, sweep.spans, strict=True)],
+            ],
+            fmt="o--",
+            color="black",
+            capsize=3,
+        )
     base_ax.set_ylabel(f"{table.baseline}, mean over pairs")
     measured = sweep.spans is not None
     ticks = [f"{v:.3f}" if measured else f"{v:g}" for v in sweep.values]
     for a in (ax, base_ax):
         a.set_xticks(sweep.values, ticks, rotation=45 if measured else 0)
-        a.set_xlabel(f"{sweep.param}, measured (mean over the RMs)" if measured else sweep.param)
+        a.set_xlabel(f"{sweep.param} (measured)" if measured else sweep.param)
         a.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 7), frameon=False)
