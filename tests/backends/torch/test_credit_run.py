@@ -18,12 +18,14 @@ import yaml
 from scipy.stats import spearmanr
 
 from adapters.direction import DirectionModel, RewardOutput
+from adapters.scorers import ModelScorer
 from adapters.tiny import train_bpe_tokenizer
 from backends.common.errors import ConfigError
 from backends.common.jsonl import read_jsonl
 from backends.common.tasks import PositionalParams, positional_task
 from backends.torch.__main__ import main
 from backends.torch.checkpoint import TRAIN_STATE_FILE, checkpoint_folders
+from backends.torch.rollout import RolloutBatch
 from backends.torch.rollout_rewards import RolloutRewards
 from backends.torch.step import StepSignals
 from backends.torch.trainer import CREDIT_KEY, GRPORecipe, RunResult, train
@@ -62,14 +64,14 @@ def gated(**credit: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def scored(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[RewardOutput]]:
-    """Every training reward pass's output (rewards and the direction model's scores)."""
-    outputs: list[RewardOutput] = []
+def scored(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[RolloutBatch, RewardOutput]]]:
+    """Every training reward pass's batch and output (rewards, the direction model's scores)."""
+    outputs: list[tuple[RolloutBatch, RewardOutput]] = []
     real = RolloutRewards.compute
 
-    def spy(self: RolloutRewards, *args: Any, **kwargs: Any) -> RewardOutput:
-        out = real(self, *args, **kwargs)
-        outputs.append(out)
+    def spy(self: RolloutRewards, batch: RolloutBatch, **kwargs: Any) -> RewardOutput:
+        out = real(self, batch, **kwargs)
+        outputs.append((batch, out))
         return out
 
     monkeypatch.setattr(RolloutRewards, "compute", spy)
@@ -107,12 +109,16 @@ def brute_force_agreement(scores: torch.Tensor, rewards: torch.Tensor) -> tuple[
 
 @pytest.mark.parametrize("strategy", ["datc", "red"])
 def test_the_logged_agreement_is_the_spearman_of_the_step_s_own_scores(
-    tmp_path: Path, scored: list[RewardOutput], strategy: str
+    tmp_path: Path, scored: list[tuple[RolloutBatch, RewardOutput]], strategy: str
 ) -> None:
     result = train(tiny_config(tmp_path / "run", steps=3, credit=strategy, reward=SEPARATE))
     assert len(scored) == 3  # one reward pass a step: the scores come from it, no other
-    for record, out in zip(result.history, scored, strict=True):
+    direction, reward = ModelScorer(weak_direction(5)), ModelScorer(weak_direction(0))
+    for record, (batch, out) in zip(result.history, scored, strict=True):
+        rollout = (batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_mask)
+        assert torch.equal(out.rewards, reward(*rollout))
         assert out.direction_scores is not None
+        assert torch.allclose(out.direction_scores, direction(*rollout), atol=1e-6)
         want, groups = brute_force_agreement(out.direction_scores, out.rewards)
         assert record["credit/direction_is_reward"] == 0.0
         assert record["credit/agreement_groups"] == groups
