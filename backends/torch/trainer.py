@@ -10,8 +10,10 @@ each phase's inputs and outputs are named in its signature (``backends.torch.ste
    log-probs (if ``kl_coef > 0``), only the signals the credit strategy requires (RM
    gradient, policy stats or W0, the policy's entropy from the old-policy pass, the RM's
    attention or prefix rewards from its scoring, OAR-G's answer saliency from its own policy
-   forward and backward at the task's answer span), then ``assign_credit`` (a batch-wide
-   selection sees every rank's values through ``DistContext.gather_values``);
+   forward and backward at the task's answer span), then the run's ``CreditRun.apply``:
+   ``assign_credit`` (a batch-wide selection sees every rank's values through
+   ``DistContext.gather_values``), the direction model's agreement with the reward from the
+   reward pass's own scores and, with ``credit.gate``, the mix toward GRPO;
 3. ``update(signals) -> UpdateResult``: ``ppo_epochs`` x ``updates_per_epoch`` optimizer
    steps of the clipped loss with token advantages (+ KL), micro-batched (``micro_step``
    -> ``UpdateTerms``), normalized by the step's global totals so the gradient equals the
