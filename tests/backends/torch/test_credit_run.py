@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -30,6 +33,7 @@ from backends.torch.rollout_rewards import RolloutRewards
 from backends.torch.step import StepSignals
 from backends.torch.trainer import CREDIT_KEY, GRPORecipe, RunResult, train
 from credit_core.agreement_gate import gate_token_advantages
+from tests.helpers.paths import REPO
 from tests.helpers.torch_tiny import comparable, crash_in_step_3, tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -262,3 +266,43 @@ def test_credit_train_refuses_a_bad_gate_naming_the_key_and_exits_2(
 def test_a_gate_is_refused_where_the_direction_model_is_the_reward(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"credit.gate: the reward is the direction model's"):
         train(tiny_config(tmp_path / "run", credit=gated()))
+
+
+# ------------------------------------------------------------------- torchrun, 2 ranks
+
+TWO_RANKS = {
+    "steps": 2,
+    "credit": gated(),
+    "reward": SEPARATE,
+    "data": {"task_params": {"num_prompts": 16, "num_eval_prompts": 3}},
+    # 2 prompts per generate call: the same chunks (and seeds) on 1 rank and on 2 ranks
+    "rollout": {"prompts_per_step": 4, "prompts_per_generate": 2},
+    "algorithm": {"micro_batch_size": 4},
+    "optim": {"lr": 1e-3, "eps": 1e-6},
+    "distributed": {"strategy": "ddp"},
+}
+
+
+@pytest.mark.slow
+def test_two_processes_measure_the_step_s_agreement_and_share_one_alpha(tmp_path: Path) -> None:
+    """Each rank measures its own groups; one sum gives the step's agreement, the same EMA
+    and alpha on both ranks, equal to one process's on the same global batch."""
+    one = train(tiny_config(tmp_path / "one", **TWO_RANKS)).history
+    config = tmp_path / "two.yaml"
+    config.write_text(yaml.safe_dump(tiny_config(tmp_path / "two", **TWO_RANKS)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "backends.torch"]
+    proc = subprocess.run(
+        [*command, str(config)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    two = read_jsonl(tmp_path / "two" / "metrics.jsonl")
+    assert sum(r["credit/agreement_groups"] for r in one) > 0
+    for a, b in zip(one, two, strict=True):
+        for key in ("credit/agreement_groups", "credit/agreement_skipped"):
+            assert a[key] == b[key], key
+        for key in ("credit/direction_agreement", "credit/direction_agreement_ema"):
+            assert b[key] == pytest.approx(a[key], abs=1e-12, nan_ok=True), key
+        assert b["credit/gate_alpha"] == pytest.approx(a["credit/gate_alpha"], abs=1e-12)
+        assert b["loss/total"] == pytest.approx(a["loss/total"], rel=1e-5, abs=1e-5)
