@@ -331,6 +331,12 @@ class CreditSamplesConfig(Section):
                 parsed.append(CreditConfig.parse(item))
             except CreditError as exc:
                 raise FieldError(str(i), str(exc)) from None
+            if parsed[-1].gate is not None:
+                raise FieldError(
+                    f"{i}.gate",
+                    "a compared credit is shown ungated on the run's batch (its gate would "
+                    "have no agreement history of its own); drop the gate",
+                )
         return parsed
 
 

@@ -28,6 +28,7 @@ from backends.common.jsonl import read_jsonl
 from backends.common.tasks import PositionalParams, positional_task
 from backends.torch.__main__ import main
 from backends.torch.checkpoint import TRAIN_STATE_FILE, checkpoint_folders
+from backends.torch.config import config_from_dict as train_config
 from backends.torch.rollout import RolloutBatch
 from backends.torch.rollout_rewards import RolloutRewards
 from backends.torch.step import StepSignals
@@ -306,3 +307,9 @@ def test_two_processes_measure_the_step_s_agreement_and_share_one_alpha(tmp_path
             assert b[key] == pytest.approx(a[key], abs=1e-12, nan_ok=True), key
         assert b["credit/gate_alpha"] == pytest.approx(a["credit/gate_alpha"], abs=1e-12)
         assert b["loss/total"] == pytest.approx(a["loss/total"], rel=1e-5, abs=1e-5)
+
+
+def test_a_gate_on_a_compared_credit_is_refused_not_dropped(tmp_path: Path) -> None:
+    compare = {"compare": ["datc", gated()]}
+    with pytest.raises(ConfigError, match=r"credit_samples\.compare\.1\.gate: a compared credit"):
+        train_config(tiny_config(tmp_path / "run", credit_samples=compare))
