@@ -80,17 +80,25 @@ def json_object(key: str, value: Any) -> Any:
     return value
 
 
-def parse_credit(value: Any, key: str) -> CreditConfig:
-    """``key``: a strategy name or ``{name: ..., <params>}`` (None: ``uniform``)."""
+def parse_credit(value: Any, key: str, *, gate: bool = False) -> CreditConfig:
+    """``key``: a strategy name or ``{name: ..., <params>}`` (None: ``uniform``). ``gate``:
+    whether the backend applies ``credit.gate`` (``backends.common.credit.CreditRun``); a
+    backend that does not refuses the key rather than drop it."""
     value = json_object(key, "uniform" if value is None else value)
     if not isinstance(value, (str, dict, CreditConfig)):
         raise CreditError(
             f"{key}: expected a strategy name or a mapping with 'name', got {type(value).__name__}"
         )
     try:
-        return CreditConfig.parse(value)
+        credit = CreditConfig.parse(value)
     except CreditError as exc:
         raise CreditError(f"{key}: {exc}") from exc
+    if credit.gate is not None and not gate:
+        raise CreditError(
+            f"{key}.gate: this backend does not apply the agreement gate yet (the native "
+            "trainer does: python -m backends.torch); drop the gate"
+        )
+    return credit
 
 
 def parse_direction(value: Any, key: str) -> RewardModelConfig | None:

@@ -66,3 +66,13 @@ def test_a_bad_chunk_size_names_its_key(value: object) -> None:
     keys = SectionKeys(chunk_size="--credit.stats_chunk_size")
     with pytest.raises(CreditError, match=r"^--credit\.stats_chunk_size: expected an integer >= 1"):
         parse_section("uniform", None, value, keys)
+
+
+def test_a_gate_is_refused_by_a_backend_that_does_not_apply_it() -> None:
+    """TRL, OpenRLHF and verl parse their credit here and do not apply ``credit.gate`` yet:
+    the key is refused, named under the backend's own key, not dropped."""
+    value = {"name": "datc", "gate": {"agreement": [0.0, 0.5]}}
+    with pytest.raises(CreditError, match=r"^algorithm\.credit\.gate: this backend does not"):
+        parse_credit(value, "algorithm.credit")
+    assert parse_credit(value, "credit", gate=True).gate is not None
+    assert parse_credit({"name": "datc"}, "credit").gate is None
