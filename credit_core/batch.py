@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import InitVar, dataclass
 from typing import Literal, get_args
 
@@ -39,6 +39,24 @@ DIRECTION_SIGNALS: frozenset[str] = frozenset(
 #: and checkpoints (PRIME's implicit PRM; ``CreditStrategy.implicit_prm``): only the native
 #: trainer hosts one; the plugin backends refuse a strategy reading them at start-up.
 TRAINED_MODEL_SIGNALS: frozenset[str] = frozenset({"implicit_log_ratio"})
+#: Where a signal comes from: a frozen ``direction`` model (its score, gradient, attention,
+#: prefix scores; ``policy_stats`` also needs its embedding table), the ``policy_pass`` over
+#: the sampled batch, a second ``trained_model`` the backend hosts (PRIME's implicit PRM),
+#: or the policy's own input gradient at the task's ``answer_span`` (OAR-G).
+Source = Literal["direction", "policy_pass", "trained_model", "answer_span"]
+
+SOURCES: Mapping[str, Source] = {
+    "reward_grad": "direction",
+    "reward_attention": "direction",
+    "prefix_rewards": "direction",
+    "reward_attribution": "direction",
+    "policy_stats": "policy_pass",
+    "unsigned_work": "policy_pass",
+    "token_entropy": "policy_pass",
+    "implicit_log_ratio": "trained_model",
+    "answer_saliency": "answer_span",
+}
+
 #: The per-token (B, T) floating signals, validated alike.
 TOKEN_SIGNALS: tuple[str, ...] = (
     "unsigned_work",

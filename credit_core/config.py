@@ -93,10 +93,11 @@ class CreditConfig(BaseModel):
 def _check_gate(name: str, params: BaseModel) -> None:
     """``CreditError`` naming ``gate`` where strategy ``name`` (with its validated ``params``)
     cannot take it: it reads no direction model, or its paper form gives token rewards."""
-    from credit_core.plan import SOURCES, signals_read
+    from credit_core.batch import SOURCES
     from credit_core.registry import strategy_class
 
-    reads = signals_read(strategy_class(name))
+    cls = strategy_class(name)
+    reads = cls.requires | (cls.work_requires or frozenset())  # plan.signals_read
     if not any(SOURCES[s] == "direction" for s in reads):
         scored = sorted(s for s, source in SOURCES.items() if source == "direction")
         raise CreditError(

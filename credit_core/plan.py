@@ -24,30 +24,18 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from credit_core.batch import DIRECTION_SIGNALS, SIGNALS, TRAINED_MODEL_SIGNALS
+from credit_core.batch import (
+    DIRECTION_SIGNALS,
+    SIGNALS,
+    SOURCES,
+    TRAINED_MODEL_SIGNALS,
+    Source,
+)
 from credit_core.config import CreditConfig
 from credit_core.errors import CreditError
 from credit_core.factory import get_strategy
 from credit_core.strategy import CreditStrategy
 from credit_core.trained_model import ImplicitPRMSpec
-
-#: Where a signal comes from: a frozen ``direction`` model (its score, gradient, attention,
-#: prefix scores; ``policy_stats`` also needs its embedding table), the ``policy_pass`` over
-#: the sampled batch, a second ``trained_model`` the backend hosts (PRIME's implicit PRM),
-#: or the policy's own input gradient at the task's ``answer_span`` (OAR-G).
-Source = Literal["direction", "policy_pass", "trained_model", "answer_span"]
-
-SOURCES: Mapping[str, Source] = {
-    "reward_grad": "direction",
-    "reward_attention": "direction",
-    "prefix_rewards": "direction",
-    "reward_attribution": "direction",
-    "policy_stats": "policy_pass",
-    "unsigned_work": "policy_pass",
-    "token_entropy": "policy_pass",
-    "implicit_log_ratio": "trained_model",
-    "answer_saliency": "answer_span",
-}
 
 #: What a strategy may read beside its signals: the response rewards and their ``groups``
 #: (``reads_groups``), each response's ``answer_span`` (``reads_answer_span``), a second
