@@ -102,10 +102,13 @@ def draw_samples(
     samples_per_prompt: int,
     max_new_tokens: int,
     seed: int,
+    chat_template: bool = False,
 ) -> PolicySamples:
     """``samples_per_prompt`` responses to each of ``prompts`` from the policy in
     ``policy_dir`` (a ``pretrain_policy`` folder), as the trainer samples at temperature 1
-    (module docstring). ValueError without prompts."""
+    (module docstring); ``chat_template``: each prompt asked as one user turn of the
+    tokenizer's chat template, as the trainer's ``data.chat_template``. ValueError without
+    prompts."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not prompts:
@@ -119,7 +122,9 @@ def draw_samples(
             group_size=samples_per_prompt, max_new_tokens=max_new_tokens, top_k=0, top_p=1.0
         )
         engine = HFRolloutEngine(model, cfg, pad_id=pad, eos_ids=[eos])
-        prompt_ids, prompt_mask = encode_prompts(tokenizer, list(prompts), pad)
+        prompt_ids, prompt_mask = encode_prompts(
+            tokenizer, list(prompts), pad, chat_template=chat_template
+        )
         batch = engine.generate(
             prompt_ids,
             prompt_mask,
@@ -146,6 +151,7 @@ def sample_fit(
     samples_per_prompt: int,
     max_new_tokens: int,
     seed: int,
+    chat_template: bool = False,
 ) -> SampleFit:
     """``SampleFit`` of the samples ``draw_samples`` draws, scored by ``truth`` (on the decoded
     prompt and response texts) and by the direction model of the trainer's ``reward``
@@ -158,6 +164,7 @@ def sample_fit(
         samples_per_prompt=samples_per_prompt,
         max_new_tokens=max_new_tokens,
         seed=seed,
+        chat_template=chat_template,
     )
     batch, tokenizer = drawn.batch, drawn.tokenizer
     texts = decode_rows(tokenizer, batch.prompt_ids, batch.prompt_mask)

@@ -188,6 +188,8 @@ def execute_run(
     with PeakRSS() as mem:
         recipe = GRPORecipe(train_cfg)
         try:
+            if assets.prepare_policy is not None:  # the setting's cost cut: a frozen stack
+                assets.prepare_policy(recipe.policy.model)
             others = [cfg.strategy(x) for x in cfg.probes.compare]
             compare = compare_credits(recipe, [o for o in others if o.runs_in(run.setting)])
             done = recipe.run(lambda: ablation_evals(recipe, assets, cfg.probes, compare))

@@ -36,8 +36,13 @@ folder (``cache.cached_dir``), keyed by everything that determines it; reruns re
    (``length_task``); the direction model is a tiny BERT trained in-process on that rule.
    The title is formatted with the params (``{response_len}``), so named settings of this
    kind (``kind:`` in the config) read apart in the report.
+10. ``real_lm``: SmolLM2-135M-Instruct (a GGUF file, ``real_lm``) on short sums asked
+   through its chat template; the exact checker sets the advantage and is the held-out
+   metric; the direction model is an outcome RM trained on the step-0 policy's own labelled
+   samples; only the top ``trainable_blocks`` blocks and the head train, for every strategy
+   (``SettingAssets.prepare_policy``). The family must be ``llama`` (SmolLM2's).
 
-Settings 8 and 9 also record the step-0 policy's sampling entropy and their direction
+Settings 8, 9 and 10 also record the step-0 policy's sampling entropy and their direction
 model's fit on its samples (``info["policy_samples"]``, ``policy_samples.sample_fit``);
 setting 9 takes the fidelity knob ``rm_proxy`` and the peaked pretraining ``chain_noise``
 (docs/design.md, "Direction-model fidelity and a peaked policy").
@@ -60,7 +65,14 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ablations import chain_task, length_task, preference_task, sparse_tasks, word_tasks
+from ablations import (
+    chain_task,
+    length_task,
+    preference_task,
+    real_lm,
+    sparse_tasks,
+    word_tasks,
+)
 from ablations.cache import SpecModel, cached_dir
 from ablations.corpus import docstring_sentences
 from ablations.policy_samples import TextScorer, sample_fit
@@ -86,6 +98,8 @@ class SettingAssets:
     - ``info``: facts for the report (pretraining loss, reward-model fit, sizes).
     - ``token_rule``: the exact per-token decomposition of the setting's score (the
       probes' exact token credit), or None where the score has none (MiniLM similarity).
+    - ``prepare_policy``: applied by the runner to the built policy model before training
+      (e.g. freezing its lower stack), the same for every strategy; None: nothing.
     """
 
     policy_dir: Path
@@ -95,6 +109,7 @@ class SettingAssets:
     extra_eval: dict[str, ExtraScorer] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     token_rule: sparse_tasks.TokenRule | None = None
+    prepare_policy: Callable[[Any], None] | None = None
 
 
 class _Params(SpecModel):
@@ -712,6 +727,72 @@ def build_length_sweep(p: LengthSweepParams, family: str, cache: Path) -> Settin
     )
 
 
+def build_real_lm(p: real_lm.RealLMParams, family: str, cache: Path) -> SettingAssets:
+    if family != "llama":
+        raise ValueError(
+            f"families: setting kind 'real_lm' trains SmolLM2, a llama model; got family "
+            f"{family!r} (set families: [llama])"
+        )
+    policy_dir = real_lm.policy_folder(cache, p.gguf)
+    train, held = real_lm.task_prompts(p)
+    rm_dir, fit = real_lm.cached_outcome_rm(
+        cache, policy_dir, [r["prompt"] for r in train], p.response_len, p.rm
+    )
+    reward = {
+        "direction_model": {
+            "kind": "module",
+            "factory": "ablations.real_lm:outcome_rm",
+            "factory_kwargs": {"path": str(rm_dir)},
+            "include_prompt": True,
+        },
+        "reward": {"kind": "callable", "function": "backends.common.arithmetic:exact_answer"},
+    }
+    held_prompts = [r["prompt"] for r in held]
+    fit_seed = p.rm.seed + 101  # fresh samples: not the RM's training draws
+    fit_spec = {
+        "real_lm": 1,
+        "policy": policy_dir.name,
+        "rm": rm_dir.name,
+        "prompts": _texts_hash(held_prompts),
+        "samples_per_prompt": p.fit_samples_per_prompt,
+        "max_new_tokens": p.response_len,
+        "seed": fit_seed,
+    }
+
+    def build_fit(folder: Path) -> None:
+        fresh = sample_fit(
+            policy_dir,
+            reward,
+            real_lm.truth,
+            held_prompts,
+            samples_per_prompt=p.fit_samples_per_prompt,
+            max_new_tokens=p.response_len,
+            seed=fit_seed,
+            chat_template=True,
+        )
+        (folder / "fit.json").write_text(json.dumps(fresh.to_dict()))
+
+    samples = json.loads(
+        (cached_dir(cache, "sample_fit", fit_spec, build_fit) / "fit.json").read_text()
+    )
+    data_dir = _data_dir(
+        cache, "real_lm", {"task": p.task.model_dump()}, word_tasks.TaskData(train, held, [])
+    )
+    return SettingAssets(
+        policy_dir=policy_dir,
+        data={**_data_section(data_dir), "chat_template": True},
+        reward=reward,
+        train={"rollout": {"max_new_tokens": p.response_len}},
+        info={
+            "rm_fit": fit,
+            "policy_samples": samples,
+            "trainable_blocks": p.trainable_blocks,
+            "gguf": p.gguf,
+        },
+        prepare_policy=real_lm.FreezeLowerStack(p.trainable_blocks),
+    )
+
+
 def minilm_policy_tokenizer() -> Any:
     """MiniLM's WordPiece tokenizer without its ``[CLS] ... [SEP]`` template (a policy must
     not see an end-of-sequence token after its prompt); ``[SEP]`` is the policy's EOS."""
@@ -803,7 +884,7 @@ class SettingKind:
     (``primary``, described by ``metric``), title, and the names of its exact held-out
     scorers (``extra``: the keys of its assets' ``extra_eval``)."""
 
-    params: type[_Params]
+    params: type[SpecModel]
     build: Callable[[Any, str, Path], SettingAssets]
     primary: str
     title: str
@@ -910,5 +991,13 @@ SETTINGS: dict[str, SettingKind] = {
         "eval_reward_sampled",
         "9. length sweep, {response_len} words: product of two span counts at 4 decisive positions",
         "span product (exact rule)",
+    ),
+    "real_lm": SettingKind(
+        real_lm.RealLMParams,
+        build_real_lm,
+        "eval_reward_sampled",
+        "10. SmolLM2-135M-Instruct, sums through its chat template: exact checker + outcome RM "
+        "on its own samples",
+        "exact-answer accuracy",
     ),
 }
