@@ -221,3 +221,27 @@ def test_the_runner_trains_uniform_and_datc_with_the_lower_stack_frozen(
         ), sorted(moved)
     finally:
         recipe.close()
+
+
+def test_the_shipped_config_declares_the_primary_family() -> None:
+    from ablations.ablation_config import load_ablate_config
+    from ablations.runner import plan_runs
+
+    cfg = load_ablate_config(Path(__file__).parents[2] / "configs/ablate/real_lm.yaml")
+    assert cfg.families == ["llama"] and len(cfg.seeds) >= 8 and cfg.model_seeds
+    family = cfg.report.primary_family
+    assert family is not None
+    assert set(family.against_baseline) == {
+        "datc",
+        "datc_mid",
+        "p2t_matched",
+        "entropy_top",
+        "random_top",
+    }
+    assert [tuple(p) for p in family.pairs] == [("datc_mid", "p2t_matched")]
+    assert len(family.baseline_best_of) == 3
+    matched = cfg.strategy("p2t_matched").credit.model_dump()
+    datc = cfg.strategy("datc").credit.model_dump()
+    assert matched["allocation"] == "softmax_floor"
+    assert (matched["beta"], matched["lam"]) == (datc["beta"], datc["lam"])
+    assert len(plan_runs(cfg)) == 8 * len(cfg.seeds)
