@@ -31,7 +31,6 @@ from tests.helpers.torch_tiny import comparable, crash_in_step_3, tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
-TRAINER = "backends.torch.trainer"
 #: The tiny preset learns at lr ~1e-3 (its policy runs at 3e-3); the published 1e-6 of a 7B
 #: model would leave a tiny random pi_phi where it started for these few steps.
 PRIME = {"name": "prime", "prm_lr": 1e-3}
@@ -68,15 +67,15 @@ def test_the_credit_reads_the_log_ratio_of_pi_phi_to_the_reference_policy(
     cfg = tiny_config(tmp_path / "run", credit=PRIME, rollout={"temperature": 0.7})
     recipe = GRPORecipe(config_from_dict(cfg))
     seen: list[Any] = []
-    from backends.torch import trainer as trainer_module
+    from backends.common import credit as credit_module
 
-    real = trainer_module.assign_credit
+    real = credit_module.assign_credit
 
     def spy(*a: Any, **k: Any) -> Any:
         seen.append(a[4])
         return real(*a, **k)
 
-    monkeypatch.setattr(f"{TRAINER}.assign_credit", spy)
+    monkeypatch.setattr(credit_module, "assign_credit", spy)  # CreditRun.apply's call
     try:
         assert recipe.prm is not None and recipe.ref_model is not None
         _perturb(recipe.prm.model, 1)  # pi_phi != pi_ref, as after some updates
