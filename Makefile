@@ -17,7 +17,7 @@ VERL_VENV ?= .venv-verl
 VERL_PY := $(VERL_VENV)/bin/python
 VERL_STAMP := $(VERL_VENV)/.installed
 
-.PHONY: install browser demo test lint typecheck pipcheck pytest verl pytest-verl clean
+.PHONY: install browser demo test checks lint typecheck pipcheck pytest verl pytest-verl clean
 
 install: $(STAMP)
 
@@ -86,11 +86,15 @@ pipcheck: $(STAMP) $(VERL_STAMP)
 	$(PY) scripts/pip_check.py
 	$(VERL_PY) scripts/pip_check.py
 
-# The two environments build side by side (each is mostly pip unpacking on one core), then
-# ruff, mypy, pip check and the two suites, in order.
+# The two environments build side by side (each is mostly pip unpacking on one core); ruff,
+# mypy and pip check run beside the suite; then the verl suite (both suites start Ray, so
+# never side by side).
+checks: lint typecheck pipcheck
+
 test:
 	$(MAKE) --no-print-directory -j2 install verl
-	$(MAKE) --no-print-directory lint typecheck pipcheck pytest pytest-verl
+	$(MAKE) --no-print-directory -j2 checks pytest
+	$(MAKE) --no-print-directory pytest-verl
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) .cache .pytest_cache .mypy_cache .ruff_cache
