@@ -72,9 +72,10 @@ typecheck: $(STAMP)
 
 # Tiny models run fastest on one thread; tests that measure threading set their own. Two
 # workers, a test file each at a time (--dist loadfile: a file's fixtures stay in one
-# process): 5:00 instead of 8:03 for the suite on 2 quiet cores (2026-12-05).
+# process): 9:15 for the suite beside mypy on 2 cores (fresh clone, 2026-12-06; the whole
+# make test 13:05); the 25 slowest tests are listed at the end.
 pytest: $(STAMP)
-	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --dist loadfile --durations=25
 
 # The verl backend's tests, in its own environment (they skip in .venv).
 pytest-verl: $(VERL_STAMP)
