@@ -44,11 +44,25 @@ class Agreement:
     skipped: int
 
 
-def _tied_ranks(values: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
-    """Ranks (1-based, ties averaged) of ``values`` (B,) within the groups of ``same`` (B, B)."""
-    less = ((values[None, :] < values[:, None]) & same).sum(dim=1)
-    equal = ((values[None, :] == values[:, None]) & same).sum(dim=1)
-    return less.to(torch.float64) + (equal.to(torch.float64) + 1.0) / 2.0
+def _tied_ranks(values: torch.Tensor, member: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Ranks (1-based, ties averaged) of ``values`` (B,) within their groups: ``member`` (B,)
+    each value's group in 0 .. n - 1, ``counts`` (n,) the group sizes. Compares within
+    groups only, on a (n, G, G) block for the largest group size G, never (B, B)."""
+    n, size = counts.numel(), int(counts.max())
+    order = torch.argsort(member, stable=True)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = member[order] * size + (
+        torch.arange(values.numel(), device=values.device) - torch.repeat_interleave(starts, counts)
+    )
+    block = torch.full((n * size,), torch.nan, dtype=values.dtype, device=values.device)
+    block[slot] = values[order]
+    v = block.view(n, size)
+    less = (v[:, None, :] < v[:, :, None]).sum(dim=2)  # NaN padding compares False
+    equal = (v[:, None, :] == v[:, :, None]).sum(dim=2)
+    ranks = less.to(torch.float64) + (equal.to(torch.float64) + 1.0) / 2.0
+    out = torch.empty_like(values, dtype=torch.float64)
+    out[order] = ranks.view(-1)[slot]
+    return out
 
 
 def direction_agreement(
@@ -59,7 +73,7 @@ def direction_agreement(
     ``groups`` (B,) integer: the prompt group of each response (any ids, any order). A group
     with constant reward is skipped; a group with varying reward but constant scores counts
     with rho 0 (the direction model ranks none of its responses). Computed in float64 from
-    O(B^2) comparisons within groups (B is the step's responses, not its tokens).
+    comparisons within each group (O(B G) for groups of at most G responses).
     """
     s = check_tensor("scores", scores, (None,), floating=True).detach()
     r = check_tensor("rewards", rewards, (s.shape[0],), floating=True, device=s.device).detach()
@@ -69,9 +83,8 @@ def direction_agreement(
     for name, t in (("scores", s), ("rewards", r)):
         if not bool(torch.isfinite(t).all()):
             raise CreditError(f"{name}: expected finite values, got NaN or inf")
-    ids, member = torch.unique(g, return_inverse=True)
-    same = member[None, :] == member[:, None]
-    rs, rr = _tied_ranks(s.double(), same), _tied_ranks(r.double(), same)
+    ids, member, counts = torch.unique(g, return_inverse=True, return_counts=True)
+    rs, rr = _tied_ranks(s.double(), member, counts), _tied_ranks(r.double(), member, counts)
     n_groups = ids.numel()
 
     def group_sum(x: torch.Tensor) -> torch.Tensor:
