@@ -50,12 +50,18 @@ class CreditSection:
 
 
 def parse_section(
-    credit: Any, direction: Any, chunk_size: Any, keys: SectionKeys = SectionKeys()
+    credit: Any,
+    direction: Any,
+    chunk_size: Any,
+    keys: SectionKeys = SectionKeys(),
+    *,
+    gate: bool = False,
 ) -> CreditSection:
     """The ``CreditSection`` of the three values as a config gives them (``chunk_size``
-    None: the default); ``CreditError`` starting with the key (``keys``) of a bad one."""
+    None: the default); ``CreditError`` starting with the key (``keys``) of a bad one.
+    ``gate``: whether the backend applies ``credit.gate`` (``parse_credit``)."""
     return CreditSection(
-        parse_credit(credit, keys.credit),
+        parse_credit(credit, keys.credit, gate=gate),
         parse_direction(direction, keys.direction),
         parse_chunk_size(chunk_size, keys.chunk_size),
     )

@@ -155,9 +155,11 @@ class CreditRun:
         reduce_sum: ReduceSum | None = None,
         answer_mask: torch.Tensor | None = None,
         advance: bool = True,
+        measured: bool = False,
     ) -> CreditStep:
         """The step's credit: ``assign_credit`` (arguments as there), then, for a strategy
-        that reads a direction model, its agreement on this step and the gate's mix.
+        that reads a direction model, its agreement on this step (``measure``) and the gate's
+        mix.
 
         ``direction_scores`` (B,): the direction model's score of each response, where the
         reward came from a separate scorer; with ``rewards`` (B,) and ``groups`` (B,) int64
@@ -166,7 +168,10 @@ class CreditRun:
         several (every process then gets the step's agreement and the same alpha). With a
         gate the mix is ``gate_token_advantages`` at the alpha after this step's update;
         ``advance=False`` (a look at a batch that is not a training step's) leaves the EMA
-        as it is and mixes at its current alpha.
+        as it is and mixes at its current alpha. ``measured=True``: the backend took this
+        step's agreement with ``measure`` itself (where it still knows the step's groups,
+        e.g. before its rows were shuffled into micro-batches); ``apply`` then measures
+        nothing, mixes at the gate's current alpha and returns no ``AgreementMetrics``.
         """
         result = assign_credit(
             self.strategy,
@@ -179,10 +184,36 @@ class CreditRun:
             gather=gather,
             answer_mask=answer_mask,
         )
+        agreement = None
+        if not measured:
+            agreement = self.measure(
+                direction_scores, rewards, groups, reduce_sum=reduce_sum, advance=advance
+            )
+        if self.gate is None:
+            return CreditStep(result, agreement)
+        mixed = gate_token_advantages(result.token_advantages, advantages, mask, self.gate.alpha)
+        return CreditStep(replace(result, token_advantages=mixed), agreement)
+
+    def measure(
+        self,
+        direction_scores: torch.Tensor | None,
+        rewards: torch.Tensor | None,
+        groups: torch.Tensor | None,
+        *,
+        reduce_sum: ReduceSum | None = None,
+        advance: bool = True,
+    ) -> AgreementMetrics | None:
+        """The step's ``AgreementMetrics`` (None for a strategy that reads no direction
+        model; ``direction_is_reward`` where the run's reward is the direction model's):
+        ``direction_agreement`` of ``direction_scores`` (B,) with ``rewards`` (B,) in
+        ``groups`` (B,) int64, summed over processes by ``reduce_sum`` (as in ``apply``),
+        and, with a gate, its EMA folded in (unless ``advance`` is False) and its alpha.
+        ``CreditError`` when one of the three is missing. Call it once per training step:
+        each call with ``advance`` moves the gate's EMA."""
         if not self.measures:
-            return CreditStep(result, None)
+            return None
         if self.direction_is_reward:
-            return CreditStep(result, AgreementMetrics(direction_is_reward=True))
+            return AgreementMetrics(direction_is_reward=True)
         if direction_scores is None or rewards is None or groups is None:
             raise CreditError(
                 f"CreditRun.apply: strategy {self.plan.name!r} reads a direction model; its "
@@ -192,16 +223,11 @@ class CreditRun:
             direction_agreement(direction_scores, rewards, groups), reduce_sum
         )
         if self.gate is None:
-            return CreditStep(
-                result,
-                AgreementMetrics(False, agreement.value, agreement.groups, agreement.skipped),
-            )
+            return AgreementMetrics(False, agreement.value, agreement.groups, agreement.skipped)
         alpha = self.gate.update(agreement) if advance else self.gate.alpha
-        mixed = gate_token_advantages(result.token_advantages, advantages, mask, alpha)
-        metrics = AgreementMetrics(
+        return AgreementMetrics(
             False, agreement.value, agreement.groups, agreement.skipped, self.gate.ema, alpha
         )
-        return CreditStep(replace(result, token_advantages=mixed), metrics)
 
     def state_dict(self) -> dict[str, Any]:
         """The gate's state (its EMA); empty without a gate."""
