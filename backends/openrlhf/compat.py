@@ -8,7 +8,7 @@ of ``train_ppo_ray``: ``args.algo.advantage.estimator`` ...) and returns a
 advantage over tokens, so they need one: every estimator but ``gae``, ``reinforce`` only
 with gamma 1, and no KL penalty inside the reward (use ``--algo.kl.use_loss`` or
 ``--algo.kl.init_coef 0``); or they run under OpenRLHF's critic (``gae``), as a shift of its
-token rewards (``backends.openrlhf.critic``; any KL penalty in the reward stays), which
+token rewards (``backends.openrlhf.credit``; any KL penalty in the reward stays), which
 needs a ``critic_reward_form`` and >= 2 samples per prompt. A strategy that reads the
 step's rewards and groups (``reads_groups``: ``ktae``, the paper forms) gets them under
 either, each prompt's ``--rollout.n_samples_per_prompt`` (>= 2) samples a group. Signals
@@ -117,6 +117,10 @@ class ResolvedCredit:
     - ``one_pass``: the reward gradient comes from OpenRLHF's own reward forward on the
       reward-model actors (one forward + one backward give the reward and dR/dx; no direction
       model is built), see ``one_pass_problem``.
+    - ``direction_is_reward``: the direction model is OpenRLHF's reward model (no
+      ``--credit.direction.*``, one ``--reward.model_name_or_path``): its agreement with the
+      reward is 1 by construction (up to OpenRLHF's length penalties), nothing to measure
+      (``backends.common.credit.CreditRun``).
     """
 
     config: OpenRLHFCreditConfig
@@ -126,6 +130,7 @@ class ResolvedCredit:
     duplicate_factor: int
     colocate: bool
     one_pass: bool = False
+    direction_is_reward: bool = False
 
     @property
     def requires(self) -> frozenset[str]:
@@ -303,16 +308,20 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
             f"credit strategy {name!r} does not fit these OpenRLHF settings:\n  - "
             + "\n  - ".join(problems)
         )
+    is_reward = False
     if direction is not None and cfg.direction is None:
         found = parse_direction(direction, "--reward.model_name_or_path")
         assert found is not None
         direction = found.model_dump(exclude_unset=True)
+        is_reward = "," not in str(_get(args, "reward.model_name_or_path"))
     # W0 streams from g known before the policy's forward (placement policy); a path
     # strategy's g needs the policy's m1 from that forward first (the plan's rule)
     plan = CreditPlan.build(strategy, BACKEND, work_first=placement == "policy")
     points = plan.reward_grad_points
     one_pass = one_pass_problem(args, cfg, plan.signals, placement, points) is None
-    return ResolvedCredit(cfg, plan, placement, direction, duplicate_factor, colocate, one_pass)
+    return ResolvedCredit(
+        cfg, plan, placement, direction, duplicate_factor, colocate, one_pass, is_reward
+    )
 
 
 def check_direction_capabilities(

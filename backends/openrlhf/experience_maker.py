@@ -15,25 +15,26 @@ micro-batch ``Experience`` of one ``make_experience_batch`` call), then:
    forward (a path strategy with the direction model on the reward-model actors: the
    policy actors' first, each micro-batch's m1 then handed to the reward-model actors; on
    the one-pass path the reward actors hand over the gradient their reward forward took);
-3. calls the strategy (``credit_core.assign_credit``) and writes the token advantages into
-   ``experience.advantages`` (0 off the action tokens); ``returns`` are left alone;
-4. logs the diagnostics through ``experience.info`` as (B,) tensors, which OpenRLHF's
-   policy actors average into the step status it sends to wandb / TensorBoard
-   (``weight_max`` / ``weight_min`` are the whole step's, so the average is the extreme).
+3. hands the step to the process's credit (``backends.openrlhf.credit.OpenRLHFCredit``, on
+   the one seam ``CreditRun``), which writes the token advantages into
+   ``experience.advantages`` (0 off the action tokens; ``returns`` are left alone) and,
+   for a strategy that reads a direction model, measures its agreement with the reward
+   once over the whole step;
+4. logs the diagnostics and that agreement (``credit/direction_agreement``... or
+   ``credit/direction_is_reward``) through ``experience.info`` as (B,) tensors, which
+   OpenRLHF's policy actors average into the step status it sends to wandb / TensorBoard
+   (``weight_max`` / ``weight_min`` and the agreement are the whole step's, the same in
+   every micro-batch, so the average is the step's).
 
-How the strategy sees the step: a strategy that selects tokens across the step's batch
-(``CreditStrategy.gathers``: ``entropy_top``, ``random_top``) gets the whole step as ONE
-``CreditBatch`` (``apply_step_credit``), so its selection (the quantile of ``entropy_top``)
-covers every response of the step: the driver-side maker holds all of them, no ``gather``
-is needed. So does a strategy that reads the response rewards and their groups
-(``reads_groups``: ``ktae``, the paper forms of ``abc``, ``red`` and ``p2t``), with R_i the
-reward OpenRLHF's estimator normalized (``experience.rewards`` after its length penalties)
-and each prompt's ``--rollout.n_samples_per_prompt`` samples a group (``Experience.index``
-// n, so a group split over micro-batches is whole). Every other strategy works response by
-response and gets one micro-batch at a time (``apply_token_credit``), so that the step's
-(B, A, d) signals of the DATC family are never copied into one; ``compat.resolve_credit``
-refuses a whole-step strategy that reads them. The actors compute a step's signals in one
-dispatch, and the maker fetches them one micro-batch at a time as it credits it
+How the strategy sees the step (``OpenRLHFCredit``): as ONE batch for a strategy that
+selects tokens across the step (``gathers``: ``entropy_top``, ``random_top``; the
+driver-side maker holds every response, no ``gather`` is needed) or reads the response
+rewards and their groups (``reads_groups``: ``ktae``, the paper forms of ``abc``, ``red``
+and ``p2t``), with R_i the reward OpenRLHF's estimator normalized (``experience.rewards``
+after its length penalties) and each prompt's ``--rollout.n_samples_per_prompt`` samples a
+group (``Experience.index`` // n, so a group split over micro-batches is whole); one
+micro-batch at a time otherwise. The actors compute a step's signals in one dispatch, and
+the maker fetches them one micro-batch at a time as it credits it
 (``dispatch.run_method_per_item``, ``StepSignals``): the trainer actor holds one
 micro-batch's (B, A, d) signals (and the previous one's, until it is dropped) whatever the
 step's size.
@@ -46,7 +47,7 @@ With the ``uniform`` strategy nothing is gathered and the advantages are OpenRLH
 untouched: training is stock OpenRLHF bit for bit (only ``credit/*`` constants are logged).
 
 Under a critic (``--algo.advantage.estimator gae``, ``under_critic``) the advantages are
-OpenRLHF's GAE: the maker adds the strategy's shift D (``backends.openrlhf.critic``) to the
+OpenRLHF's GAE: the maker adds the strategy's shift D (``OpenRLHFCredit.critic_credit``) to the
 token rewards OpenRLHF hands its ``get_advantages_and_returns``, and leaves the rest to it.
 """
 
@@ -81,50 +82,15 @@ from backends.openrlhf.compat import (
     ResolvedCredit,
     check_direction_capabilities,
 )
-from backends.openrlhf.critic import critic_reward_shifts
+from backends.openrlhf.credit import OpenRLHFCredit, StepCredit
 from backends.openrlhf.dispatch import run_method_per_item
-from backends.openrlhf.layout import action_token_ids
-from backends.openrlhf.step_batch import (
-    outcome_rewards,
-    step_batch,
-    step_groups,
-)
-from credit_core import (
-    CreditDiagnostics,
-    CreditError,
-    CreditStrategy,
-    assign_credit,
-)
+from backends.openrlhf.step_batch import outcome_rewards, step_groups
+from credit_core import CreditError
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
 
 #: Gathers the signals of a list of micro-batches: one ``ActorSignals`` per Experience, in
 #: order (an iterator fetches them one micro-batch at a time).
 SignalGatherer = Callable[[Sequence[Experience]], Iterable[ActorSignals]]
-
-#: Relative tolerance of the check that a response's action tokens share one advantage.
-CONSTANT_ADVANTAGE_RTOL = 1e-6
-
-
-def response_advantages(advantages: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
-    """(B,) the advantage of each response: its value on the action tokens (0 if it has none).
-
-    Raises ``CreditError`` naming the responses whose action tokens carry different values
-    (a per-token KL penalty in the reward, ``gae``, ``reinforce`` with gamma < 1).
-    """
-    acts = action_mask.bool()
-    first = acts.long().argmax(dim=1, keepdim=True)
-    value = advantages.gather(1, first)
-    deviation = torch.where(acts, (advantages - value).abs(), 0.0).amax(dim=1)
-    bad = deviation > CONSTANT_ADVANTAGE_RTOL * (1.0 + value.squeeze(1).abs())
-    if bool(bad.any()):
-        rows = torch.nonzero(bad).flatten().tolist()
-        raise CreditError(
-            "experience.advantages: token credit splits one advantage per response, but "
-            f"responses {rows} have different advantages on their action tokens (max deviation "
-            f"{float(deviation.max()):.3g}); a KL penalty inside the reward, 'gae' or gamma < 1 "
-            "cause this"
-        )
-    return torch.where(acts.any(dim=1), value.squeeze(1), 0.0)
 
 
 def log_diagnostics(experience: Experience, values: dict[str, float]) -> None:
@@ -136,77 +102,6 @@ def log_diagnostics(experience: Experience, values: dict[str, float]) -> None:
     B = experience.action_mask.shape[0]
     for key, value in values.items():
         experience.info[key] = torch.full((B,), float(value), dtype=torch.float32)
-
-
-def apply_token_credit(
-    experience: Experience, strategy: CreditStrategy, signals: ActorSignals
-) -> CreditDiagnostics:
-    """Replace ``experience.advantages`` by ``strategy``'s token advantages on this one
-    micro-batch; return its diagnostics.
-
-    The strategy sees the responses that have at least one action token, with
-    ``mask = action_mask``, ``token_ids`` the action tokens and the gathered ``signals``
-    (whichever were computed); its (B, A) float32 output (0 where the mask is False) is cast
-    to the advantages' dtype. Responses without action tokens keep all-zero advantages.
-    ``returns`` is not touched.
-    """
-    advantages = experience.advantages
-    acts = experience.action_mask.bool()
-    A = response_advantages(advantages, acts)
-    rows = torch.nonzero(acts.any(dim=1)).flatten()
-    token_advantages = torch.zeros_like(advantages)
-    if rows.numel() == 0:
-        experience.advantages = token_advantages
-        return UNIFORM_DIAGNOSTICS
-    result = assign_credit(
-        strategy,
-        A[rows],
-        acts[rows],
-        action_token_ids(experience.sequences, experience.action_mask)[rows],
-        signals.credit().select(rows),
-    )
-    token_advantages[rows] = result.token_advantages.to(advantages.dtype)
-    experience.advantages = token_advantages
-    return result.diagnostics
-
-
-def apply_step_credit(
-    experiences: Sequence[Experience],
-    strategy: CreditStrategy,
-    signals: Sequence[ActorSignals],
-    rewards: torch.Tensor | None = None,
-    groups: torch.Tensor | None = None,
-) -> CreditDiagnostics:
-    """Replace every micro-batch's ``advantages`` by ``strategy``'s token advantages,
-    computed on the whole step as ONE ``CreditBatch``; return the step's diagnostics.
-
-    The batch stacks, in the order of ``experiences``, the responses with at least one action
-    token, each micro-batch's action columns [0, A_k) left-aligned and zero-padded (mask
-    False) to the widest A_k, with ``token_ids`` the action tokens and the per-token
-    ``signals`` (``credit_core.batch.TOKEN_SIGNALS``; a (B, A, d) signal is not carried, a
-    strategy needing one is an error naming it) padded alike; ``gather`` is None, this batch
-    being the whole step. ``rewards`` and ``groups``: (N,) float32 / int64 over all the
-    step's responses in that order (``step_batch.outcome_rewards``, ``step_batch.step_groups``),
-    both or neither, for a strategy that ``reads_groups``. Outputs are cast to each
-    micro-batch's advantages' dtype; responses without action tokens get all-zero
-    advantages; ``returns`` is not touched.
-    """
-    step = step_batch(experiences)
-    rows = step.rows
-    token_advantages = torch.zeros(step.mask.shape, dtype=torch.float32, device=rows.device)
-    diagnostics = UNIFORM_DIAGNOSTICS
-    if rows.numel() > 0:
-        advantages = torch.cat(
-            [response_advantages(e.advantages, e.action_mask.bool()) for e in experiences]
-        )
-        credits = [signal.credit() for signal in signals]
-        result = step.assign(strategy, advantages, credits, rewards, groups)
-        token_advantages[rows] = result.token_advantages.to(torch.float32)
-        diagnostics = result.diagnostics
-    for experience, out in zip(experiences, step.split(token_advantages), strict=True):
-        target = experience.advantages
-        experience.advantages = out.to(device=target.device, dtype=target.dtype).contiguous()
-    return diagnostics
 
 
 class StepSignals:
@@ -260,7 +155,9 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
     ) -> None:
         super().__init__(*args, **kwargs)
         self.credit = credit
-        self.credit_strategy = credit.plan.strategy
+        #: the process's credit: its one ``CreditRun``, on the plan ``credit`` holds
+        self.credit_run = OpenRLHFCredit(credit)
+        self.credit_strategy = self.credit_run.strategy
         self._gather_signals: SignalGatherer = gather_signals or self._gather_from_actors
         #: under a critic, the step whose GAE OpenRLHF is computing, and its pending shifts
         self._critic_step: list[Experience] | None = None
@@ -290,7 +187,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
     def under_critic(self) -> bool:
         """PPO with a critic (``--algo.advantage.estimator gae``) and a strategy other than
         ``uniform``: the credit enters as a shift of the token rewards
-        (``backends.openrlhf.critic``), not as token advantages."""
+        (``OpenRLHFCredit.critic_credit``), not as token advantages."""
         return self.advantage_estimator == "gae" and self.credit_strategy.name != "uniform"
 
     @torch.no_grad()
@@ -338,18 +235,19 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
 
     def critic_shifts(self, experiences: list[Experience]) -> list[tuple[Experience, torch.Tensor]]:
         """Each micro-batch of the step with the shift D of its token rewards (gathering the
-        strategy's signals as under GRPO), logging the credit's diagnostics."""
+        strategy's signals as under GRPO, ``OpenRLHFCredit.critic_credit``), logging the
+        credit's diagnostics and the step's agreement."""
         args = self.strategy.args
         signals = self._signals(experiences)
-        found = critic_reward_shifts(
+        step = self.credit_run.critic_credit(
             experiences,
-            self.credit_strategy,
             signals,
             n_samples_per_prompt=int(args.rollout.n_samples_per_prompt),
             clip_range=args.reward.clip_range,
         )
-        self._log(experiences, signals, found.diagnostics)
-        return list(zip(experiences, found.shifts, strict=True))
+        self._log(experiences, signals, step)
+        assert step.shifts is not None  # a critic step's
+        return list(zip(experiences, step.shifts, strict=True))
 
     def _signals(self, experiences: list[Experience]) -> StepSignals:
         """The strategy's signals of every micro-batch, taken one at a time (none gathered
@@ -359,49 +257,42 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         return StepSignals(self._gather_signals(experiences), len(experiences))
 
     def assign_token_credit(self, experiences: list[Experience]) -> list[Experience]:
-        """Apply the strategy to every micro-batch of ``experiences`` (in place) and log."""
+        """Apply the strategy to the step's micro-batches ``experiences`` (in place,
+        ``OpenRLHFCredit.grpo_credit``) and log."""
         if self.credit_strategy.name == "uniform":
             for experience in experiences:
                 log_diagnostics(experience, UNIFORM_DIAGNOSTICS.to_dict())
             return experiences
         signals = self._signals(experiences)
-        strategy = self.credit_strategy
-        if strategy.gathers or strategy.reads_groups:  # per-token signals only (compat)
-            rewards = groups = None
-            if strategy.reads_groups:
-                # the rewards OpenRLHF's estimator normalized (it clamps the normalized value
-                # to --reward.clip_range, not these), each prompt's samples a group
-                rewards = outcome_rewards(experiences, None)
-                n = int(self.strategy.args.rollout.n_samples_per_prompt)
-                groups = step_groups(experiences, n)
-            step = apply_step_credit(experiences, strategy, list(signals), rewards, groups)
-            diagnostics = [step] * len(experiences)
-        else:
-            diagnostics = [
-                apply_token_credit(experience, self.credit_strategy, signal)
-                for experience, signal in zip(experiences, signals, strict=True)
-            ]
-        self._log(experiences, signals, diagnostics)
+        rewards = groups = None
+        if self.credit_run.reads_rewards:
+            # the rewards OpenRLHF's estimator normalized (it clamps the normalized value
+            # to --reward.clip_range, not these), each prompt's samples a group
+            rewards = outcome_rewards(experiences, None)
+            groups = step_groups(experiences, int(self.strategy.args.rollout.n_samples_per_prompt))
+        step = self.credit_run.grpo_credit(experiences, signals, rewards, groups)
+        self._log(experiences, signals, step)
         return experiences
 
     def _log(
-        self,
-        experiences: Sequence[Experience],
-        signals: StepSignals,
-        diagnostics: Sequence[CreditDiagnostics],
+        self, experiences: Sequence[Experience], signals: StepSignals, step: StepCredit
     ) -> None:
-        """Each micro-batch's credit diagnostics into its ``info`` (``log_diagnostics``),
-        once all of ``signals`` were taken."""
+        """Each micro-batch's credit diagnostics and the step's agreement
+        (``AgreementMetrics.to_dict``) into its ``info`` (``log_diagnostics``), once all of
+        ``signals`` were taken."""
+        diagnostics = step.diagnostics
         # OpenRLHF averages every info entry: the extremes are logged as the step's, the
-        # same in each micro-batch, so that their average is the step's max and min
-        extremes = {
+        # same in each micro-batch, so that their average is the step's max and min; so are
+        # the agreement's (one measure of the whole step)
+        shared = {
             "credit/weight_max": max(d.weight_max for d in diagnostics),
             "credit/weight_min": min(d.weight_min for d in diagnostics),
+            **({} if step.agreement is None else step.agreement.to_dict()),
         }
         for experience, signal, diag in zip(experiences, signals.logged, diagnostics, strict=True):
             values = {
                 **diag.to_dict(),
-                **extremes,
+                **shared,
                 "credit/signal_time_s": signals.seconds,
                 "credit/extra_policy_forwards": float(signal.extra_policy_forwards),
             }

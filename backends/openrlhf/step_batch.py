@@ -1,6 +1,6 @@
 """The step's micro-batches as one batch: action columns left-aligned, zero-padded to the
 widest micro-batch, with each response's reward and group (what a strategy that sees the whole
-step gets: ``apply_step_credit``, and the credit under a critic, ``backends.openrlhf.critic``)."""
+step gets, and the step's credit under a critic: ``backends.openrlhf.credit``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from backends.openrlhf.layout import action_token_ids
-from credit_core import CreditError, CreditResult, CreditSignals, CreditStrategy, assign_credit
+from credit_core import CreditError, CreditSignals
 from credit_core.batch import TOKEN_SIGNALS
 
 
@@ -27,43 +27,17 @@ class StepBatch:
 
     - ``mask`` (N, W) bool: the action masks, False in the padding columns.
     - ``token_ids`` (N, W) int64: the action tokens, 0 in the padding columns.
-    - ``rows`` (n,) int64: the rows with at least one action token (what a strategy sees).
     - ``sizes``, ``widths``: each micro-batch's B_k and A_k.
     """
 
     mask: torch.Tensor
     token_ids: torch.Tensor
-    rows: torch.Tensor
     sizes: list[int]
     widths: list[int]
 
     @property
     def width(self) -> int:
         return int(self.mask.shape[1])
-
-    def assign(
-        self,
-        strategy: CreditStrategy,
-        advantages: torch.Tensor,
-        credits: Sequence[CreditSignals],
-        rewards: torch.Tensor | None = None,
-        groups: torch.Tensor | None = None,
-    ) -> CreditResult:
-        """``assign_credit`` of ``strategy`` on the step's rows with an action token
-        (``rows``, at least one): ``advantages`` (N,) and, for a strategy that reads them,
-        ``rewards`` (N,) float32 and ``groups`` (N,) int64 over all the step's responses;
-        ``credits`` each micro-batch's per-token signals (``stacked_signals``). The result's
-        row i is the step's row ``rows[i]``."""
-        rows = self.rows
-        return assign_credit(
-            strategy,
-            advantages[rows],
-            self.mask[rows],
-            self.token_ids[rows],
-            stacked_signals(credits, self.width).select(rows),
-            rewards=None if rewards is None else rewards[rows],
-            groups=None if groups is None else groups[rows],
-        )
 
     def split(self, values: torch.Tensor) -> list[torch.Tensor]:
         """(N, W) step values -> each micro-batch's (B_k, A_k) part (views)."""
@@ -80,9 +54,8 @@ def step_batch(experiences: Sequence[Any]) -> StepBatch:
     ids = torch.cat(
         [padded(action_token_ids(e.sequences, e.action_mask), width) for e in experiences]
     )
-    rows = torch.nonzero(mask.any(dim=1)).flatten()
     sizes = [int(e.action_mask.shape[0]) for e in experiences]
-    return StepBatch(mask, ids, rows, sizes, widths)
+    return StepBatch(mask, ids, sizes, widths)
 
 
 def stacked_signals(credits: Sequence[CreditSignals], width: int) -> CreditSignals:

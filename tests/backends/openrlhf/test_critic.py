@@ -256,6 +256,13 @@ def test_a_strategy_under_gae_adds_its_shift_to_openrlhfs_token_rewards(
         torch.testing.assert_close(o.returns, want_returns, rtol=0, atol=1e-6)
         assert not torch.allclose(o.returns, s.returns)
         assert "credit/weight_entropy" in o.info
+        # issue 46: the separate direction model's agreement with the clipped reward, over
+        # the step's 4 groups of 2 (split across the micro-batches), the same in each
+        assert o.info["credit/direction_is_reward"].tolist() == [0.0] * len(o.sequences)
+        assert o.info["credit/agreement_groups"].tolist() == [4.0] * len(o.sequences)
+        agreement = o.info["credit/direction_agreement"]
+        assert bool(agreement.isfinite().all()) and agreement.unique().numel() == 1
+    assert len({float(o.info["credit/direction_agreement"][0]) for o in ours}) == 1
     # OpenRLHF's whitening over the step: mean 0, variance 1 over the action tokens
     adv = torch.cat([o.advantages[o.action_mask.bool()] for o in ours])
     assert float(adv.mean()) == pytest.approx(0.0, abs=1e-5)

@@ -9,13 +9,15 @@ from typing import Any
 
 import pytest
 import torch
+from scipy.stats import spearmanr
 
 from adapters.policy import response_logprobs_and_stats
 from adapters.tiny import tiny_causal_lm
+from backends.common.credit import CreditRun
 from backends.openrlhf.actor_side import ActorSignals, reduce_policy_stats, reward_grad_for_actions
 from backends.openrlhf.compat import BACKEND, ResolvedCredit, resolve_credit
 from backends.openrlhf.settings import OpenRLHFCreditConfig
-from credit_core import CreditBatch, CreditConfig, CreditError, get_strategy
+from credit_core import CreditBatch, CreditConfig, CreditError, CreditStrategy, get_strategy
 from credit_core.plan import CreditPlan
 from tests.helpers.openrlhf import (
     TinyDirectionModel,
@@ -100,6 +102,21 @@ def grpo_args() -> Any:
     return openrlhf_args(GRPO_FLAGS)
 
 
+@pytest.fixture
+def strategies_built(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of every credit strategy constructed while the test runs (issue 47: one
+    instance per process, the experience maker's)."""
+    built: list[str] = []
+    init = CreditStrategy.__init__
+
+    def counting(self: CreditStrategy, params: Any = None) -> None:
+        built.append(self.name)
+        init(self, params)
+
+    monkeypatch.setattr(CreditStrategy, "__init__", counting)
+    return built
+
+
 def local_signals(actor: Any, rm: TinyDirectionModel) -> Any:
     """Runs the actor-side functions in-process instead of through Ray."""
 
@@ -164,10 +181,14 @@ def test_uniform_leaves_openrlhf_advantages_bitwise_unchanged(
     assert direction.calls == calls_before  # uniform gathers nothing
 
 
-def test_uniform_with_packed_samples_and_dynamic_batches_is_bitwise_stock() -> None:
+def test_uniform_with_packed_samples_and_dynamic_batches_is_bitwise_stock(
+    strategies_built: list[str],
+) -> None:
     """``--ds.packing_samples --train.dynamic_batch_enable``: OpenRLHF regroups the rollout
     by token count and its ``Actor`` packs each micro-batch; ``uniform``, resolved on those
-    flags, leaves every advantage and return exactly as stock OpenRLHF computes them."""
+    flags, leaves every advantage and return exactly as stock OpenRLHF computes them. The
+    trainer actor's process builds one strategy: ``resolve_credit``'s, which the maker's
+    ``CreditRun`` shares."""
     from openrlhf.models import Actor
 
     from backends.openrlhf.experience_maker import TokenCreditExperienceMaker
@@ -197,6 +218,7 @@ def test_uniform_with_packed_samples_and_dynamic_batches_is_bitwise_stock() -> N
         assert o.advantages.dtype == s.advantages.dtype
         assert torch.equal(o.advantages, s.advantages)
         assert torch.equal(o.returns, s.returns)
+    assert strategies_built == ["uniform"]
 
 
 def test_datc_gives_credit_core_token_advantages_on_action_tokens(
@@ -253,7 +275,7 @@ def test_datc_gives_credit_core_token_advantages_on_action_tokens(
 
 
 def test_diagnostics_reach_info_and_survive_openrlhf_batch_splitting(
-    grpo_args: Any, policy: Any, direction: TinyDirectionModel
+    grpo_args: Any, policy: Any, direction: TinyDirectionModel, strategies_built: list[str]
 ) -> None:
     from openrlhf.trainer.ppo_utils.experience import make_experience_batch, split_experience_batch
 
@@ -261,6 +283,7 @@ def test_diagnostics_reach_info_and_survive_openrlhf_batch_splitting(
     ours = credit_maker(grpo_args, "datc", policy, direction).compute_advantages_and_returns(
         batches
     )
+    assert strategies_built == ["datc"]  # the plan's: the maker and its step build none
     keys = {
         "credit/weight_max",
         "credit/weight_min",
@@ -270,6 +293,10 @@ def test_diagnostics_reach_info_and_survive_openrlhf_batch_splitting(
         "credit/uniform_fallbacks",
         "credit/signal_time_s",
         "credit/direction_reward",
+        "credit/direction_is_reward",
+        "credit/direction_agreement",
+        "credit/agreement_groups",
+        "credit/agreement_skipped",
     }
     for exp in ours:
         assert keys <= set(exp.info)
@@ -278,6 +305,23 @@ def test_diagnostics_reach_info_and_survive_openrlhf_batch_splitting(
         assert (
             float(exp.info["credit/weight_max"][0]) > 1.0 > float(exp.info["credit/weight_min"][0])
         )
+    # issue 46: the direction model's own scores against the step's rewards, Spearman within
+    # each prompt's group, measured once over the whole step (the micro-batches of 3, 3, 2
+    # split the groups of 4) and logged the same in every micro-batch
+    index = torch.cat([torch.as_tensor(exp.index) for exp in ours])
+    scores = torch.cat([exp.info["credit/direction_reward"] for exp in ours])
+    rewards = torch.tensor(REWARDS)[index]
+    rhos = [
+        spearmanr(scores[index // G == g].numpy(), rewards[index // G == g].numpy()).statistic
+        for g in range(len(PROMPTS))
+    ]
+    for exp in ours:
+        B = len(exp.sequences)
+        assert exp.info["credit/direction_is_reward"].tolist() == [0.0] * B
+        assert exp.info["credit/agreement_groups"].tolist() == [len(PROMPTS)] * B
+        assert exp.info["credit/agreement_skipped"].tolist() == [0.0] * B
+        agreement = exp.info["credit/direction_agreement"]
+        torch.testing.assert_close(agreement, torch.full((B,), float(sum(rhos) / len(rhos))))
     # OpenRLHF's dynamic-batch path splits per sample and re-merges: advantages and info
     # come through (no extra attribute is needed).
     items = [item for exp in ours for item in split_experience_batch(exp)]
@@ -321,11 +365,14 @@ def test_compat_accepts_grpo_and_names_every_misfit() -> None:
     ok = resolve_credit(openrlhf_args([*GRPO_FLAGS, *rm_flags]), cfg)
     assert ok.placement == "reward" and ok.direction is not None
     assert ok.direction["path"] == "/models/rm"
+    assert ok.direction_is_reward  # OpenRLHF's one reward model: agreement 1 by construction
+    two_rms = ["--reward.model_name_or_path", "/models/rm,/models/other"]
+    assert not resolve_credit(openrlhf_args([*GRPO_FLAGS, *two_rms]), cfg).direction_is_reward
     remote = resolve_credit(
         openrlhf_args([*GRPO_FLAGS, "--reward.remote_url", "http://x"]),
         cfg.model_copy(update={"direction": ok.direction}),
     )
-    assert remote.placement == "policy"
+    assert remote.placement == "policy" and not remote.direction_is_reward
     with pytest.raises(CreditError) as info:
         resolve_credit(
             openrlhf_args(
@@ -383,20 +430,20 @@ def test_the_logged_weight_extremes_average_to_the_steps_max_and_min(
 ) -> None:
     """OpenRLHF's policy actors average every ``info`` entry over samples: what they log for
     ``credit/weight_max`` / ``weight_min`` is the largest / smallest weight of the step."""
-    from backends.openrlhf import experience_maker
-
     per_batch: list[Any] = []
-    apply = experience_maker.apply_token_credit
+    apply = CreditRun.apply
 
-    def recording(*args: Any) -> Any:
-        per_batch.append(apply(*args))
-        return per_batch[-1]
+    def recording(self: CreditRun, *args: Any, **kwargs: Any) -> Any:
+        step = apply(self, *args, **kwargs)
+        per_batch.append(step.result.diagnostics)
+        return step
 
-    monkeypatch.setattr(experience_maker, "apply_token_credit", recording)
+    monkeypatch.setattr(CreditRun, "apply", recording)
     batches = micro_batches(grpo_args, policy)
     ours = credit_maker(grpo_args, "datc", policy, direction).compute_advantages_and_returns(
         batches
     )
+    assert len(per_batch) == len(batches)  # datc: one micro-batch at a time
     assert len({d.weight_max for d in per_batch}) > 1  # the micro-batches differ
     for key, extreme in (("weight_max", max), ("weight_min", min)):
         logged = torch.cat([exp.info[f"credit/{key}"] for exp in ours])
