@@ -10,8 +10,9 @@ algorithm keys::
       credit_stats_chunk_size: 4096         # optional
 
 ``credit_settings(config)`` parses them into the shared ``CreditSection`` and builds the
-run's ``CreditPlan`` on ``BACKEND`` (the strategy, once), refusing with a ``CreditError``
-naming the key a bad value or a strategy this backend cannot serve: the backend ships
+process's one ``CreditRun`` on ``BACKEND`` (its plan and strategy, built once; the agreement
+gate where ``algorithm.credit`` has a ``gate``), refusing with a ``CreditError`` naming the
+key a bad value or a strategy this backend cannot serve: the backend ships
 per-token scalars from verl's actor engine to the trainer (DATC's unsigned work W0, P2T's
 attribution, the direction model's attention and prefix rewards, verl's own entropy), not
 the reward model's gradient tensor. Under verl's critic estimator
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.common.config_values import CreditSection, SectionKeys, parse_section
+from backends.common.credit import CreditRun
 from credit_core import CreditError
 from credit_core.plan import Backend, CreditPlan
 
@@ -41,6 +43,12 @@ SIGNAL_FIELDS: dict[str, str] = {
     "reward_attribution": "credit_reward_attribution",
 }
 ENGINE_SIGNALS: frozenset[str] = frozenset(SIGNAL_FIELDS)
+#: The model-output key (and TransferQueue field) of the direction model's own score of each
+#: response, which the engine ships beside a signal when the request asks for ``scores``
+#: (the credit's agreement with verl's reward, docs/design.md "Trusting the direction
+#: model"): in the signals' layout, the score at the position that predicts the response's
+#: last token, 0 elsewhere.
+SCORES_FIELD = "credit_direction_scores"
 
 #: The ``trainer.v1.trainer_mode`` of ``CreditPPOTrainer`` (``backends.verl.trainer``).
 TRAINER_MODE = "credit_sync"
@@ -85,12 +93,34 @@ CRITIC_ESTIMATORS = ("gae",)
 SAMPLING_OFF: dict[str, tuple[object, ...]] = {"top_k": (-1, 0, None), "top_p": (1.0, None)}
 
 
+#: verl's reward-model server, enabled, and the model it serves: where that is the direction
+#: model, verl's reward is the direction model's own score (the current keys, then the
+#: legacy ones verl migrates).
+REWARD_MODEL_KEYS = (
+    ("reward.reward_model.enable", "reward.reward_model.model_path"),
+    ("reward_model.enable", "reward_model.model.path"),
+)
+
+
 @dataclass(frozen=True)
 class CreditSettings:
-    """The parsed credit keys (``section``) and the run's ``plan``."""
+    """The parsed credit keys (``section``) and the process's one ``CreditRun`` (``run``:
+    the plan, its strategy built once, and the agreement gate where one is set)."""
 
     section: CreditSection
-    plan: CreditPlan
+    run: CreditRun
+
+    @property
+    def plan(self) -> CreditPlan:
+        """The run's ``CreditPlan``."""
+        return self.run.plan
+
+    @property
+    def measures(self) -> bool:
+        """Whether each step measures the direction model against verl's reward from the
+        scores the engine ships (``SCORES_FIELD``): the strategy reads a direction model
+        (``CreditRun.measures``) and verl's reward is not that model's own score."""
+        return self.run.measures and not self.run.direction_is_reward
 
 
 def engine_signals(plan: CreditPlan) -> frozenset[str]:
@@ -107,8 +137,11 @@ def work_request(settings: CreditSettings) -> str | None:
     """What the trainer hands the engine with the old-log-prob batch (a JSON string, one
     piece of non-tensor data) when the plan reads a signal the engine computes: those
     ``signals``, the direction model's settings, the tile size and the plan's
-    ``reward_grad_points`` (0: the gradient at the sampled tokens), and for
-    ``reward_attribution`` the strategy's ``null`` (``attribution_null``); None otherwise."""
+    ``reward_grad_points`` (0: the gradient at the sampled tokens), for
+    ``reward_attribution`` the strategy's ``null`` (``attribution_null``), and ``scores``:
+    true when the trainer measures the direction model against the reward
+    (``CreditSettings.measures``: the engine then ships each response's score,
+    ``SCORES_FIELD``); None otherwise."""
     signals = engine_signals(settings.plan)
     if not signals:
         return None
@@ -121,6 +154,8 @@ def work_request(settings: CreditSettings) -> str | None:
     }
     if "reward_attribution" in signals:
         request["null"] = settings.plan.strategy.attribution_null
+    if settings.measures:
+        request["scores"] = True
     return json.dumps(request)
 
 
@@ -145,10 +180,24 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def direction_is_reward(config: Any, section: CreditSection) -> bool:
+    """Whether verl's reward is the direction model's own score: verl's reward-model server
+    is enabled (``REWARD_MODEL_KEYS``) and serves the direction model's ``path``. The
+    direction model's agreement with that reward is 1 by construction (logged as
+    ``credit/direction_is_reward``), and a gate is refused."""
+    path = None if section.direction is None else section.direction.path
+    return path is not None and any(
+        bool(_get(config, enable)) and _get(config, model) == path
+        for enable, model in REWARD_MODEL_KEYS
+    )
+
+
 def credit_settings(config: Any) -> CreditSettings:
     """The ``CreditSettings`` of verl config ``config`` (a mapping or an OmegaConf node);
     ``CreditError`` naming the key of a bad value, of a strategy the backend cannot serve,
-    or of a verl setting that the strategy's signals do not work with."""
+    of a gate it cannot apply, or of a verl setting that the strategy's signals do not work
+    with. Builds the strategy once: a process calls it once (the trainer; ``credit-verl``'s
+    start-up check runs in the driver, the trainer in verl's task runner)."""
     algorithm = _get(config, "algorithm")
     unknown = sorted(
         key
@@ -165,8 +214,17 @@ def credit_settings(config: Any) -> CreditSettings:
         _plain(_get(config, "algorithm.direction")),
         _get(config, "algorithm.credit_stats_chunk_size"),
         SECTION_KEYS,
+        gate=True,
     )
-    settings = CreditSettings(section, CreditPlan.build(section.credit, BACKEND))
+    same = direction_is_reward(config, section)
+    try:
+        run = CreditRun.build(section.credit, BACKEND, direction_is_reward=same)
+    except CreditError as err:  # CreditRun names the gate as credit.gate
+        message = str(err)
+        raise CreditError(
+            f"algorithm.{message}" if message.startswith("credit.gate") else message
+        ) from err
+    settings = CreditSettings(section, run)
     _check_verl_settings(config, settings)
     return settings
 

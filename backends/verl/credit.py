@@ -1,24 +1,33 @@
-"""The credit step of the verl backend: verl's advantages (or token rewards) + signals ->
-token credit.
+"""The verl backend's credit: the process's ``CreditRun`` (``CreditSettings.run``, built once
+by ``config.credit_settings``) applied to the nested TransferQueue fields of a step.
 
 Under GRPO verl's trainer writes the advantages as a (B, T) tensor, the response advantage
 A_i broadcast over the row's response mask (``compute_grpo_outcome_advantage``:
-``scores.unsqueeze(-1) * response_mask``). ``token_advantages`` reads A_i back from that
-tensor and hands it, with the signals the strategy reads (and the response rewards and
-groups where the strategy reads them), to the one shared ``credit_core.assign_credit``;
-``credit: uniform`` gives back verl's tensor bit for bit (A_i * 1 at the mask, 0 elsewhere).
-``credit_fields`` does the same on the nested TransferQueue fields that verl's V1 trainer
-stores (``response_from_nested`` layout).
+``scores.unsqueeze(-1) * response_mask``). ``credit_fields`` reads A_i back from that tensor
+(``response_advantages``) and hands it, with the signals the strategy reads, the response
+rewards and groups (verl's scores and uids, where the strategy reads them or the step
+measures the direction model) and the direction model's scores (``SCORES_FIELD``, shipped by
+the engine), to ``CreditRun.apply``: ``assign_credit`` (rows without a valid token get 0),
+the direction model's within-group agreement with verl's reward and, with a gate, the mix
+toward GRPO (docs/design.md, "Trusting the direction model"). ``credit: uniform`` gives back
+verl's tensor bit for bit (A_i * 1 at the mask, 0 elsewhere).
 
-Under verl's critic estimator (GAE) ``critic_shift_fields`` runs the strategy the same way
-on GRPO's response advantages of the same rollouts (verl's own
-``compute_grpo_outcome_advantage`` of the scores within each prompt's samples) and returns
+Under verl's critic estimator (GAE) ``critic_shift_fields`` runs the same step on GRPO's
+response advantages of the same rollouts (verl's own ``compute_grpo_outcome_advantage`` of
+the scores within each prompt's samples) and returns
 ``credit_core.token_rewards.critic_reward_shift``'s D, which the trainer adds to verl's
 token rewards before verl's own GAE (docs/design.md, "Credit under a critic").
+
+Both return the step's metrics for verl's ``metrics`` dict: the strategy's diagnostics and,
+for a strategy that reads a direction model, ``AgreementMetrics.to_dict()``
+(``credit/direction_agreement``, ... or ``credit/direction_is_reward``). The gate's EMA
+is the run's checkpointed state (``save_credit_state`` / ``load_credit_state``, beside
+verl's own checkpoint of the step).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +37,9 @@ from tensordict import TensorDict
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 from verl.workers.utils.padding import response_from_nested, response_to_nested
 
-from backends.verl.config import SIGNAL_FIELDS
-from credit_core import CreditDiagnostics, CreditError, CreditSignals, CreditStrategy, assign_credit
-from credit_core.plan import CreditPlan
-from credit_core.strategy import CreditResult
+from backends.common.credit import CreditRun, CreditStep
+from backends.verl.config import SCORES_FIELD, SIGNAL_FIELDS, CreditSettings
+from credit_core import CreditError, CreditSignals
 from credit_core.token_rewards import critic_reward_shift
 
 #: The TransferQueue fields of the response rewards (verl's token-level scores, the reward
@@ -63,10 +71,6 @@ class RewardGroups:
     rewards: torch.Tensor
     groups: torch.Tensor
 
-    def select(self, rows: torch.Tensor) -> RewardGroups:
-        """The rewards and groups of ``rows`` (B,) bool."""
-        return RewardGroups(self.rewards[rows], self.groups[rows])
-
 
 def reward_groups(scores: torch.Tensor, uid: object) -> RewardGroups:
     """``RewardGroups`` from verl's padded token-level ``scores`` (B, T) and its ``uid``
@@ -79,135 +83,127 @@ def reward_groups(scores: torch.Tensor, uid: object) -> RewardGroups:
     return RewardGroups(scores.float().sum(dim=-1), groups)
 
 
-def token_credit(
-    strategy: CreditStrategy,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    token_ids: torch.Tensor,
-    signals: CreditSignals,
-    context: RewardGroups | None = None,
-) -> tuple[CreditResult | None, torch.Tensor]:
-    """``assign_credit`` of ``strategy`` on the rows of ``mask`` (B, T) bool with a valid
-    token, from verl's (B, T) ``advantages`` (A_i broadcast), the response ``token_ids``,
-    ``signals`` and, when given, the response rewards and groups; with the rows it ran on
-    (B,) bool. None when no row has a valid token."""
-    A = response_advantages(advantages, mask)
-    rows = mask.any(dim=1)
-    if not bool(rows.any()):
-        return None, rows
-    every = bool(rows.all())
-    picked = None if context is None else context if every else context.select(rows)
-    result = assign_credit(
-        strategy,
-        A if every else A[rows],
-        mask if every else mask[rows],
-        token_ids.long() if every else token_ids[rows].long(),
-        signals if every else signals.select(rows),
-        rewards=None if picked is None else picked.rewards,
-        groups=None if picked is None else picked.groups,
-    )
-    return result, rows
-
-
-def token_advantages(
-    strategy: CreditStrategy,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    token_ids: torch.Tensor,
-    signals: CreditSignals,
-    context: RewardGroups | None = None,
-) -> tuple[torch.Tensor, CreditDiagnostics | None]:
-    """Token advantages (B, T) float32 of ``strategy`` from verl's (B, T) ``advantages``,
-    ``mask`` (B, T) bool, the response ``token_ids``, ``signals`` and (for a strategy that
-    reads them) the response rewards and groups: 0 where ``mask`` is False and at rows
-    without a valid token; the diagnostics (None without a valid row)."""
-    out = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    result, rows = token_credit(strategy, advantages, mask, token_ids, signals, context)
-    if result is None:
-        return out, None
-    out[rows] = result.token_advantages
-    return out, result.diagnostics
-
-
 @dataclass(frozen=True)
 class PaddedInputs:
     """The credit step's inputs from a batch's TransferQueue fields, padded to (B, T):
     ``fields`` (``response_mask``, ``responses``, the signals' fields, and ``advantages`` /
-    ``rm_scores`` where read), the ``mask`` (B, T) bool, the ``signals`` and the response
-    rewards and groups (``context``, None unless read)."""
+    ``rm_scores`` where read), the ``mask`` (B, T) bool, the ``signals``, the response
+    rewards and groups (``context``, None unless read) and the direction model's score of
+    each response (``scores`` (B,) float32, None unless the step measures it)."""
 
     fields: TensorDict
     mask: torch.Tensor
     signals: CreditSignals
     context: RewardGroups | None
+    scores: torch.Tensor | None
 
 
-def fields_read(plan: CreditPlan, critic: bool) -> list[str]:
-    """The TransferQueue fields the credit step reads for ``plan`` (``critic``: under the
-    critic estimator, where verl's advantages are not GRPO's: the rewards and groups are)."""
+def reads_rewards(settings: CreditSettings, critic: bool) -> bool:
+    """Whether the credit step reads the response rewards and groups: under the critic
+    estimator (where verl's advantages are not GRPO's), for a strategy that reads them, or
+    to measure the direction model against the reward (``CreditSettings.measures``)."""
+    return critic or settings.plan.reads_groups or settings.measures
+
+
+def fields_read(settings: CreditSettings, critic: bool) -> list[str]:
+    """The TransferQueue fields the credit step of ``settings`` reads (``critic``: under
+    the critic estimator)."""
+    plan = settings.plan
     names = ["response_mask", "responses"]
     names += [SIGNAL_FIELDS[s] for s in sorted(plan.signals) if s in SIGNAL_FIELDS]
     if "token_entropy" in plan.signals:
         names.append("entropy")
     if not critic:
         names.append("advantages")
-    if critic or plan.reads_groups:
+    if reads_rewards(settings, critic):
         names += REWARD_FIELDS
+    if settings.measures:
+        names.append(SCORES_FIELD)
     return names
 
 
-def padded_inputs(plan: CreditPlan, fields: TensorDict, critic: bool = False) -> PaddedInputs:
-    """``PaddedInputs`` of ``plan`` from the nested TransferQueue ``fields`` (the
-    ``fields_read``): each engine signal's field (the engine's prompt + response layout)
-    cut to the response, verl's ``entropy`` as it is (response layout)."""
+def _engine_field(fields: TensorDict, field: str) -> torch.Tensor:
+    """The engine's output ``field`` (nested), ``CreditError`` naming the plugin without it."""
+    if field not in fields:
+        raise CreditError(
+            f"algorithm.credit: the actor engine gave no {field}; is the plugin "
+            "backends.verl.plugin loaded in the worker processes (its verl.plugins "
+            "entry point, or VERL_USE_EXTERNAL_MODULES=backends.verl.plugin)?"
+        )
+    value: torch.Tensor = fields[field]
+    return value
+
+
+def padded_inputs(
+    settings: CreditSettings, fields: TensorDict, critic: bool = False
+) -> PaddedInputs:
+    """``PaddedInputs`` of ``settings`` from the nested TransferQueue ``fields`` (the
+    ``fields_read``): each engine signal's field and the direction model's scores (the
+    engine's prompt + response layout) cut to the response, verl's ``entropy`` as it is
+    (response layout)."""
+    plan = settings.plan
     response_mask = fields["response_mask"]
     found = {}
     for signal in sorted(plan.signals):
         if signal in SIGNAL_FIELDS:
-            field = SIGNAL_FIELDS[signal]
-            if field not in fields:
-                raise CreditError(
-                    f"algorithm.credit: the actor engine gave no {field}; is the plugin "
-                    "backends.verl.plugin loaded in the worker processes (its verl.plugins "
-                    "entry point, or VERL_USE_EXTERNAL_MODULES=backends.verl.plugin)?"
-                )
-            found[signal] = response_from_nested(fields[field], response_mask)
+            engine = _engine_field(fields, SIGNAL_FIELDS[signal])
+            found[signal] = response_from_nested(engine, response_mask)
     if "token_entropy" in plan.signals:
         found["token_entropy"] = fields["entropy"]
-    kept = [n for n in ("advantages", "rm_scores") if n in fields]
+    kept = {n: fields[n] for n in ("advantages", "rm_scores") if n in fields}
+    if settings.measures:
+        kept[SCORES_FIELD] = response_from_nested(
+            _engine_field(fields, SCORES_FIELD), response_mask
+        )
     padded = TensorDict(
-        {
-            "response_mask": response_mask,
-            "responses": fields["responses"],
-            **{n: fields[n] for n in kept},
-            **found,
-        },
+        {"response_mask": response_mask, "responses": fields["responses"], **kept, **found},
         batch_size=fields.batch_size,
     ).to_padded_tensor()
     context = None
-    if critic or plan.reads_groups:
+    if reads_rewards(settings, critic):
         context = reward_groups(padded["rm_scores"], fields["uid"])
+    # one score per response, at its last token (0 elsewhere): the sum is that score exactly
+    scores = padded[SCORES_FIELD].float().sum(dim=-1) if settings.measures else None
     signals = CreditSignals(**{name: padded[name].float() for name in found})
-    return PaddedInputs(padded, padded["response_mask"].bool(), signals, context)
+    return PaddedInputs(padded, padded["response_mask"].bool(), signals, context, scores)
+
+
+def credit_step(run: CreditRun, inputs: PaddedInputs, advantages: torch.Tensor) -> CreditStep:
+    """``run.apply`` (the one call of ``assign_credit`` in this backend) on ``inputs`` with
+    the response advantages ``advantages`` (B,): a training step's credit (the gate's EMA,
+    if any, advances)."""
+    context = inputs.context
+    return run.apply(
+        advantages,
+        inputs.mask,
+        inputs.fields["responses"].long(),
+        inputs.signals,
+        rewards=None if context is None else context.rewards,
+        groups=None if context is None else context.groups,
+        direction_scores=inputs.scores,
+    )
+
+
+def step_metrics(step: CreditStep) -> dict[str, float]:
+    """The step's ``credit/...`` metrics: the strategy's diagnostics and, for a strategy
+    that reads a direction model, its agreement with the reward (``AgreementMetrics``)."""
+    metrics = step.result.diagnostics.to_dict(prefix="credit/")
+    if step.agreement is not None:
+        metrics.update(step.agreement.to_dict(prefix="credit/"))
+    return metrics
 
 
 def credit_fields(
-    plan: CreditPlan, fields: TensorDict
-) -> tuple[torch.Tensor, CreditDiagnostics | None]:
-    """Nested token advantages (B, j) of ``plan``'s strategy from the TransferQueue
-    ``fields`` (``fields_read(plan, critic=False)``) of a batch after verl's GRPO
-    ``_compute_advantage``."""
-    inputs = padded_inputs(plan, fields)
-    padded = inputs.fields
-    adv, diagnostics = token_advantages(
-        plan.strategy,
-        padded["advantages"],
-        inputs.mask,
-        padded["responses"],
-        inputs.signals,
-        inputs.context,
-    )
-    return response_to_nested(adv, fields["response_mask"]), diagnostics
+    settings: CreditSettings, fields: TensorDict
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Nested token advantages (B, j) of the run's strategy from the TransferQueue
+    ``fields`` (``fields_read(settings, critic=False)``) of a batch after verl's GRPO
+    ``_compute_advantage``, and the step's metrics (``step_metrics``)."""
+    inputs = padded_inputs(settings, fields)
+    A = response_advantages(inputs.fields["advantages"], inputs.mask)
+    step = credit_step(settings.run, inputs, A)
+    nested = response_to_nested(step.result.token_advantages, fields["response_mask"])
+    return nested, step_metrics(step)
 
 
 def grpo_advantages(scores: torch.Tensor, mask: torch.Tensor, uid: object) -> torch.Tensor:
@@ -222,34 +218,56 @@ def grpo_advantages(scores: torch.Tensor, mask: torch.Tensor, uid: object) -> to
 
 
 def critic_shift_fields(
-    plan: CreditPlan, fields: TensorDict
-) -> tuple[torch.Tensor, CreditDiagnostics | None]:
-    """D (B, j), nested like ``response_mask``: ``critic_reward_shift`` of ``plan``'s
+    settings: CreditSettings, fields: TensorDict
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """D (B, j), nested like ``response_mask``: ``critic_reward_shift`` of the run's
     strategy run on GRPO's advantages of verl's scores (``rm_scores``) within the prompts'
-    groups (``uid``), from the TransferQueue ``fields`` (``fields_read(plan, critic=True)``)
-    of a batch before verl's ``_compute_advantage``; 0 at rows without a valid token. The
-    strategy's diagnostics."""
-    inputs = padded_inputs(plan, fields, critic=True)
-    padded, mask = inputs.fields, inputs.mask
-    assert inputs.context is not None  # padded_inputs reads them under a critic
-    advantages = grpo_advantages(padded["rm_scores"], mask, fields["uid"])
-    result, rows = token_credit(
-        plan.strategy, advantages, mask, padded["responses"], inputs.signals, inputs.context
-    )
-    shift = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    if result is None:
-        return response_to_nested(shift, fields["response_mask"]), None
+    groups (``uid``), from the TransferQueue ``fields`` (``fields_read(settings,
+    critic=True)``) of a batch before verl's ``_compute_advantage``; 0 at rows without a
+    valid token (their token advantages are 0, so their weights are 1). The step's metrics
+    (``step_metrics``)."""
+    plan = settings.plan
     form = plan.strategy.critic_reward_form
     if form is None:  # credit_settings refuses such a strategy under a critic estimator
         raise CreditError(f"algorithm.credit: {plan.name!r} has no critic_reward_form")
-    context = inputs.context.select(rows)
-    shift[rows] = critic_reward_shift(
-        result,
-        response_advantages(advantages, mask)[rows],
+    inputs = padded_inputs(settings, fields, critic=True)
+    mask, context = inputs.mask, inputs.context
+    assert context is not None  # padded_inputs reads them under a critic
+    A = response_advantages(grpo_advantages(inputs.fields["rm_scores"], mask, fields["uid"]), mask)
+    step = credit_step(settings.run, inputs, A)
+    shift = critic_reward_shift(
+        step.result,
+        A,
         context.rewards,
         context.groups,
-        mask[rows],
+        mask,
         form,
         name=f"algorithm.credit: {plan.name}",
     )
-    return response_to_nested(shift, fields["response_mask"]), result.diagnostics
+    return response_to_nested(shift, fields["response_mask"]), step_metrics(step)
+
+
+#: The file of the run's credit state (the gate's EMA) in verl's checkpoint of a step
+#: (``global_step_<n>``), written only where there is state.
+CREDIT_STATE_FILE = "credit.pt"
+
+
+def save_credit_state(run: CreditRun, folder: str) -> None:
+    """Write ``run.state_dict()`` to ``folder``/``CREDIT_STATE_FILE`` where the run has
+    state (a gate); nothing otherwise."""
+    state = run.state_dict()
+    if state:
+        os.makedirs(folder, exist_ok=True)
+        torch.save(state, os.path.join(folder, CREDIT_STATE_FILE))
+
+
+def load_credit_state(run: CreditRun, folder: str) -> None:
+    """Restore the run's state from verl's checkpoint ``folder`` (no file: no state);
+    ``CreditError`` naming the file when it does not match the run (a gate resumed from a
+    checkpoint without one, or the other way round)."""
+    path = os.path.join(folder, CREDIT_STATE_FILE)
+    state = torch.load(path, weights_only=True) if os.path.exists(path) else {}
+    try:
+        run.load_state_dict(state)
+    except CreditError as err:
+        raise CreditError(f"{path}: {err}") from err

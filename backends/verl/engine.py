@@ -29,6 +29,15 @@ built in the engine's process from the request, once, and kept.
   ``score(..., with_attention / with_prefix_rewards)`` (``adapters.direction.score_rollout``,
   no gradient) of the same prompt and response tokens; they read the token ids only.
 
+With ``scores`` in the request (the trainer measures the direction model against verl's
+reward, issue 46) the engine also ships the direction model's own score of each response
+(``SCORES_FIELD``: in the same layout, the score at the position that predicts the
+response's last token, 0 elsewhere), from the pass that gives the signal: the reward of
+the gradient pass at the sampled tokens (``unsigned_work``, ``reward_attribution``) or of
+the scoring pass (``reward_attention``, ``prefix_rewards``). A path-gradient request
+(``points`` >= 1) takes no gradient at the sampled tokens: its scores cost one no-grad
+direction-model forward more (as the native trainer's ``PathGradientDirection`` does).
+
 No extra policy forward; without a request the engine is verl's own: no extra work, no
 extra key.
 
@@ -52,7 +61,7 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from adapters.config import RewardModelConfig, build_direction_model
 from adapters.direction import DirectionModel, score_rollout
 from adapters.grad_path import path_alphas, path_model, path_reward_grad
-from backends.verl.config import ENGINE_SIGNALS, SIGNAL_FIELDS
+from backends.verl.config import ENGINE_SIGNALS, SCORES_FIELD, SIGNAL_FIELDS
 from credit_core import (
     CreditError,
     PolicyStats,
@@ -67,6 +76,11 @@ WORK_REQUEST_KEY = "credit_work_request"
 
 #: The model-output key (and TransferQueue field) of W0.
 WORK_FIELD = SIGNAL_FIELDS["unsigned_work"]
+
+#: The name of the direction model's scores among the engine's outputs (``SCORES_FIELD``).
+SCORES = "direction_scores"
+#: Each output of ``credit_signals`` and its model-output key (and TransferQueue field).
+OUTPUT_FIELDS: dict[str, str] = {**SIGNAL_FIELDS, SCORES: SCORES_FIELD}
 
 
 def response_lengths(micro_batch: TensorDict) -> torch.Tensor:
@@ -175,7 +189,7 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
             with torch.autocast(device_type=device, enabled=False):
                 signals = self.credit_signals(output, micro_batch, str(request))
             for signal, values in signals.items():
-                field = SIGNAL_FIELDS[signal]
+                field = OUTPUT_FIELDS[signal]
                 model_output[field] = torch.nested.nested_tensor_from_jagged(values, offsets)
         return model_output
 
@@ -203,7 +217,9 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
     ) -> dict[str, torch.Tensor]:
         """Each signal of the request's ``signals`` (within ``ENGINE_SIGNALS``) as (N,)
         float32 at the micro-batch's N packed positions: at the position that predicts
-        response token t, the signal's value at t; 0 elsewhere. ``CreditError`` for a signal
+        response token t, the signal's value at t; 0 elsewhere. With the request's
+        ``scores``, also ``SCORES``: the direction model's score of each response at the
+        position that predicts its last token, 0 elsewhere. ``CreditError`` for a signal
         the engine does not compute. Called with autocast disabled (``prepare_model_outputs``):
         the direction model's passes, the attribution and the reductions over the logits run
         in their own dtypes (float32 accumulation), whatever verl's mixed precision."""
@@ -217,9 +233,10 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
         input_ids = micro_batch["input_ids"]
         values, offsets = input_ids.values(), input_ids.offsets()
         resp_lens = response_lengths(micro_batch).to(offsets.device)
+        outputs = [*signals, SCORES] if asked.get("scores") else signals
         found = {
             s: torch.zeros(int(offsets[-1]), dtype=torch.float32, device=values.device)
-            for s in signals
+            for s in outputs
         }
         if int(resp_lens.max()) == 0:
             return found
@@ -246,8 +263,15 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
                 per_row["reward_attention"] = out.attention
             if out.prefix_rewards is not None:
                 per_row["prefix_rewards"] = out.prefix_rewards
+            if SCORES in found and SCORES not in per_row:
+                per_row[SCORES] = out.rewards
         for signal, rows in per_row.items():
             target = found[signal]
+            if signal == SCORES:  # one value per response, at the position predicting its last
+                for i, r in enumerate(lengths):
+                    if r:
+                        target[ends[i] - 2] = rows[i].float().to(target.device)
+                continue
             for i, r in enumerate(lengths):
                 # the position predicting response token t of row i: ends[i] - r - 1 + t
                 if r:
@@ -265,7 +289,9 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
         """The ``signals`` of the reward gradient g (``unsigned_work``, ``reward_attribution``)
         for the ``rollout`` (prompt ids/mask, response ids/mask: ``split_rows``) of the
         micro-batch, each (B, R) float32, response-aligned (0 at padding), from one g (one
-        direction-model forward + backward, or the path's ``points``).
+        direction-model forward + backward, or the path's ``points``); with the request's
+        ``scores``, ``SCORES`` (B,): the direction model's reward at the sampled tokens (that
+        pass's, or for ``points`` >= 1 one no-grad forward more).
 
         - W0: of the forward's logits, read one row's response span at a time, as views (no
           copy). ``CreditError`` under Ulysses sequence parallelism (verl's
@@ -282,7 +308,7 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
                 f"sampled tokens, not on the path (points: {points})"
             )
         if "unsigned_work" in signals:
-            found["unsigned_work"], g, direction = self.unsigned_work(
+            found["unsigned_work"], g, scores, direction = self.unsigned_work(
                 output, micro_batch, asked, rollout
             )
         else:
@@ -291,7 +317,12 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
             direction = self.direction_model(asked["direction"], vocab, device)
             null = attribution_null(direction, asked)  # refused before the reward pass
             with torch.enable_grad():
-                g = self.reward_grad(direction, rollout, [], 0).detach()
+                g, scores = self.reward_grad(direction, rollout, [], 0)
+        if asked.get("scores"):
+            if scores is None:  # the path's gradient gives no reward at the sampled tokens
+                with torch.no_grad():
+                    scores = direction.score(*rollout, with_grad=False).rewards
+            found[SCORES] = scores.detach().float()
         if "reward_attribution" in signals:
             null = attribution_null(direction, asked)
             with torch.no_grad():
@@ -306,10 +337,11 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
         micro_batch: TensorDict,
         asked: dict[str, Any],
         rollout: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-    ) -> tuple[torch.Tensor, torch.Tensor, DirectionModel]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, DirectionModel]:
         """W0 (B, R) float32, response-aligned (0 at padding), of the forward's logits and
         g for the ``rollout`` of the micro-batch (``gradient_signals``), with that g
-        (B, R, d) (on the path for ``points`` >= 1) and the direction model."""
+        (B, R, d) (on the path for ``points`` >= 1), the rewards (B,) of its pass (None on
+        the path) and the direction model."""
         if getattr(self, "use_ulysses_sp", False):
             # the forward's logits are this rank's slice of the padded packed sequence, while
             # the rows' offsets are global: slicing them would give another token's W0
@@ -339,7 +371,7 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
                         ids = response_ids[i, :r].unsqueeze(0).to(device)
                         stats[i] = policy_stats_from_logits(span.unsqueeze(0), ids, E, **kw)
         with torch.enable_grad():
-            g = self.reward_grad(direction, rollout, stats, points).detach()
+            g, scores = self.reward_grad(direction, rollout, stats, points)
         with torch.no_grad():
             for i, (span, r) in enumerate(zip(spans, lengths, strict=True)):
                 if r == 0:
@@ -352,7 +384,7 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
                     ids = response_ids[i, :r].unsqueeze(0).to(device)
                     w = unsigned_work_from_logits(span.unsqueeze(0), ids, E, g_i, **kw)
                 work[i, :r] = w.squeeze(0).float()
-        return work, g, direction
+        return work, g, scores, direction
 
     @staticmethod
     def reward_grad(
@@ -360,10 +392,11 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
         rollout: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
         stats: list[PolicyStats | None],
         points: int,
-    ) -> torch.Tensor:
-        """g (B, R, d) of the rollout (prompt ids/mask, response ids/mask): at the sampled
-        tokens (``points`` 0, one scoring pass), or averaged over ``points`` positions of
-        the path to m1 (each row's ``stats``; ``path_reward_grad``), 0 at padding."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """g (B, R, d) of the rollout (prompt ids/mask, response ids/mask), detached: at
+        the sampled tokens (``points`` 0, one scoring pass, whose rewards (B,) come with
+        it), or averaged over ``points`` positions of the path to m1 (each row's ``stats``;
+        ``path_reward_grad``; no rewards: None), 0 at padding."""
         response_ids = rollout[2]
         if not points:
             scored = direction.score(*rollout, with_grad=True)
@@ -372,14 +405,14 @@ class CreditFSDPEngine(FSDPEngineWithLMHead):  # type: ignore[misc]
                     f"algorithm.direction: {type(direction).__name__}.score(with_grad=True) "
                     "returned no reward_grad"
                 )
-            return scored.reward_grad
+            return scored.reward_grad.detach(), scored.rewards.detach()
         model = path_model(direction)
         B, R = response_ids.shape
         m1 = torch.zeros(B, R, model.reward_embedding.shape[1], device=response_ids.device)
         for i, found in enumerate(stats):
             if found is not None:
                 m1[i, : found.m1.shape[1]] = found.m1[0].to(m1)
-        return path_reward_grad(model, *rollout, m1, path_alphas(points))
+        return path_reward_grad(model, *rollout, m1, path_alphas(points)).detach(), None
 
 
 def register_engine() -> None:

@@ -69,10 +69,12 @@ def test_a_bad_chunk_size_names_its_key(value: object) -> None:
 
 
 def test_a_gate_is_refused_by_a_backend_that_does_not_apply_it() -> None:
-    """TRL, OpenRLHF and verl parse their credit here and do not apply ``credit.gate`` yet:
-    the key is refused, named under the backend's own key, not dropped."""
+    """A backend that parses its credit here and does not apply ``credit.gate`` refuses the
+    key, named under the backend's own key, not dropped; one that does (``gate=True``, verl's
+    ``parse_section``) keeps it."""
     value = {"name": "datc", "gate": {"agreement": [0.0, 0.5]}}
     with pytest.raises(CreditError, match=r"^algorithm\.credit\.gate: this backend does not"):
         parse_credit(value, "algorithm.credit")
     assert parse_credit(value, "credit", gate=True).gate is not None
     assert parse_credit({"name": "datc"}, "credit").gate is None
+    assert parse_section(value, None, None, gate=True).credit.gate is not None

@@ -86,10 +86,16 @@ def infer(engine: Any, batch: TensorDict) -> tuple[dict[str, Any], int]:
     return out["model_output"], len(calls)
 
 
-def work_request(rm: Path, points: int = 0, signals: tuple[str, ...] = ("unsigned_work",)) -> str:
+def work_request(
+    rm: Path,
+    points: int = 0,
+    signals: tuple[str, ...] = ("unsigned_work",),
+    scores: bool = False,
+) -> str:
     """The trainer's request (``backends.verl.config.work_request``) for ``signals`` (W0 by
     default) with the tiny RM as the direction model; ``points`` >= 1 takes its gradient on
-    the path (datc_mid, datc_ig)."""
+    the path (datc_mid, datc_ig); ``scores``: the direction model's score of each response
+    too (the trainer's measure of its agreement with the reward)."""
     direction = {"kind": "seq_classification", "path": str(rm)}
     request = {"signals": sorted(signals), "direction": direction, "chunk_size": 64}
-    return json.dumps({**request, "points": points})
+    return json.dumps({**request, "points": points, **({"scores": True} if scores else {})})

@@ -127,6 +127,44 @@ def test_bad_settings_are_refused_naming_the_key(overrides: list[str], message: 
     assert message in str(err.value)
 
 
+GATE = "algorithm.credit={name:datc,gate:{agreement:[0.2,0.6]}}"
+#: verl's reward-model server serving the direction model: verl's reward is its own score
+SAME_RM = ("reward.reward_model.enable=true", "reward.reward_model.model_path=/models/rm")
+
+
+def test_a_gate_is_applied_and_the_engine_asked_for_the_direction_models_scores() -> None:
+    """``algorithm.credit.gate`` builds the run's gate; a strategy that reads a direction
+    model asks the engine for its scores (its agreement with verl's reward), one that reads
+    none does not."""
+    settings = credit_settings(verl_config("algorithm.adv_estimator=grpo", GATE, DIRECTION))
+    assert settings.run.gate is not None and settings.run.gate.low == 0.2
+    request = work_request(settings)
+    assert request is not None and json.loads(request)["scores"] is True
+    plain = credit_settings(
+        verl_config("algorithm.adv_estimator=grpo", "algorithm.credit=datc", DIRECTION)
+    )
+    assert plain.run.gate is None and plain.measures
+    entropy = credit_settings(
+        verl_config("algorithm.adv_estimator=grpo", "algorithm.credit=entropy_top")
+    )
+    assert not entropy.measures
+
+
+def test_a_reward_model_serving_the_direction_model_is_the_direction_models_reward() -> None:
+    """verl's reward-model server on the direction model's path: the reward is the direction
+    model's own (agreement 1 by construction), no scores are shipped, a gate is refused
+    under its key; another reward model's path is a separate reward."""
+    grpo = "algorithm.adv_estimator=grpo"
+    settings = credit_settings(verl_config(grpo, "algorithm.credit=datc", DIRECTION, *SAME_RM))
+    assert settings.run.direction_is_reward and not settings.measures
+    request = work_request(settings)
+    assert request is not None and "scores" not in json.loads(request)
+    with pytest.raises(CreditError, match=r"^algorithm\.credit\.gate: the reward is the direction"):
+        credit_settings(verl_config(grpo, GATE, DIRECTION, *SAME_RM))
+    other = (SAME_RM[0], "reward.reward_model.model_path=/models/other")
+    assert not credit_settings(verl_config(grpo, GATE, DIRECTION, *other)).run.direction_is_reward
+
+
 @pytest.mark.parametrize(
     ("credit", "signal"),
     [

@@ -8,7 +8,10 @@
   and KTAE's, equal ``assign_credit`` on the response-aligned signal with verl's scores
   summed as the rewards and its uids as the groups;
 - they reach verl's ``ppo_loss`` unchanged: its gradient with respect to each token's
-  log-prob is -A_t / N (token-mean, ratio 1 at the old policy).
+  log-prob is -A_t / N (token-mean, ratio 1 at the old policy);
+- for a strategy that reads a direction model, the step's metrics carry its within-group
+  agreement with verl's reward (``credit/direction_agreement``, from the scores the engine
+  ships at each response's last token), and the diagnostics beside it.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.losses import ppo_loss
 
-from backends.verl.config import BACKEND, SIGNAL_FIELDS
-from backends.verl.credit import credit_fields, response_advantages, token_advantages
+from backends.common.config_values import CreditSection
+from backends.common.credit import CreditRun
+from backends.verl.config import BACKEND, SCORES_FIELD, SIGNAL_FIELDS, CreditSettings
+from backends.verl.credit import credit_fields, response_advantages
 from backends.verl.engine import WORK_FIELD
 from credit_core import CreditConfig, CreditError, CreditSignals, assign_credit, get_strategy
-from credit_core.plan import CreditPlan
+from credit_core.agreement_gate import GateConfig, direction_agreement, gate_token_advantages
 from tests.backends.verl.layouts import as_stored, nested, v1_batch, verl_grpo
 from tests.backends.verl.test_config import verl_config
 
@@ -47,21 +52,25 @@ def grpo() -> torch.Tensor:
     return verl_grpo(scores, RESPONSES, GROUP)
 
 
+def settings_of(credit: str | dict[str, object]) -> CreditSettings:
+    """The verl backend's ``CreditSettings`` of ``credit`` (its one ``CreditRun``)."""
+    config = CreditConfig.parse(credit)
+    return CreditSettings(CreditSection(config), CreditRun.build(config, BACKEND))
+
+
 def padded_mask() -> torch.Tensor:
     T = max(RESPONSES)
     return torch.arange(T).unsqueeze(0) < torch.tensor(RESPONSES).unsqueeze(1)
 
 
 def test_uniform_is_verl_grpo_bit_for_bit(batch: TensorDict, grpo: torch.Tensor) -> None:
-    mask = padded_mask()
-    responses = batch["responses"].to_padded_tensor(0)
-    adv, _ = token_advantages(get_strategy("uniform"), grpo, mask, responses, CreditSignals())
-    assert adv.dtype == grpo.dtype and torch.equal(adv, grpo)
     fields = batch.select("responses", "response_mask")
     fields["advantages"] = as_stored(grpo, batch)
-    stored, _ = credit_fields(CreditPlan.build("uniform", BACKEND), fields)
+    stored, metrics = credit_fields(settings_of("uniform"), fields)
+    assert stored.dtype == grpo.dtype and torch.equal(stored.to_padded_tensor(0.0), grpo)
     assert torch.equal(stored.values(), fields["advantages"].values())
     assert torch.equal(stored.offsets(), fields["advantages"].offsets())
+    assert "credit/direction_agreement" not in metrics  # reads no direction model
 
 
 def test_response_advantage_is_read_back_exactly(grpo: torch.Tensor) -> None:
@@ -89,31 +98,59 @@ def engine_layout_work(batch: TensorDict, seed: int = 1) -> tuple[torch.Tensor, 
     return nested(rows), aligned
 
 
-def datc_fields(batch: TensorDict, grpo: torch.Tensor) -> tuple[TensorDict, torch.Tensor]:
+#: The direction model's own score of each response (the engine's ``SCORES_FIELD``).
+DIRECTION_SCORES = [0.3, -0.2, 0.9, 0.1, 0.5, 0.5, -1.0, 0.2]
+
+
+def engine_layout_scores() -> torch.Tensor:
+    """``DIRECTION_SCORES`` as the engine ships them: nested like ``input_ids``, each at the
+    position that predicts its response's last token, 0 elsewhere."""
+    rows = []
+    for score, p, r in zip(DIRECTION_SCORES, PROMPTS, RESPONSES, strict=True):
+        row = torch.zeros(p + r)
+        row[p + r - 2] = score
+        rows.append(row)
+    return nested(rows)
+
+
+def measured_fields(batch: TensorDict, grpo: torch.Tensor) -> TensorDict:
+    """verl's advantages, rewards and uids, and the engine's direction-model scores."""
     fields = batch.select("responses", "response_mask")
     fields["advantages"] = as_stored(grpo, batch)
+    fields.update(reward_fields(batch))
+    fields[SCORES_FIELD] = engine_layout_scores()
+    return fields
+
+
+def datc_fields(batch: TensorDict, grpo: torch.Tensor) -> tuple[TensorDict, torch.Tensor]:
+    fields = measured_fields(batch, grpo)
     work, aligned = engine_layout_work(batch)
     fields[WORK_FIELD] = work
     return fields, aligned
 
 
-def test_datc_from_engine_layout_equals_assign_credit(
+def test_datc_from_engine_layout_equals_assign_credit_and_logs_the_agreement(
     batch: TensorDict, grpo: torch.Tensor
 ) -> None:
     fields, aligned = datc_fields(batch, grpo)
-    strategy = get_strategy(CreditConfig.parse({"name": "datc", "beta": 1.0}))
-    stored, diagnostics = credit_fields(CreditPlan.build(strategy, BACKEND), fields)
+    settings = settings_of({"name": "datc", "beta": 1.0})
+    stored, metrics = credit_fields(settings, fields)
     mask = padded_mask()
     expected = assign_credit(
-        strategy,
+        get_strategy(CreditConfig.parse({"name": "datc", "beta": 1.0})),
         response_advantages(grpo, mask),
         mask,
         batch["responses"].to_padded_tensor(0).long(),
         CreditSignals(unsigned_work=aligned),
     )
-    assert diagnostics is not None and diagnostics.weight_max > 1.0
-    torch.testing.assert_close(stored.to_padded_tensor(0.0), expected.token_advantages)
+    assert metrics["credit/weight_max"] > 1.0
+    assert torch.equal(stored.to_padded_tensor(0.0), expected.token_advantages)
     assert not torch.allclose(stored.to_padded_tensor(0.0), grpo)  # not uniform
+    groups = torch.tensor([i // GROUP for i in range(len(RESPONSES))])
+    want = direction_agreement(torch.tensor(DIRECTION_SCORES), torch.tensor(SCORES), groups)
+    assert metrics["credit/direction_is_reward"] == 0.0
+    assert metrics["credit/direction_agreement"] == want.value and want.value != 0.0
+    assert metrics["credit/agreement_groups"] == want.groups == 2
 
 
 SCORES = [1.0, 0.0, 0.5, 1.0, 0.0, 0.0, 1.0, 0.25]
@@ -149,10 +186,8 @@ def test_abc_red_ktae_and_p2t_equal_assign_credit_with_verls_rewards_and_groups(
     batch: TensorDict, grpo: torch.Tensor, credit: dict[str, object], signal: str | None
 ) -> None:
     strategy = get_strategy(CreditConfig.parse(credit))
-    plan = CreditPlan.build(strategy, BACKEND)
-    fields = batch.select("responses", "response_mask")
-    fields["advantages"] = as_stored(grpo, batch)
-    fields.update(reward_fields(batch))
+    settings = settings_of(credit)
+    fields = measured_fields(batch, grpo)
     signals = CreditSignals()
     if signal is not None:
         values, aligned = engine_layout_work(batch, seed=3)
@@ -166,7 +201,7 @@ def test_abc_red_ktae_and_p2t_equal_assign_credit_with_verls_rewards_and_groups(
             )
         fields[SIGNAL_FIELDS[signal]] = values
         signals = CreditSignals(**{signal: aligned})
-    stored, diagnostics = credit_fields(plan, fields)
+    stored, metrics = credit_fields(settings, fields)
     mask = padded_mask()
     expected = assign_credit(
         strategy,
@@ -177,17 +212,52 @@ def test_abc_red_ktae_and_p2t_equal_assign_credit_with_verls_rewards_and_groups(
         rewards=torch.tensor(SCORES),
         groups=torch.tensor([i // GROUP for i in range(len(RESPONSES))]),
     )
-    assert diagnostics is not None
     got = stored.to_padded_tensor(0.0)
-    torch.testing.assert_close(got, expected.token_advantages)
+    assert torch.equal(got, expected.token_advantages)
     assert not torch.allclose(got, grpo)  # not uniform
+    # the direction model's agreement where the strategy reads one (abc, red, p2t; not ktae)
+    assert ("credit/direction_agreement" in metrics) == (signal is not None)
+
+
+def test_a_gate_mixes_each_steps_credit_by_the_ema_after_that_step(
+    batch: TensorDict, grpo: torch.Tensor
+) -> None:
+    """With ``gate`` each ``credit_fields`` (one per training step) folds the step's
+    agreement into the EMA once and mixes DATC's token advantages toward GRPO by the alpha
+    after it (``gate_token_advantages``); a second step with the scores reversed moves the
+    EMA as a reference gate does."""
+    gate = GateConfig(agreement=(-0.5, 0.5), decay=0.9)
+    settings = settings_of({"name": "datc", "gate": gate.model_dump()})
+    reference = gate.build()
+    mask, groups = padded_mask(), torch.tensor([i // GROUP for i in range(len(RESPONSES))])
+    A = response_advantages(grpo, mask)
+    for sign in (1.0, -1.0):
+        fields, aligned = datc_fields(batch, grpo)
+        fields[SCORES_FIELD] = engine_layout_scores() * sign
+        stored, metrics = credit_fields(settings, fields)
+        agreement = direction_agreement(
+            torch.tensor(DIRECTION_SCORES) * sign, torch.tensor(SCORES), groups
+        )
+        alpha = reference.update(agreement)
+        plain = assign_credit(
+            get_strategy("datc"),
+            A,
+            mask,
+            batch["responses"].to_padded_tensor(0).long(),
+            CreditSignals(unsigned_work=aligned),
+        )
+        want = gate_token_advantages(plain.token_advantages, A, mask, alpha)
+        assert 0.0 < alpha < 1.0 and metrics["credit/gate_alpha"] == alpha
+        assert metrics["credit/direction_agreement_ema"] == reference.ema
+        assert torch.equal(stored.to_padded_tensor(0.0), want)
+    assert settings.run.state_dict() == {"gate": reference.state_dict()}
 
 
 def test_missing_engine_field_names_the_plugin(batch: TensorDict, grpo: torch.Tensor) -> None:
     fields = batch.select("responses", "response_mask")
     fields["advantages"] = as_stored(grpo, batch)
     with pytest.raises(CreditError, match=f"gave no {WORK_FIELD}.*backends.verl.plugin"):
-        credit_fields(CreditPlan.build("datc", BACKEND), fields)
+        credit_fields(settings_of("datc"), fields)
 
 
 def actor_config():
@@ -204,8 +274,7 @@ def actor_config():
 
 def test_datc_token_advantages_reach_ppo_loss(batch: TensorDict, grpo: torch.Tensor) -> None:
     fields, _ = datc_fields(batch, grpo)
-    strategy = get_strategy("datc")
-    token_adv, _ = credit_fields(CreditPlan.build(strategy, BACKEND), fields)
+    token_adv, _ = credit_fields(settings_of("datc"), fields)
     g = torch.Generator().manual_seed(2)
     log_probs = [-torch.rand(p + r, generator=g) for p, r in zip(PROMPTS, RESPONSES, strict=True)]
     old = [lp[p - 1 : p + r - 1] for lp, p, r in zip(log_probs, PROMPTS, RESPONSES, strict=True)]
@@ -234,6 +303,6 @@ def test_uniforms_shift_under_a_critic_is_exactly_zero(batch: TensorDict) -> Non
 
     fields = batch.select("responses", "response_mask")
     fields.update(reward_fields(batch))
-    shift, _ = critic_shift_fields(CreditPlan.build("uniform", BACKEND), fields)
+    shift, _ = critic_shift_fields(settings_of("uniform"), fields)
     assert torch.equal(shift.values(), torch.zeros_like(shift.values()))
     assert torch.equal(shift.offsets(), batch["response_mask"].offsets())

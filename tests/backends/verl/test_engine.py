@@ -12,8 +12,11 @@
   runs exactly as many policy forwards as verl's own engine (one per micro-batch) and gives
   verl's own log-probs bit for bit;
 - verl's ``EngineRegistry`` picks the subclass for fsdp/fsdp2 on NVIDIA GPUs;
-- the actor side of a step runs: old-log-prob forward with W0, DATC token advantages,
-  verl's ``train_batch`` with its ``ppo_loss``.
+- with ``scores`` in the request, the direction model's score of each response is shipped
+  beside the signal, equal to its own ``score``, from the same pass (no extra
+  direction-model pass, except one no-grad forward on the path);
+- the actor side of a step runs: old-log-prob forward with W0, DATC token advantages and the
+  direction model's agreement with the reward, verl's ``train_batch`` with its ``ppo_loss``.
 """
 
 from __future__ import annotations
@@ -40,16 +43,19 @@ from verl.workers.utils.padding import response_from_nested
 
 from adapters.config import build_direction_model
 from adapters.grad_path import path_alphas, path_reward_grad
-from backends.verl.config import BACKEND, SIGNAL_FIELDS
+from backends.common.config_values import CreditSection
+from backends.common.credit import CreditRun
+from backends.verl.config import BACKEND, SCORES_FIELD, SIGNAL_FIELDS, CreditSettings
 from backends.verl.credit import credit_fields
 from backends.verl.engine import WORK_FIELD, CreditFSDPEngine
 from credit_core import (
+    CreditConfig,
     CreditError,
     policy_stats_from_logits,
     token_work,
     unsigned_work_from_logits,
 )
-from credit_core.plan import CreditPlan
+from credit_core.agreement_gate import direction_agreement
 from tests.backends.verl.engines import (
     MICRO_BATCH,
     PROMPTS,
@@ -130,8 +136,12 @@ def test_w0_from_the_old_log_prob_forward_equals_credit_core(
     """Also for the path strategies: their m1 comes from this same forward's logits."""
     policy, rm = models
     credit, _ = engines
-    batch = old_log_prob_batch(credit, work_request(rm, points), dynamic)
+    batch = old_log_prob_batch(credit, work_request(rm, points, scores=True), dynamic)
     output, _ = infer(credit, batch)
+    # the direction model's scores: of W0's gradient pass, or on the path one forward more
+    torch.testing.assert_close(
+        shipped_scores(output, batch), direct_score(policy, rm, batch).rewards, rtol=1e-4, atol=1e-5
+    )
     work = response_from_nested(output[WORK_FIELD], batch["response_mask"]).to_padded_tensor(0.0)
     expected = independent_work(policy, rm, batch, points)
     mask = batch["response_mask"].to_padded_tensor(0).bool()
@@ -141,9 +151,10 @@ def test_w0_from_the_old_log_prob_forward_equals_credit_core(
     assert torch.equal(work[~mask], torch.zeros_like(work[~mask]))
 
 
-def direct_signal(policy: Path, rm: Path, batch: TensorDict, signal: str) -> torch.Tensor:
-    """The attention or prefix rewards (B, R) of a separately built direction model's own
-    ``score`` on the batch's prompt (left-padded) and response (right-padded) token ids."""
+def direct_score(policy: Path, rm: Path, batch: TensorDict, signal: str | None = None) -> Any:
+    """A separately built direction model's own ``score`` (no gradient; with ``signal``'s
+    attention or prefix rewards) on the batch's prompt (left-padded) and response
+    (right-padded) token ids."""
     tokenizer = AutoTokenizer.from_pretrained(policy)
     B, P = len(PROMPTS), max(PROMPTS)
     ids = batch["input_ids"].to_padded_tensor(0)
@@ -155,7 +166,7 @@ def direct_signal(policy: Path, rm: Path, batch: TensorDict, signal: str) -> tor
     responses = batch["responses"].to_padded_tensor(0)
     response_mask = batch["response_mask"].to_padded_tensor(0)
     direction = build_direction_model({"kind": "seq_classification", "path": str(rm)}, tokenizer)
-    out = direction.score(
+    return direction.score(
         prompt_ids,
         prompt_mask,
         responses,
@@ -164,9 +175,29 @@ def direct_signal(policy: Path, rm: Path, batch: TensorDict, signal: str) -> tor
         with_attention=signal == "reward_attention",
         with_prefix_rewards=signal == "prefix_rewards",
     )
+
+
+def direct_signal(policy: Path, rm: Path, batch: TensorDict, signal: str) -> torch.Tensor:
+    """The attention or prefix rewards (B, R) of ``direct_score``."""
+    out = direct_score(policy, rm, batch, signal)
     found = out.attention if signal == "reward_attention" else out.prefix_rewards
     assert found is not None
     return found
+
+
+def shipped_scores(output: dict[str, Any], batch: TensorDict) -> torch.Tensor:
+    """The direction model's score of each response (B,) as the engine ships it (at the
+    position that predicts the response's last token, 0 elsewhere), read as the trainer
+    reads it; the shipped values are checked to be 0 at every other position."""
+    nested_scores = response_from_nested(output[SCORES_FIELD], batch["response_mask"])
+    padded = nested_scores.to_padded_tensor(0.0)
+    last = torch.tensor(RESPONSES) - 1
+    rows = torch.arange(len(RESPONSES))
+    assert int((padded != 0).sum()) <= len(RESPONSES) and torch.equal(
+        padded.sum(dim=-1), padded[rows, last]
+    )
+    assert int((output[SCORES_FIELD].values() != 0).sum()) == int((padded != 0).sum())
+    return padded[rows, last]
 
 
 @pytest.mark.parametrize("signal", ["reward_attention", "prefix_rewards"], ids=["abc", "red"])
@@ -179,9 +210,12 @@ def test_attention_and_prefix_rewards_equal_the_direction_models_own(
     micro-batches score subsets of the rows: the values are per row)."""
     policy, rm = models
     credit, _ = engines
-    batch = old_log_prob_batch(credit, work_request(rm, signals=(signal,)), dynamic)
+    batch = old_log_prob_batch(credit, work_request(rm, signals=(signal,), scores=True), dynamic)
     output, _ = infer(credit, batch)
     assert set(output) & set(SIGNAL_FIELDS.values()) == {SIGNAL_FIELDS[signal]}
+    torch.testing.assert_close(  # the scores of the same scoring pass
+        shipped_scores(output, batch), direct_score(policy, rm, batch).rewards, rtol=1e-4, atol=1e-5
+    )
     shipped = response_from_nested(output[SIGNAL_FIELDS[signal]], batch["response_mask"])
     got = shipped.to_padded_tensor(0.0)
     expected = direct_signal(policy, rm, batch, signal)
@@ -352,12 +386,14 @@ def test_attribution_costs_the_reward_passes_of_datc_and_no_more(
     models: tuple[Path, Path], engines: tuple[Any, Any]
 ) -> None:
     """P2T reads the gradient DATC takes: per micro-batch one direction-model forward and
-    one backward, as for W0 (and none without a request)."""
+    one backward, as for W0 (and none without a request); the direction model's scores
+    (its agreement with the reward) come from that same pass."""
     _, rm = models
     credit, _ = engines
     p2t = reward_model_passes(credit, attribution_request(rm, "pad"))
     datc = reward_model_passes(credit, work_request(rm))
-    assert p2t == datc == (len(PROMPTS) // MICRO_BATCH, len(PROMPTS) // MICRO_BATCH)
+    scored = reward_model_passes(credit, work_request(rm, scores=True))
+    assert p2t == datc == scored == (len(PROMPTS) // MICRO_BATCH, len(PROMPTS) // MICRO_BATCH)
 
 
 def test_a_null_the_direction_model_lacks_is_refused_naming_it(
@@ -426,14 +462,25 @@ def test_an_actor_step_with_datc_token_advantages(
     ``ppo_loss``: one forward per micro-batch, a finite non-zero gradient, new weights."""
     policy, rm = models
     engine = build_engine(CreditFSDPEngine, policy, packed=True)
-    old = old_log_prob_batch(engine, work_request(rm))
+    old = old_log_prob_batch(engine, work_request(rm, scores=True))
     output, _ = infer(engine, old)
     fields = old.select("responses", "response_mask")
     scores = torch.tensor([1.0, 0.0, 0.25, 0.75])
     fields["advantages"] = as_stored(verl_grpo(scores, RESPONSES, group=2), old)
     fields[WORK_FIELD] = output[WORK_FIELD]
-    advantages, diagnostics = credit_fields(CreditPlan.build("datc", BACKEND), fields)
-    assert diagnostics is not None
+    fields[SCORES_FIELD] = output[SCORES_FIELD]
+    rm_scores = [torch.zeros(r) for r in RESPONSES]
+    for row, r in enumerate(RESPONSES):
+        rm_scores[row][r - 1] = scores[row]
+    fields["rm_scores"] = torch.nested.as_nested_tensor(rm_scores, layout=torch.jagged)
+    fields["uid"] = torch.tensor([0, 0, 1, 1])
+    config = CreditConfig.parse("datc")
+    advantages, metrics = credit_fields(
+        CreditSettings(CreditSection(config), CreditRun.build(config, BACKEND)), fields
+    )
+    groups = torch.tensor([0, 0, 1, 1])
+    want = direction_agreement(shipped_scores(output, old), scores, groups)
+    assert metrics["credit/direction_agreement"] == want.value and want.groups == 2
     data = v1_batch(PROMPTS, RESPONSES, engine.model_config.hf_config.vocab_size)
     data["old_log_probs"] = response_from_nested(output["log_probs"], data["response_mask"])
     data["advantages"] = advantages

@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("verl", reason="the verl tests run in .venv-verl (make verl)")
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,16 +21,19 @@ from tensordict import TensorDict
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return, kl_penalty
 from verl.trainer.ppo.v1 import get_trainer_cls
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.padding import response_from_nested
 
 from backends.verl.cli import checked_config, verl_overrides
-from backends.verl.config import BACKEND, SIGNAL_FIELDS, TRAINER_MODE
+from backends.verl.config import BACKEND, SCORES_FIELD, SIGNAL_FIELDS, TRAINER_MODE
 from backends.verl.credit import grpo_advantages, response_advantages
 from backends.verl.engine import WORK_FIELD, WORK_REQUEST_KEY, CreditFSDPEngine
 from backends.verl.trainer import CreditPPOTrainer
 from credit_core import CreditError, CreditSignals, assign_credit, get_strategy
+from credit_core.agreement_gate import direction_agreement
 from credit_core.plan import CreditPlan
+from credit_core.registry import strategy_class
 from credit_core.token_rewards import critic_reward_shift
 from tests.backends.verl.engines import (
     MICRO_BATCH,
@@ -51,9 +55,30 @@ def smoke_config(*extra: str):
     return config
 
 
-def test_verl_builds_the_credit_trainer_as_its_sync_trainer() -> None:
+def counted_constructions(monkeypatch: pytest.MonkeyPatch, name: str) -> list[object]:
+    """Every instance of strategy ``name``'s class built from now on (its ``__init__``
+    wrapped)."""
+    cls = strategy_class(name)
+    built: list[object] = []
+    init = cls.__init__
+
+    def counting(self: object, *args: Any, **kwargs: Any) -> None:
+        built.append(self)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "__init__", counting)
+    return built
+
+
+def test_verl_builds_the_credit_trainer_as_its_sync_trainer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One strategy instance in the trainer's process: ``credit_settings`` builds the run
+    (its plan and strategy) once, and nothing else in the trainer builds another."""
     config = smoke_config()
+    built = counted_constructions(monkeypatch, "datc")
     trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
+    assert built == [trainer.credit.run.strategy]
     assert type(trainer) is CreditPPOTrainer
     assert trainer.trainer_mode == "sync" and type(trainer.replay_buffer) is ReplayBuffer
     assert trainer.credit.plan.name == "datc" and trainer.work_request is not None
@@ -65,6 +90,39 @@ def test_a_bad_credit_key_stops_the_trainer_before_any_worker() -> None:
     config.algorithm.credit = "saliency"
     with pytest.raises(CreditError, match="'saliency' is not served"):
         CreditPPOTrainer(config=config)
+
+
+def test_the_gates_ema_is_saved_in_verls_checkpoint_and_resumed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``algorithm.credit.gate``: the EMA goes into verl's checkpoint folder of the step
+    (``credit.pt``, written before verl's own save marks the folder latest) and comes back
+    when verl resumes that step; a gated run resumed from a checkpoint without it stops,
+    naming the file."""
+    config = smoke_config(f"trainer.default_local_dir={tmp_path}", "trainer.resume_mode=auto")
+    config.algorithm.credit = {"name": "datc", "gate": {"agreement": [0.2, 0.6]}}
+    trainer = CreditPPOTrainer(config=config)
+    assert trainer.credit.run.gate is not None
+    trainer.credit.run.gate.ema = 0.45
+    folder = tmp_path / "global_step_3"
+    saved: list[list[str]] = []
+    monkeypatch.setattr(
+        PPOTrainerSync, "_save_checkpoint", lambda self: saved.append(sorted(os.listdir(folder)))
+    )
+    trainer.global_steps = 3
+    trainer._save_checkpoint()
+    assert saved == [["credit.pt"]]
+
+    def verl_resumes_step_3(self: Any) -> None:
+        self.global_steps = 3
+
+    monkeypatch.setattr(PPOTrainerSync, "_load_checkpoint", verl_resumes_step_3)
+    resumed = CreditPPOTrainer(config=config)
+    resumed._load_checkpoint()
+    assert resumed.credit.run.gate is not None and resumed.credit.run.gate.ema == 0.45
+    (folder / "credit.pt").unlink()
+    with pytest.raises(CreditError, match=r"credit\.pt: credit state: the run has a gate"):
+        CreditPPOTrainer(config=config)._load_checkpoint()
 
 
 class EngineWorkerGroup:
@@ -116,9 +174,10 @@ def test_old_log_prob_and_advantage_steps_through_transfer_queue(
 ) -> None:
     """verl's own ``_compute_old_log_prob`` and ``_compute_advantage`` (GRPO) with the
     credit trainer's additions, on real TransferQueue: the work request reaches the engine
-    for the old-log-prob forward only (no other policy forward: one per micro-batch), and the
+    for the old-log-prob forward only (no other policy forward: one per micro-batch), the
     stored advantages are DATC's token advantages of verl's GRPO advantage and the engine's
-    W0."""
+    W0, and verl's step metrics carry the direction model's agreement with verl's reward
+    (its scores shipped by the engine, the rewards and uids verl stored)."""
     policy, rm = models
     config = smoke_config("actor_rollout_ref.rollout.n=2", "algorithm.credit_stats_chunk_size=64")
     config.algorithm.direction = {"kind": "seq_classification", "path": str(rm)}
@@ -162,6 +221,11 @@ def test_old_log_prob_and_advantage_steps_through_transfer_queue(
     torch.testing.assert_close(got, expected.token_advantages)
     assert not torch.allclose(got, grpo)
     assert metrics["credit/weight_max"] > 1.0
+    direction = response_from_nested(direct[SCORES_FIELD], rows["response_mask"])
+    last = direction.to_padded_tensor(0.0).sum(dim=-1)
+    want = direction_agreement(last, scores, rows["uid"])
+    assert metrics["credit/direction_is_reward"] == 0.0 and want.groups == 2
+    assert metrics["credit/direction_agreement"] == pytest.approx(want.value, abs=1e-6)
 
 
 def gae_config(credit: str, kl: bool, policy: Path, rm: Path):
@@ -276,6 +340,8 @@ def test_gae_reads_verls_token_rewards_plus_the_strategys_shift(
         assert form is not None
         shift = critic_reward_shift(result, A, scores, groups, mask, form)
         assert float(shift.abs().max()) > 0 and metrics["credit/weight_max"] != 1.0
+        assert metrics["credit/direction_is_reward"] == 0.0  # each reads a direction model
+        assert metrics["credit/agreement_groups"] == 2
     want_adv, want_ret = compute_gae_advantage_return(
         stock + shift, padded["values"], mask.float(), config.algorithm.gamma, config.algorithm.lam
     )
