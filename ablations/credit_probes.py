@@ -300,9 +300,9 @@ def probe(
         return ProbeResult(nan, nan, nan, nan)
     g = cfg.group_size or recipe.cfg.rollout.group_size
     batch = _rollout(recipe, prompts, g, "ablate_probe")
-    state = recipe.strategy.state_dict()
+    state = recipe.credit.strategy.state_dict()
     signals = recipe.signals(batch, prompts)
-    recipe.strategy.load_state_dict(state)
+    recipe.credit.strategy.load_state_dict(state)
     token_adv = signals.token_advantages
     mask = batch.response_mask
     corr = oracle = float("nan")

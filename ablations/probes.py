@@ -62,7 +62,7 @@ def credit_examples(
     """Token weights of up to ``n_responses`` responses to one held-out prompt (see module)."""
     cfg = recipe.cfg
     policy = recipe.policy
-    strategy = recipe.strategy
+    strategy = recipe.credit.strategy
     embedding = recipe.reward.embedding
     if not strategy.requires or embedding is None:
         return []

@@ -49,11 +49,11 @@ def main(config: str) -> None:
             "rewards + input gradient": lambda: r.reward.compute(
                 batch, with_grad=True, micro_batch_size=size
             ),
-            "old-policy log-probs": lambda: r._old_policy_pass(r.model, batch),
-            "old-policy log-probs + W0": lambda: r._old_policy_pass(
+            "old-policy log-probs": lambda: r.credit.old_policy_pass(r.model, batch),
+            "old-policy log-probs + W0": lambda: r.credit.old_policy_pass(
                 r.model, batch, embedding=r.reward.embedding, reward_grad=grad
             ),
-            "old-policy log-probs + PolicyStats": lambda: r._old_policy_pass(
+            "old-policy log-probs + PolicyStats": lambda: r.credit.old_policy_pass(
                 r.model, batch, embedding=r.reward.embedding, stats=True
             ),
             "whole signals()": lambda: r.signals(batch, r.train_prompts),

@@ -2,12 +2,12 @@
 (PRIME)"): a second trainable language model, a copy of the reference policy, updated once per
 step on that step's rollouts with the outcome labels.
 
-The credit reads q_t = log pi_phi(y_t) - log pi_ref(y_t) from a no-grad pass of pi_phi (the
-trainer's ``_old_policy_pass``) and the reference log-probs the trainer already has; after the
-credit, ``ImplicitPRM.update`` takes one optimizer step of the mean cross-entropy
-``credit_core.implicit_rewards.implicit_prm_loss`` over the step's responses (all ranks),
-micro-batched, with its own optimizer and gradient clip. Its weights and optimizer state are
-checkpointed beside the policy's (``TrainingState.extra``).
+The credit reads q_t = log pi_phi(y_t) - log pi_ref(y_t) from a no-grad pass of pi_phi
+(``backends.torch.credit.CreditPath.old_policy_pass``) and the reference log-probs the trainer
+already has; after the credit, ``ImplicitPRM.update`` takes one optimizer step of the mean
+cross-entropy ``credit_core.implicit_rewards.implicit_prm_loss`` over the step's responses
+(all ranks), micro-batched, with its own optimizer and gradient clip. Its weights and optimizer
+state are checkpointed beside the policy's (``TrainingState.extra``).
 """
 
 from __future__ import annotations

@@ -5,15 +5,9 @@ each phase's inputs and outputs are named in its signature (``backends.torch.ste
 
 1. ``rollout(prompts, ...) -> RolloutBatch``: G responses per prompt, each generate call
    under a derived seed;
-2. ``signals(batch, pool) -> StepSignals``, the credit path: rewards, ``group_advantages``
-   (groups never straddle ranks), old-policy log-probs at the rollout temperature, reference
-   log-probs (if ``kl_coef > 0``), only the signals the credit strategy requires (RM
-   gradient, policy stats or W0, the policy's entropy from the old-policy pass, the RM's
-   attention or prefix rewards from its scoring, OAR-G's answer saliency from its own policy
-   forward and backward at the task's answer span), then the run's ``CreditRun.apply``:
-   ``assign_credit`` (a batch-wide selection sees every rank's values through
-   ``DistContext.gather_values``), the direction model's agreement with the reward from the
-   reward pass's own scores and, with ``credit.gate``, the mix toward GRPO;
+2. ``signals(batch, pool) -> StepSignals``: the credit (``backends.torch.credit``,
+   ``CreditPath``): rewards, advantages, old/reference log-probs with only the signals the
+   strategy reads, then the run's one ``CreditRun.apply``;
 3. ``update(signals) -> UpdateResult``: ``ppo_epochs`` x ``updates_per_epoch`` optimizer
    steps of the clipped loss with token advantages (+ KL), micro-batched (``micro_step``
    -> ``UpdateTerms``), normalized by the step's global totals so the gradient equals the
@@ -31,33 +25,28 @@ import copy
 import gc
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from adapters.answer_saliency import answer_saliency
-from adapters.grad_path import HandedExpectedEmbeddings, PathGradientDirection
 from adapters.policy import (
-    response_logprobs_and_entropy,
     response_logprobs_and_stats,
-    response_logprobs_and_work,
 )
-from backends.common.credit import CreditRun
 from backends.common.data import Prompt, PromptSampler, shard
 from backends.common.errors import ConfigError
 from backends.common.preemption import PreemptionWatch, signal_name
 from backends.torch import checkpoint as ckpt
-from backends.torch.answer_span import AnswerSpan, build_answer_span
+from backends.torch.answer_span import build_answer_span
 from backends.torch.config import (
-    BACKEND,
     TrainConfig,
     check_batch_split,
     config_from_dict,
     dump_config,
     load_config,
 )
+from backends.torch.credit import CreditPath, credit_plan, prompt_labels
 from backends.torch.credit_samples import build_recorder
 from backends.torch.critic import CHECKPOINT_KEY as CRITIC_KEY
 from backends.torch.critic import build_critic, response_values
@@ -73,7 +62,6 @@ from backends.torch.distributed import (
     unwrap,
     wrap_model,
 )
-from backends.torch.gae import gae_advantages_and_returns, outcome_token_rewards, whiten
 from backends.torch.implicit_prm import CHECKPOINT_KEY as PRM_KEY
 from backends.torch.implicit_prm import ImplicitPRM
 from backends.torch.kl import kl_estimate
@@ -92,7 +80,6 @@ from backends.torch.rollout import (
     RolloutEngine,
     derive_seed,
     encode_prompts,
-    pad_responses,
 )
 from backends.torch.rollout_rewards import RolloutRewards, build_prompts_and_reward
 from backends.torch.run_lock import RunLock, acquire_run_lock
@@ -106,17 +93,8 @@ from backends.torch.step import (
     merged,
 )
 from credit_core import (
-    CreditConfig,
-    CreditError,
-    CreditResult,
-    CreditSignals,
     CreditStrategy,
-    PolicyStats,
-    group_advantages,
 )
-from credit_core.answer_reweighting import ANSWER_SALIENCY
-from credit_core.plan import CreditPlan
-from credit_core.token_rewards import critic_reward_shift
 
 CONFIG_FILE = "config.yaml"
 #: The checkpoint's ``trainer`` key of the credit's own state (the agreement gate's EMA),
@@ -157,58 +135,6 @@ class RunResult:
         return [(int(r["step"]), r[name]) for r in self.history if name in r]
 
 
-@dataclass(frozen=True)
-class PolicyPass:
-    """One no-grad pass of a policy over a rollout batch: log-probs (B, R) at the rollout
-    temperature and, when asked, ``PolicyStats`` (B, R[, d]), DATC's W0 (B, R) or the
-    entropy H (B, R); 0 at padding."""
-
-    logp: torch.Tensor
-    stats: PolicyStats | None = None
-    work: torch.Tensor | None = None
-    entropy: torch.Tensor | None = None
-    #: (response ids (b, r), m1 (b, r, d)) per micro-batch, when stats were computed
-    expected: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-
-
-def credit_plan(credit: CreditConfig | CreditStrategy) -> CreditPlan:
-    """The native trainer's ``CreditPlan`` of ``credit`` (``BACKEND``). Its old-policy pass
-    gives one policy-side signal: the entropy, or the statistics / W0, not both (no
-    built-in strategy reads both); a strategy reading the implicit PRM says how it is
-    trained (``CreditStrategy.implicit_prm``). ``ConfigError`` naming ``credit`` otherwise."""
-    try:
-        plan = CreditPlan.build(credit, BACKEND)
-    except CreditError as err:
-        raise ConfigError(str(err)) from err
-    both = plan.signals & {"policy_stats", "unsigned_work"}
-    if "token_entropy" in plan.signals and both:
-        raise ConfigError(
-            f"credit: strategy {plan.name!r} reads token_entropy together with "
-            f"{sorted(both)}; the native trainer's old-policy pass gives one of them"
-        )
-    if "implicit_log_ratio" in plan.signals and plan.trained_model is None:
-        raise ConfigError(
-            f"credit: strategy {plan.name!r} reads implicit_log_ratio but gives no "
-            "implicit_prm (how the native trainer builds and trains the implicit PRM)"
-        )
-    return plan
-
-
-def _handed_expected(side: RolloutRewards) -> HandedExpectedEmbeddings | None:
-    """The m1 slot of ``side``'s path-gradient direction model, when it is handed m1."""
-    direction = side.direction
-    if isinstance(direction, PathGradientDirection) and isinstance(
-        direction.expected, HandedExpectedEmbeddings
-    ):
-        return direction.expected
-    return None
-
-
-def _labels(batch: RolloutBatch, pool: Sequence[Prompt]) -> list[Any]:
-    """The label of each row's prompt (``batch.group`` indexes ``pool``)."""
-    return [pool[g].label for g in batch.group.tolist()]
-
-
 def _chunks(n: int, size: int) -> Iterator[slice]:
     for start in range(0, n, size):
         yield slice(start, min(n, start + size))
@@ -237,10 +163,8 @@ class GRPORecipe:
         dev = self.ctx.device
 
         self.policy: Policy = build_policy(cfg.policy, seed=cfg.seed, device=dev)
-        #: the run's credit plan: its strategy (built once) and the signals it computes
-        self.plan = credit_plan(cfg.credit)
-        self.strategy: CreditStrategy = self.plan.strategy
-        prm_spec = self.plan.trained_model
+        plan = credit_plan(cfg.credit)  # the run's one strategy and the signals it reads
+        prm_spec = plan.trained_model
         # the reference policy: for the KL term and for PRIME's log ratio (one pass serves both)
         self.ref_model = (
             copy.deepcopy(self.policy.model).requires_grad_(False)
@@ -268,57 +192,16 @@ class GRPORecipe:
             self.policy.model,
             self.policy.tokenizer,
             device=dev,
-            grad_points=self.strategy.reward_grad_points,
+            grad_points=plan.reward_grad_points,
         )
-        #: the run's credit step: the plan, and the agreement gate if ``credit.gate`` is set
-        try:
-            self.credit_run = CreditRun(
-                self.plan,
-                cfg.credit.gate,
-                direction_is_reward=self.reward.signals.direction_is_reward,
-            )
-        except CreditError as err:
-            raise ConfigError(str(err)) from err
-        direction = self.reward.direction
-        if self.plan.needs_direction and direction is None:
-            raise ConfigError(
-                f"credit: strategy {cfg.credit.name!r} needs a differentiable reward model "
-                "(reward.direction_model), but the config has none"
-            )
-        if direction is not None:
-            problem = self.plan.direction_problem(
-                "reward.direction_model",
-                type(direction).__name__,
-                gives_attention=direction.gives_attention,
-                path_problem=None,  # build_prompts_and_reward built it for grad_points
-            )
-            if problem is not None:
-                raise ConfigError(str(problem))
         # algorithm.estimator gae: the critic, copied from the policy before FSDP shards it
         critic = build_critic(self.policy.model, seed=cfg.seed) if self._gae else None
-        if "reward_attribution" in self.plan.signals and direction is not None:
-            try:
-                direction.null_embedding(self.strategy.attribution_null)
-            except CreditError as err:
-                raise ConfigError(
-                    f"credit: strategy {cfg.credit.name!r} reads reward_attribution: {err}"
-                ) from err
         span = cfg.data.answer_span
-        self.answer_span: AnswerSpan | None = (
+        answer_span = (
             None
             if span is None
             else build_answer_span(span, self.policy.tokenizer, self.policy.eos_ids)
         )
-        if (
-            ANSWER_SALIENCY in self.plan.signals
-            and self.ctx.active
-            and cfg.distributed.strategy == "fsdp"
-        ):
-            raise ConfigError(
-                f"distributed.strategy: 'fsdp'; credit strategy {cfg.credit.name!r} takes the "
-                "policy's own input gradient (answer_saliency) on its whole, unsharded weights: "
-                "use 'ddp'"
-            )
         self.model = wrap_model(PolicyModule(self.policy.model), self.ctx, cfg.distributed.strategy)
         self.checkpointed = checkpointed_layers(self.model)  # policy.gradient_checkpointing
         self.optimizer, self.scheduler = build_optimizer(self.model, cfg.optim, cfg.steps)
@@ -332,6 +215,17 @@ class GRPORecipe:
             self.critic_optimizer, self.critic_scheduler = build_optimizer(
                 self.critic, critic_optim, cfg.steps
             )
+        #: the run's credit: its one strategy, the ``CreditRun`` (and gate), what it reads
+        self.credit = CreditPath(
+            cfg,
+            self.ctx,
+            plan,
+            self.reward,
+            answer_span=answer_span,
+            ref_model=self.ref_model,
+            prm=self.prm,
+            critic=self.critic,
+        )
         self.sampler = PromptSampler(
             len(self.train_prompts),
             cfg.rollout.prompts_per_step,
@@ -469,9 +363,9 @@ class GRPORecipe:
             )
             self.critic_scheduler.load_state_dict(state.trainer["critic_scheduler"])
         self.sampler.load_state_dict(state.trainer["sampler"])
-        if self.credit_run.gate is not None:
-            self.credit_run.load_state_dict(state.trainer[CREDIT_KEY])
-        self.strategy.load_state_dict(state.rank["strategy"])
+        if self.credit.run.gate is not None:
+            self.credit.run.load_state_dict(state.trainer[CREDIT_KEY])
+        self.credit.strategy.load_state_dict(state.rank["strategy"])
         ckpt.restore_rng(state.rank["rng"], self.ctx.device)
         self.step = state.step
 
@@ -514,12 +408,15 @@ class GRPORecipe:
                     else {}
                 ),
                 **(
-                    {CREDIT_KEY: self.credit_run.state_dict()}
-                    if self.credit_run.gate is not None
+                    {CREDIT_KEY: self.credit.run.state_dict()}
+                    if self.credit.run.gate is not None
                     else {}
                 ),
             },
-            rank={"rng": ckpt.capture_rng(self.ctx.device), "strategy": self.strategy.state_dict()},
+            rank={
+                "rng": ckpt.capture_rng(self.ctx.device),
+                "strategy": self.credit.strategy.state_dict(),
+            },
             extra=self._extra_state(),
         )
         return ckpt.save_checkpoint(
@@ -575,69 +472,6 @@ class GRPORecipe:
 
     # ---------------------------------------------------------------------------- signals
 
-    def _old_policy_pass(
-        self,
-        model: torch.nn.Module,
-        batch: RolloutBatch,
-        *,
-        embedding: torch.Tensor | None = None,
-        stats: bool = False,
-        reward_grad: torch.Tensor | None = None,
-        entropy: bool = False,
-    ) -> PolicyPass:
-        """No-grad log-probs (B, R) at the rollout temperature, micro-batched, with
-        ``PolicyStats`` (``stats``) or DATC's W0 from ``reward_grad`` (B, R, d), both needing
-        the reward embedding table ``embedding`` (V, d), or the entropy (``entropy``, from
-        the log-probs' own streamed LM-head pass), in the same forward."""
-        cfg = self.cfg
-        emb = embedding
-        R = batch.response_len
-        logps, parts, works, entropies = [], [], [], []
-        expected: list[tuple[torch.Tensor, torch.Tensor]] = []
-        with torch.no_grad():
-            for rows, mb in batch.micro_batches(cfg.algorithm.micro_batch_size):
-                with root_gathered(model, reshard=False):
-                    if reward_grad is not None and emb is not None:
-                        logp, w0 = response_logprobs_and_work(
-                            model,
-                            mb.input_ids,
-                            mb.attention_mask,
-                            mb.response_len,
-                            temperature=cfg.rollout.temperature,
-                            reward_embedding=emb,
-                            reward_grad=reward_grad[rows, : mb.response_len],
-                        )
-                        works.append(pad_responses(w0, R))
-                    elif entropy:
-                        logp, h = response_logprobs_and_entropy(
-                            model,
-                            mb.input_ids,
-                            mb.attention_mask,
-                            mb.response_len,
-                            temperature=cfg.rollout.temperature,
-                        )
-                        entropies.append(pad_responses(h, R))
-                    else:
-                        logp, st = response_logprobs_and_stats(
-                            model,
-                            mb.input_ids,
-                            mb.attention_mask,
-                            mb.response_len,
-                            temperature=cfg.rollout.temperature,
-                            reward_embedding=emb if stats else None,
-                        )
-                        if st is not None:
-                            parts.append(st.pad_to(R))
-                            expected.append((mb.response_ids, st.m1))
-                logps.append(pad_responses(logp, R))
-        return PolicyPass(
-            torch.cat(logps),
-            PolicyStats.cat(parts) if parts else None,
-            torch.cat(works) if works else None,
-            torch.cat(entropies) if entropies else None,
-            expected,
-        )
-
     def signals(
         self,
         batch: RolloutBatch,
@@ -647,225 +481,18 @@ class GRPORecipe:
         rewards: RolloutRewards | None = None,
         advance: bool = False,
     ) -> StepSignals:
-        """The credit path: rewards, advantages, old/ref log-probs, the strategy's signals
-        and token advantages of ``batch`` (whose ``group`` indexes ``pool``).
-
-        Used by training, and by anything that wants the trainer's own credit for a batch
-        (the ablation probes, ``benchmarks/step.py``). ``strategy`` and ``rewards`` replace
-        the run's own for this call (the probes judge other credits on the same batch).
-
-        Every strategy is run on GRPO's ``group_norm`` response advantages under
-        ``algorithm.estimator: gae`` (the estimator the strategies are defined with); the
-        run's own credit is then PPO's (``_gae_credit``: the strategy's result as a shift of
-        the outcome token rewards, the critic's values, GAE, whitened), while another
-        ``strategy`` judged on the batch keeps its token advantages (docs/design.md, "PPO
-        with a critic (GAE)", "Credit under a critic").
-
-        ``advance``: this is the training step's batch: the run's credit state moves on
-        (``CreditRun.apply``: the agreement gate's EMA); a look at any other batch leaves it.
-        """
-        cfg = self.cfg
-        own = strategy is None or strategy is self.strategy
-        plan = self.plan if strategy is None or own else credit_plan(strategy)
-        strategy = plan.strategy
-        side = rewards or self.reward
-        reads = plan.signals
-        if plan.needs_direction and side.direction is None:
-            raise ConfigError(f"credit: strategy {strategy.name!r} needs a direction model")
-        path = plan.path
-        if path:  # the path gradient starts from the old policy's m1: that pass comes first
-            old = self._old_policy_pass(self.model, batch, embedding=side.embedding, stats=True)
-            handed = _handed_expected(side)
-            if handed is not None:
-                handed.hand(old.expected)
-        clock = PhaseClock(self.ctx.device)
-        reward = side.compute(
+        """The credit phase of ``batch`` at the current policy and step
+        (``CreditPath.signals``; ``strategy`` and ``rewards`` replace the run's own for a
+        look, ``advance`` for the training step's batch)."""
+        return self.credit.signals(
+            self.model,
             batch,
-            with_grad=plan.needs_reward_grad,
-            micro_batch_size=cfg.algorithm.micro_batch_size,
-            labels=_labels(batch, pool),
-            with_attention="reward_attention" in reads,
-            with_prefix_rewards="prefix_rewards" in reads,
-        )
-        reward_seconds = clock.lap()
-        estimator = "group_norm" if self._gae else cfg.algorithm.estimator
-        attribution = None
-        if "reward_attribution" in reads:
-            assert side.direction is not None and reward.reward_grad is not None  # checked above
-            attribution = side.direction.attribution(
-                reward.reward_grad,
-                batch.response_ids,
-                batch.response_mask,
-                strategy.attribution_null,
-            )
-        advantages = group_advantages(
-            reward.rewards, cfg.rollout.group_size, estimator, cfg.algorithm.adv_eps
-        )
-        if not path:
-            old = self._old_policy_pass(
-                self.model,
-                batch,
-                embedding=side.embedding,
-                stats="policy_stats" in reads,
-                reward_grad=reward.reward_grad if "unsigned_work" in reads else None,
-                entropy="token_entropy" in reads,
-            )
-        answer_mask = self._answer_mask(batch, strategy)
-        saliency = None
-        if ANSWER_SALIENCY in reads:
-            assert answer_mask is not None  # _answer_mask refuses a strategy without a span
-            saliency = self._answer_saliency_pass(batch, answer_mask, strategy.answer_noise_std)
-        ref_logp = kl_ref = log_ratio = None
-        if self.ref_model is not None:
-            ref_logp = self._old_policy_pass(self.ref_model, batch).logp
-        if cfg.algorithm.kl_coef > 0:
-            assert ref_logp is not None
-            kl_ref = kl_estimate(old.logp, ref_logp, cfg.algorithm.kl_estimator)
-        if "implicit_log_ratio" in reads:
-            if self.prm is None or ref_logp is None:
-                raise ConfigError(
-                    f"credit: strategy {strategy.name!r} reads the implicit PRM, which the "
-                    "trainer builds only when the run's own strategy reads it"
-                )
-            log_ratio = self._old_policy_pass(self.prm.model, batch).logp - ref_logp
-        run = (
-            self.credit_run
-            if own
-            else CreditRun(plan, direction_is_reward=side.signals.direction_is_reward)
-        )
-        step = run.apply(
-            advantages,
-            batch.response_mask,
-            batch.response_ids,
-            CreditSignals(
-                reward_grad=reward.reward_grad if "reward_grad" in reads else None,
-                policy_stats=old.stats,
-                unsigned_work=old.work,
-                token_entropy=old.entropy,
-                reward_attention=reward.attention,
-                prefix_rewards=reward.prefix_rewards,
-                reward_attribution=attribution,
-                implicit_log_ratio=log_ratio,
-                answer_saliency=saliency,
-            ),
-            rewards=reward.rewards,
-            groups=self._group_ids(batch),
-            direction_scores=reward.direction_scores,
-            gather=self.ctx.gather_values,
-            reduce_sum=self.ctx.all_reduce_sum,
-            answer_mask=answer_mask,
+            pool,
+            step=self.step,
+            strategy=strategy,
+            rewards=rewards,
             advance=advance,
         )
-        signals = StepSignals(
-            batch=batch,
-            rewards=reward.rewards,
-            advantages=advantages,
-            old_logp=old.logp,
-            ref_logp=ref_logp,
-            credit=step.result,
-            kl_ref=kl_ref,
-            reward_diagnostics=reward.diagnostics,
-            reward_grad_rows=batch.size if reward.reward_grad is not None else 0,
-            policy_stats_rows=batch.size if old.stats is not None or old.work is not None else 0,
-            reward_seconds=reward_seconds,
-            agreement=step.agreement,
-        )
-        return self._gae_credit(signals) if own and self._gae else signals
-
-    def _gae_credit(self, signals: StepSignals) -> StepSignals:
-        """PPO's signals from GRPO's ``signals`` of the run's own strategy: the outcome reward
-        at each response's last token plus the strategy's credit as a shift of it
-        (``critic_reward_shift`` of ``signals.credit``, formed on GRPO's ``group_norm``
-        response advantages; exactly 0 for ``uniform``), the critic's values (one no-grad
-        pass), GAE advantages and returns, the advantages whitened over the step's valid
-        tokens on all ranks; ``credit`` then holds the whitened GAE token advantages with the
-        strategy's diagnostics (docs/design.md, "PPO with a critic (GAE)", "Credit under a
-        critic"). The KL term, if any, stays in the loss (``micro_step``)."""
-        alg = self.cfg.algorithm
-        batch = signals.batch
-        mask = batch.response_mask
-        form = self.strategy.critic_reward_form
-        assert form is not None  # TrainConfig refuses a strategy without one under gae
-        shift = critic_reward_shift(
-            signals.credit,
-            signals.advantages,
-            signals.rewards,
-            self._group_ids(batch),
-            mask,
-            form,
-            name=self.strategy.name,
-        )
-        values = self._critic_values(batch)
-        adv, returns = gae_advantages_and_returns(
-            outcome_token_rewards(signals.rewards, mask) + shift,
-            values,
-            mask,
-            gamma=alg.gamma,
-            lam=alg.lam,
-        )
-        token_adv = whiten(adv, mask, self.ctx.all_reduce_sum)
-        return replace(
-            signals,
-            advantages=token_adv[:, 0],
-            credit=CreditResult(token_adv, signals.credit.diagnostics),
-            values=values,
-            returns=returns,
-        )
-
-    def _critic_values(self, batch: RolloutBatch) -> torch.Tensor:
-        """The critic's no-grad values (B, R) of ``batch``, micro-batched, 0 at padding."""
-        assert self.critic is not None
-        parts = []
-        with torch.no_grad():
-            for _rows, mb in batch.micro_batches(self.cfg.algorithm.micro_batch_size):
-                v = response_values(self.critic, mb.input_ids, mb.attention_mask, mb.response_len)
-                parts.append(pad_responses(v, batch.response_len))
-        return torch.cat(parts)
-
-    def _answer_mask(self, batch: RolloutBatch, strategy: CreditStrategy) -> torch.Tensor | None:
-        """(B, R) bool: each response's answer span (``data.answer_span``) for a strategy that
-        reads it, else None (nothing is computed); ``ConfigError`` for a strategy that reads
-        the span where the task declares none."""
-        if not strategy.reads_answer_span:
-            return None
-        if self.answer_span is None:
-            raise ConfigError(
-                f"data.answer_span: credit strategy {strategy.name!r} reads each "
-                "response's answer span, but the task declares none"
-            )
-        return self.answer_span.mask(batch.response_ids, batch.response_mask)
-
-    def _answer_saliency_pass(
-        self, batch: RolloutBatch, answer_mask: torch.Tensor, noise_std: float
-    ) -> torch.Tensor:
-        """OAR-G's s (B, R) of the current policy (``adapters.answer_saliency``), micro-batched:
-        per micro-batch one no-grad forward and one forward + backward to the input
-        embeddings, the weights frozen; the noise is drawn from a generator seeded by (seed,
-        step, rank) on the policy's device."""
-        cfg = self.cfg
-        dev = self.ctx.device
-        generator = torch.Generator(device=dev)
-        generator.manual_seed(derive_seed(cfg.seed, ANSWER_SALIENCY, self.step, self.ctx.rank))
-        inner = unwrap(self.model).module
-        R = batch.response_len
-        parts = []
-        for rows, mb in batch.micro_batches(cfg.algorithm.micro_batch_size):
-            s = answer_saliency(
-                inner,
-                mb.input_ids,
-                mb.attention_mask,
-                mb.response_len,
-                answer_mask[rows, : mb.response_len],
-                noise_std=noise_std,
-                generator=generator,
-            )
-            parts.append(pad_responses(s, R))
-        return torch.cat(parts)
-
-    def _group_ids(self, batch: RolloutBatch) -> torch.Tensor:
-        """(B,) int64: the group of each row (rows are ordered group by group on a rank)."""
-        rows = torch.arange(batch.size, device=batch.response_ids.device)
-        return rows // self.cfg.rollout.group_size
 
     # ----------------------------------------------------------------------------- update
 
@@ -1090,7 +717,7 @@ class GRPORecipe:
                 batch,
                 with_grad=False,
                 micro_batch_size=cfg.algorithm.micro_batch_size,
-                labels=_labels(batch, self.eval_prompts),
+                labels=prompt_labels(batch, self.eval_prompts),
             ).rewards
             keep = counted.repeat_interleave(g_size).to(rewards.device)
             lengths = batch.response_mask.sum(dim=1)

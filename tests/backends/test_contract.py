@@ -50,7 +50,7 @@ def _native_backend() -> Backend:
 
 
 def _native_start(name: str, tmp: Path) -> CreditPlan:
-    from backends.torch.trainer import credit_plan
+    from backends.torch.credit import credit_plan
 
     return credit_plan(CreditConfig.parse(name))
 

@@ -50,16 +50,16 @@ def test_a_strategy_reading_the_answer_span_is_refused_at_start_up_without_one(
 
 
 def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, credit: Any) -> tuple[Any, list[int]]:
-    from backends.torch import trainer as trainer_module
+    from backends.torch import credit as credit_module
 
     calls: list[int] = []
-    real = trainer_module.answer_saliency
+    real = credit_module.answer_saliency
 
     def spy(*a: Any, **k: Any) -> Any:
         calls.append(int(a[1].shape[0]))
         return real(*a, **k)
 
-    monkeypatch.setattr(trainer_module, "answer_saliency", spy)
+    monkeypatch.setattr(credit_module, "answer_saliency", spy)
     cfg = tiny_config(
         tmp_path,
         steps=3,

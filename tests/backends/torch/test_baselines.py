@@ -28,7 +28,7 @@ from tests.helpers.torch_tiny import tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
-TRAINER = "backends.torch.trainer"
+CREDIT = "backends.torch.credit"
 
 
 def _one_batch(recipe: GRPORecipe, temperature: float) -> Any:
@@ -82,16 +82,16 @@ def _count_policy_forwards(
         )
         return real_score(self, *a, **k)
 
-    from backends.torch import trainer as trainer_module
+    from backends.torch import credit as credit_module
 
-    real_entropy = trainer_module.response_logprobs_and_entropy
+    real_entropy = credit_module.response_logprobs_and_entropy
 
     def spy_entropy(*a: Any, **k: Any) -> Any:
         asked["entropy"].append(True)
         return real_entropy(*a, **k)
 
     monkeypatch.setattr(EmbeddingDirectionModel, "score", spy_score)
-    monkeypatch.setattr(f"{TRAINER}.response_logprobs_and_entropy", spy_entropy)
+    monkeypatch.setattr(f"{CREDIT}.response_logprobs_and_entropy", spy_entropy)
     recipe = GRPORecipe(config_from_dict(tiny_config(tmp_path / "run", steps=1, credit=credit)))
     forwards = [0]
     real_rollout = recipe.rollout

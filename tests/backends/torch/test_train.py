@@ -50,6 +50,7 @@ from tests.helpers.torch_tiny import (
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 TRAINER = "backends.torch.trainer"
+CREDIT = "backends.torch.credit"
 BUILTIN = [cls.name for cls in BUILTIN_STRATEGIES]
 
 
@@ -108,7 +109,7 @@ def test_a_path_gradient_strategy_takes_g_on_the_path_to_the_expected_embeddings
         assert isinstance(direction, PathGradientDirection)
         inner = direction.inner
         # the old-policy pass hands its m1 over (no forward of its own), then the rewards
-        old = recipe._old_policy_pass(
+        old = recipe.credit.old_policy_pass(
             recipe.model, batch, embedding=inner.reward_embedding, stats=True
         )
         assert isinstance(direction.expected, HandedExpectedEmbeddings)
@@ -192,10 +193,10 @@ def test_uniform_feeds_broadcast_response_advantages_and_computes_no_signals(
         seen["grad"].append(k["with_grad"])
         return real_score(self, *a, **k)
 
-    monkeypatch.setattr(f"{TRAINER}.group_advantages", spy_adv)
+    monkeypatch.setattr(f"{CREDIT}.group_advantages", spy_adv)
     monkeypatch.setattr(f"{TRAINER}.ppo_clip_loss", spy_ppo)
     monkeypatch.setattr(f"{TRAINER}.aggregate", spy_agg)
-    monkeypatch.setattr(f"{TRAINER}.response_logprobs_and_stats", spy_lp)
+    monkeypatch.setattr(f"{CREDIT}.response_logprobs_and_stats", spy_lp)
     monkeypatch.setattr(EmbeddingDirectionModel, "score", spy_score)
 
     cfg = tiny_config(tmp_path / "run", steps=1, algorithm={"micro_batch_size": 8})
@@ -235,7 +236,7 @@ def test_datc_policy_stats_are_of_the_rollout_temperature_distribution(
         calls.append((logp, w0, (stats, closed_form), attention_mask[:, -R:].bool()))
         return logp, w0
 
-    monkeypatch.setattr(f"{TRAINER}.response_logprobs_and_work", spy)
+    monkeypatch.setattr(f"{CREDIT}.response_logprobs_and_work", spy)
     train(tiny_config(tmp_path / "run", steps=1, credit="datc", rollout={"temperature": 0.7}))
     assert len(calls) == 1  # the old-policy pass only
     logp, w0, (stats, closed_form), mask = calls[0]
@@ -478,7 +479,7 @@ def _gae_handed(
     recipe: GRPORecipe, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Any, Any, torch.Tensor]:
     """One rollout of ``recipe``, its signals, and the token rewards its GAE was handed."""
-    import backends.torch.trainer as trainer
+    import backends.torch.credit as credit
 
     handed: list[torch.Tensor] = []
 
@@ -486,7 +487,7 @@ def _gae_handed(
         handed.append(token_rewards.clone())
         return gae_advantages_and_returns(token_rewards, *args, **kwargs)
 
-    monkeypatch.setattr(trainer, "gae_advantages_and_returns", spy)
+    monkeypatch.setattr(credit, "gae_advantages_and_returns", spy)
     prompts, positions, groups = recipe._my_prompts([0, 1], recipe.train_prompts)
     batch = recipe.rollout(prompts, positions, groups, group_size=4, greedy=False, tag="rollout")
     signals = recipe.signals(batch, recipe.train_prompts)
@@ -531,7 +532,7 @@ def test_a_gae_step_hands_gae_the_outcome_rewards_plus_the_strategys_shift(
         )
         assert grpo.values is None
         torch.testing.assert_close(grpo.advantages, group_advantages(signals.rewards, 4))
-        form = recipe.strategy.critic_reward_form
+        form = recipe.credit.strategy.critic_reward_form
         assert form is not None
         shift = critic_reward_shift(
             grpo.credit, grpo.advantages, grpo.rewards, torch.arange(8) // 4, mask, form
