@@ -10,6 +10,7 @@ Public API::
         streamed_logprobs_and_entropy,
         get_strategy, list_strategies, register_plugin, hookimpl,
         CreditConfig, group_advantages, CreditError,
+        TokenRewards, parse_reward_outputs,
     )
 """
 
@@ -20,6 +21,7 @@ from credit_core.config import CreditConfig
 from credit_core.credit_step import CreditSignals, assign_credit
 from credit_core.errors import CreditError
 from credit_core.factory import get_strategy
+from credit_core.given_rewards import TokenRewards, parse_reward_outputs
 from credit_core.hookspecs import ENTRY_POINT_GROUP, hookimpl
 from credit_core.policy_stats import policy_stats, policy_stats_from_logits
 from credit_core.registry import (
@@ -67,6 +69,7 @@ __all__ = [
     "PolicyStats",
     "ScoreParams",
     "ScoreStrategy",
+    "TokenRewards",
     "allocate_weights",
     "assign_credit",
     "choose_work_path",
@@ -74,6 +77,7 @@ __all__ = [
     "group_advantages",
     "hookimpl",
     "list_strategies",
+    "parse_reward_outputs",
     "plugin_of",
     "policy_stats",
     "policy_stats_from_logits",

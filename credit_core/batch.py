@@ -9,6 +9,7 @@ from typing import Literal, get_args
 import torch
 
 from credit_core.errors import CreditError
+from credit_core.given_rewards import TokenRewards
 from credit_core.tensor_checks import check_tensor
 
 Signal = Literal[
@@ -214,6 +215,9 @@ class CreditBatch:
     - ``answer_mask`` (B, T) bool, optional: the answer span of each response, True at its
       final-answer tokens (a subset of ``mask``; a row may have none), given by the task
       (context, like ``rewards``; read by strategies whose ``reads_answer_span``).
+    - ``token_rewards`` optional ``TokenRewards`` (B, T): rewards the user's reward function
+      gives at some valid tokens (per token, or at the last token of each step), given, not
+      computed (context, like ``rewards``; read by strategies whose ``reads_token_rewards``).
 
     Everything lives on one device. Construction validates all of it and raises
     ``CreditError`` naming the field with expected and actual shapes.
@@ -235,6 +239,7 @@ class CreditBatch:
     gather: Gather | None = None
     answer_saliency: torch.Tensor | None = None
     answer_mask: torch.Tensor | None = None
+    token_rewards: TokenRewards | None = None
     empty_rows: InitVar[bool] = False
 
     def __post_init__(self, empty_rows: bool) -> None:
@@ -296,6 +301,8 @@ class CreditBatch:
                     "CreditBatch.answer_mask: expected answer tokens among the valid tokens "
                     f"(mask); rows {outside.tolist()} mark padding"
                 )
+        if self.token_rewards is not None:
+            _check_token_rewards(self.token_rewards, mask)
 
     def select(self, rows: torch.Tensor) -> CreditBatch:
         """The batch of the responses ``rows`` ((B,) bool or 1-D int64 indices) picks, with
@@ -321,6 +328,7 @@ class CreditBatch:
             gather=self.gather,
             answer_saliency=pick(self.answer_saliency),
             answer_mask=pick(self.answer_mask),
+            token_rewards=None if self.token_rewards is None else self.token_rewards.select(rows),
         )
 
     @property
@@ -358,6 +366,16 @@ class CreditBatch:
             )
         return self.answer_mask
 
+    def require_token_rewards(self, strategy: str) -> TokenRewards:
+        """``token_rewards`` of the batch; CreditError naming it when it is None."""
+        if self.token_rewards is None:
+            raise CreditError(
+                f"strategy '{strategy}' reads the token rewards the reward function gives, but "
+                "CreditBatch.token_rewards is None (pass CreditSignals(token_rewards=...) to "
+                "assign_credit; the reward function returned one number per response)"
+            )
+        return self.token_rewards
+
     def require(self, signals: frozenset[str], strategy: str) -> None:
         """Raise CreditError if a signal in ``signals`` is missing from this batch."""
         for signal in sorted(signals):
@@ -366,3 +384,24 @@ class CreditBatch:
                     f"strategy '{strategy}' requires signal '{signal}', "
                     f"but CreditBatch.{signal} is None"
                 )
+
+
+def _check_token_rewards(token_rewards: object, mask: torch.Tensor) -> None:
+    """``token_rewards`` is a ``TokenRewards`` of ``mask``'s (B, T) shape and device, given
+    at valid tokens only; ``CreditError`` naming ``CreditBatch.token_rewards``."""
+    if not isinstance(token_rewards, TokenRewards):
+        raise CreditError(
+            f"CreditBatch.token_rewards: expected TokenRewards, got {type(token_rewards).__name__}"
+        )
+    check_tensor(
+        "CreditBatch.token_rewards.values",
+        token_rewards.values,
+        tuple(mask.shape),
+        device=mask.device,
+    )
+    outside = torch.nonzero((token_rewards.given & ~mask).any(dim=1)).flatten()
+    if outside.numel() > 0:
+        raise CreditError(
+            "CreditBatch.token_rewards.given: expected rewards at valid tokens only (mask); "
+            f"rows {outside.tolist()} give one at padding"
+        )

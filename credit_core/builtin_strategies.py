@@ -15,6 +15,7 @@ from credit_core import (  # noqa: F401
     implicit_rewards,
     key_tokens,
     p2t,
+    process_supervision,
 )
 from credit_core.allocation import CreditDiagnostics
 from credit_core.batch import CreditBatch, PolicyStats
@@ -187,7 +188,8 @@ class DATCShuffledStrategy(SeededStream, DATCStrategy):
 
 
 #: Every built-in strategy: the classes decorated with ``builtin`` here and in the modules
-#: this one imports (the baselines, KTAE, P2T, PRIME, OAR-G), in registration order.
+#: this one imports (the baselines, KTAE, P2T, PRIME, OAR-G, process supervision), in
+#: registration order.
 BUILTIN_STRATEGIES: tuple[type[CreditStrategy], ...] = builtin_classes()
 
 

@@ -18,6 +18,7 @@ import torch
 from credit_core.allocation import EMPTY_DIAGNOSTICS
 from credit_core.batch import SIGNALS, TOKEN_SIGNALS, CreditBatch, Gather, PolicyStats
 from credit_core.errors import CreditError
+from credit_core.given_rewards import TokenRewards
 from credit_core.strategy import CreditResult, CreditStrategy
 
 
@@ -35,6 +36,9 @@ class CreditSignals:
     - ``implicit_log_ratio`` (B, T): log pi_phi - log pi_ref of the sampled tokens (PRIME).
     - ``answer_saliency`` (B, T): OAR-G's input-gradient saliency of the policy's own answer
       distribution at the reasoning tokens.
+    - ``token_rewards``: ``TokenRewards`` (B, T), the rewards the user's reward function gives
+      per token or per step; given, not computed, so not one of ``SIGNALS``: a strategy reads
+      it by ``reads_token_rewards`` (the plan's feature ``token_rewards``).
 
     ``CreditBatch`` states each one's contract.
     """
@@ -48,10 +52,11 @@ class CreditSignals:
     reward_attribution: torch.Tensor | None = None
     implicit_log_ratio: torch.Tensor | None = None
     answer_saliency: torch.Tensor | None = None
+    token_rewards: TokenRewards | None = None
 
     @property
     def computed(self) -> frozenset[str]:
-        """The names of the signals present."""
+        """The names of the computed signals (``SIGNALS``) present."""
         return frozenset(name for name in SIGNALS if getattr(self, name) is not None)
 
     def select(self, rows: torch.Tensor | slice) -> CreditSignals:
@@ -63,6 +68,7 @@ class CreditSignals:
         return CreditSignals(
             reward_grad=None if self.reward_grad is None else self.reward_grad[rows],
             policy_stats=None if self.policy_stats is None else self.policy_stats.select(rows),
+            token_rewards=None if self.token_rewards is None else self.token_rewards.select(rows),
             **tokens,
         )
 
@@ -97,7 +103,8 @@ def assign_credit(
     ``signals`` holds a signal the strategy does not read (``strategy.signals_for``), or
     lacks one it needs. ``answer_mask`` (B, T) bool: each response's answer span (True at its
     final-answer tokens), context a task gives and a strategy whose ``reads_answer_span``
-    needs.
+    needs. ``signals.token_rewards``: the user's token rewards, refused unless the strategy
+    ``reads_token_rewards``.
     """
     signals = signals or CreditSignals()
     batch = CreditBatch(
@@ -117,6 +124,7 @@ def assign_credit(
         gather=gather,
         answer_saliency=signals.answer_saliency,
         answer_mask=answer_mask,
+        token_rewards=signals.token_rewards,
         empty_rows=True,
     )
     reads = strategy.signals_for(batch)
@@ -125,6 +133,12 @@ def assign_credit(
         raise CreditError(
             f"strategy {strategy.name!r} does not read {unread}; a backend computes only the "
             f"signals the strategy reads ({sorted(reads)}; see signals_to_compute)"
+        )
+    if signals.token_rewards is not None and not type(strategy).reads_token_rewards:
+        raise CreditError(
+            f"strategy {strategy.name!r} does not read token rewards, but "
+            "CreditSignals.token_rewards was given (the reward function returned rewards per "
+            "token or per step): use a strategy that reads them (e.g. 'process')"
         )
     rows = mask.any(dim=1)
     if bool(rows.all()):

@@ -40,11 +40,15 @@ from credit_core.trained_model import ImplicitPRMSpec
 #: What a strategy may read beside its signals: the response rewards and their ``groups``
 #: (``reads_groups``), each response's ``answer_span`` (``reads_answer_span``), a second
 #: ``trained_model`` (``implicit_prm``), the step's other processes (``gather``:
-#: ``gathers``), and the reward gradient on a path (``path_gradient``: ``reward_grad_points``
-#: >= 1).
-Feature = Literal["groups", "answer_span", "trained_model", "gather", "path_gradient"]
+#: ``gathers``), the reward gradient on a path (``path_gradient``: ``reward_grad_points``
+#: >= 1), and the token rewards the user's reward function gives (``token_rewards``:
+#: ``reads_token_rewards``; a backend has it when it passes them as
+#: ``CreditSignals.token_rewards``).
+Feature = Literal[
+    "groups", "answer_span", "trained_model", "gather", "path_gradient", "token_rewards"
+]
 FEATURES: frozenset[str] = frozenset(
-    {"groups", "answer_span", "trained_model", "gather", "path_gradient"}
+    {"groups", "answer_span", "trained_model", "gather", "path_gradient", "token_rewards"}
 )
 
 #: The signals whose value is a reduction of the distribution the batch was sampled from.
@@ -63,6 +67,10 @@ _DESCRIBED: Mapping[str, str] = {
     ),
     "gather": "the values of the step's other processes (CreditStrategy.gathers)",
     "path_gradient": "the reward gradient on the path to the policy's expected embeddings",
+    "token_rewards": (
+        "the token rewards the user's reward function gives per token or per step "
+        "(CreditSignals.token_rewards)"
+    ),
 }
 
 
@@ -233,6 +241,11 @@ class CreditPlan:
         return type(self.strategy).reads_answer_span
 
     @property
+    def reads_token_rewards(self) -> bool:
+        """Whether the backend passes the token rewards of the user's reward function."""
+        return type(self.strategy).reads_token_rewards
+
+    @property
     def trained_model(self) -> ImplicitPRMSpec | None:
         """How to host the second trainable model the strategy reads (PRIME), or None."""
         return self.strategy.implicit_prm if self.signals & TRAINED_MODEL_SIGNALS else None
@@ -270,6 +283,7 @@ class CreditPlan:
             "trained_model": bool(self.signals & TRAINED_MODEL_SIGNALS),
             "gather": self.gathers,
             "path_gradient": self.path,
+            "token_rewards": self.reads_token_rewards,
         }
         return frozenset(f for f, on in found.items() if on)
 

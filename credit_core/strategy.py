@@ -91,6 +91,10 @@ class CreditStrategy(ABC):
       (``CreditBatch.answer_mask``), which the task declares; a backend without one refuses
       the strategy at start-up.
 
+    - ``reads_token_rewards``: True when ``assign`` reads the token rewards the user's reward
+      function gives (``CreditBatch.token_rewards``, a ``TokenRewards``); a backend that does
+      not pass them refuses the strategy at start-up (the plan's feature ``token_rewards``).
+
     ``reads_groups`` says whether ``assign`` reads the response rewards and groups
     (``CreditBatch.rewards``/``groups``), which backends pass to ``assign_credit``.
 
@@ -116,6 +120,7 @@ class CreditStrategy(ABC):
     Params: ClassVar[type[BaseModel]] = NoParams
     gathers: ClassVar[bool] = False
     reads_answer_span: ClassVar[bool] = False
+    reads_token_rewards: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

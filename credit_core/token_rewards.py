@@ -22,7 +22,10 @@ process supervision (Shao et al., 2024, arXiv 2402.03300, section 4.1.3): every 
 reward is normalised by the mean and std of all token rewards of its group, then summed to
 go, A_t = sum_{k >= t} (r_k - mean_g r) / (std_g r + eps). A suffix is measured against as
 many mean token rewards as it holds tokens, so tokens of the group's mean reward add 0
-wherever they sit, and a response's late tokens are not charged for its early gains.
+wherever they sit, and a response's late tokens are not charged for its early gains. With
+rewards given at some tokens only (``given``: the ends of a user's reasoning steps,
+``credit_core.given_rewards``), the mean and std are those of the given rewards and the sum
+runs over the given positions, DeepSeekMath's form for step rewards.
 """
 
 from __future__ import annotations
@@ -76,26 +79,32 @@ def group_step_advantages(
     mask: torch.Tensor,
     groups: torch.Tensor,
     *,
+    given: torch.Tensor | None = None,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """Token advantages (B, T) float32, 0 at padding: A_t = sum_{k >= t} r~_k with
-    r~_k = (r_k - mean_g r) / (std_g r + eps), mean and std (Bessel) over every valid token
-    reward of the row's group (module docstring; docs/design.md, "Token rewards to
-    advantages"). A group whose token rewards are all equal gets A = 0.
+    """Token advantages (B, T) float32, 0 at padding: A_t = sum_{k >= t, k given} r~_k with
+    r~_k = (r_k - mean_g r) / (std_g r + eps), mean and std (Bessel) over the rewards given
+    in the row's group (module docstring; docs/design.md, "Token rewards to advantages").
+    ``given`` (B, T) bool, a subset of ``mask``: where a reward is given (DeepSeekMath's step
+    ends; None: every valid token). A group whose given rewards are all equal, or that has
+    fewer than two, gets A = 0.
 
     ``mask`` (B, T) bool with >= 1 valid token per row; ``groups`` (B,) int64 group ids, each
     group holding >= 2 responses. Raises ``CreditError`` naming a bad tensor or a group of one.
     """
-    r = _check_token_rewards(token_rewards, mask, groups)
+    if given is None:
+        given = mask
+    r = _check_token_rewards(token_rewards, mask, groups, given)
     index = _group_index(groups)
-    r64 = torch.where(mask, r.to(torch.float64), 0.0)
+    r64 = torch.where(given, r.to(torch.float64), 0.0)
     n_groups = int(index.max()) + 1
     count = torch.zeros(n_groups, dtype=torch.float64, device=r.device).index_add_(
-        0, index, mask.sum(dim=1).to(torch.float64)
+        0, index, given.sum(dim=1).to(torch.float64)
     )
-    mean = torch.zeros_like(count).index_add_(0, index, r64.sum(dim=1)) / count
-    dev = torch.where(mask, r64 - mean[index].unsqueeze(1), 0.0)
-    var = torch.zeros_like(count).index_add_(0, index, (dev * dev).sum(dim=1)) / (count - 1)
+    mean = torch.zeros_like(count).index_add_(0, index, r64.sum(dim=1)) / count.clamp_min(1.0)
+    dev = torch.where(given, r64 - mean[index].unsqueeze(1), 0.0)
+    square = torch.zeros_like(count).index_add_(0, index, (dev * dev).sum(dim=1))
+    var = torch.where(count >= 2, square / (count - 1).clamp_min(1.0), 0.0)
     std = var.sqrt()[index]
     normalised = dev / (std + eps).unsqueeze(1)
     adv = torch.where((std > 0).unsqueeze(1), returns_to_go(normalised, mask), 0.0)
@@ -103,15 +112,28 @@ def group_step_advantages(
 
 
 def _check_token_rewards(
-    token_rewards: torch.Tensor, mask: torch.Tensor, groups: torch.Tensor
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    groups: torch.Tensor,
+    given: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``token_rewards`` (B, T) floating, finite at ``mask`` (B, T) bool; ``groups`` (B,)
-    int64; all on one device. ``CreditError`` naming the bad tensor."""
+    """``token_rewards`` (B, T) floating, finite at ``given`` (B, T) bool (default ``mask``),
+    a subset of ``mask`` (B, T) bool; ``groups`` (B,) int64; all on one device.
+    ``CreditError`` naming the bad tensor."""
     r = check_tensor("token_rewards", token_rewards, (None, None), floating=True)
     B, T = r.shape
     check_tensor("mask", mask, (B, T), dtype=torch.bool, device=r.device)
     check_tensor("groups", groups, (B,), dtype=torch.long, device=r.device)
-    if not bool(torch.isfinite(torch.where(mask, r, 0.0)).all()):
+    if given is None:
+        given = mask
+    check_tensor("given", given, (B, T), dtype=torch.bool, device=r.device)
+    outside = torch.nonzero((given & ~mask).any(dim=1)).flatten()
+    if outside.numel() > 0:
+        raise CreditError(
+            f"given: expected rewards given at valid tokens only, rows {outside.tolist()} "
+            "give one at padding"
+        )
+    if not bool(torch.isfinite(torch.where(given, r, 0.0)).all()):
         raise CreditError("token_rewards: expected finite values at the valid tokens")
     return r
 

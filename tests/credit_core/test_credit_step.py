@@ -12,6 +12,7 @@ from credit_core import (
     CreditError,
     CreditSignals,
     PolicyStats,
+    TokenRewards,
     assign_credit,
     get_strategy,
     policy_stats_from_logits,
@@ -114,6 +115,7 @@ EMPTY_ROW_CASES = [
     ("oar_g", {}),
     ("ktae", {}),
     ("prime", {}),
+    ("process", {"outcome_weight": 0.5}),
 ]
 #: Rows 1 and 4 are empty; each group of three keeps two responses.
 EMPTY = torch.tensor([False, True, False, False, True, False])
@@ -143,6 +145,9 @@ def _every_signal(mask: torch.Tensor, seed: int = 3) -> dict[str, object]:
         reward_attribution=torch.randn(n, t, generator=gen),
         implicit_log_ratio=torch.randn(n, t, generator=gen) * 0.1,
         answer_saliency=torch.where(mask & ~answer, torch.rand(n, t, generator=gen), 0.0),
+        token_rewards=TokenRewards.from_dense(
+            [torch.randn(int(k), generator=gen) for k in mask.sum(dim=1)], mask
+        ),
     )
     return {
         "advantages": rewards - 0.5,
@@ -161,7 +166,10 @@ def _call(name: str, params: dict[str, object], inputs: dict[str, object], **kw:
     signals = inputs["signals"]
     assert isinstance(signals, CreditSignals)
     reads = strategy.signals_to_compute(reward_grad_first=False)
-    kept = CreditSignals(**{s: getattr(signals, s) for s in reads})
+    kept = CreditSignals(
+        **{s: getattr(signals, s) for s in reads},
+        token_rewards=signals.token_rewards if strategy.reads_token_rewards else None,
+    )
     return assign_credit(
         strategy,
         inputs["advantages"],

@@ -133,6 +133,7 @@ def test_which_strategies_declare_which_form() -> None:
         "ktae": None,
         "prime": None,
         "entropy_top": None,
+        "process": "token_rewards",
     }
     for name, form in forms.items():
         assert get_strategy(name).critic_reward_form == form, name
