@@ -8,15 +8,16 @@ A YAML file read by ``TrlParser`` (``--config``) sets them like any other field:
 
 On the command line (which overrides the YAML) ``--credit datc`` or a JSON mapping
 ``--credit '{"name": "datc", "beta": 2}'``. ``__post_init__`` parses the three keys into
-one ``backends.common.config_values.CreditSection`` (``credit`` a ``CreditConfig``,
-``direction`` a ``RewardModelConfig``) and builds the run's ``CreditPlan`` on ``BACKEND``
-(the strategy, once): a bad value or a strategy TRL cannot serve raises ``CreditError``
-whose message starts with the YAML key.
+one ``backends.common.config_values.CreditSection`` (``credit`` a ``CreditConfig``, with
+its optional ``gate``; ``direction`` a ``RewardModelConfig``) and builds the run's
+``CreditPlan`` on ``BACKEND`` (``backends.trl.credit``: the strategy, once per process): a
+bad value or a strategy TRL cannot serve raises ``CreditError`` whose message starts with
+the YAML key.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from backends.trl.version import check_trl_version
@@ -27,24 +28,12 @@ from trl.trainer.grpo_config import GRPOConfig  # noqa: E402
 
 from adapters.config import RewardModelConfig  # noqa: E402
 from backends.common.config_values import CreditSection, parse_credit, parse_section  # noqa: E402
-from credit_core import SIGNALS, CreditConfig, CreditError  # noqa: E402
-from credit_core.batch import TRAINED_MODEL_SIGNALS  # noqa: E402
-from credit_core.plan import Backend, CreditPlan  # noqa: E402
+from backends.trl.credit import BACKEND as BACKEND  # noqa: E402  (re-exported: support.py)
+from backends.trl.credit import build_plans  # noqa: E402
+from credit_core import CreditConfig, CreditError  # noqa: E402
+from credit_core.plan import CreditPlan  # noqa: E402
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE  # noqa: E402
 
-#: What the TRL backend provides: every signal but a second trained model's and the
-#: policy's own answer-span gradient; no rewards/groups or answer span reach its credit
-#: step; its reward gradient is known before the policy's forward (W0 streamed) except on a
-#: path (``backends.trl.trainer``).
-BACKEND = Backend(
-    "TRL",
-    "credit",
-    SIGNALS - TRAINED_MODEL_SIGNALS - {"answer_saliency"},
-    frozenset({"gather", "path_gradient"}),
-    work_first=True,
-    path_work=False,
-    hint="train it with the native trainer (python -m backends.torch, docs/backends.md)",
-)
 #: TRL's sampling keys (here and in ``generation_kwargs``) and their untruncated values.
 SAMPLING_OFF: dict[str, tuple[object, ...]] = {
     "top_k": (0, None),
@@ -106,22 +95,23 @@ class CreditGRPOConfig(GRPOConfig):
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[no-untyped-call]
         self.section: CreditSection = parse_section(
-            self.credit, self.direction, self.credit_stats_chunk_size
+            self.credit, self.direction, self.credit_stats_chunk_size, gate=True
         )
         self.credit = self.section.credit
         self.direction = self.section.direction
-        #: the run's credit plan: the strategy, built once, and the signals it computes
-        self.credit_plan: CreditPlan = CreditPlan.build(self.section.credit, BACKEND)
         self.credit_samples_compare = list(self.credit_samples_compare or [])
         self.credit_samples_configs: list[CreditConfig] = [
             parse_credit(c, f"credit_samples_compare.{i}")
             for i, c in enumerate(self.credit_samples_compare)
         ]
-        #: (label, plan) of each compared strategy, built once
-        self.compare_plans: list[tuple[str, CreditPlan]] = [
-            (c.label, CreditPlan.build(c, replace(BACKEND, key=f"credit_samples_compare.{i}")))
-            for i, c in enumerate(self.credit_samples_configs)
-        ]
+        #: the run's credit plan (the strategy, built once per process, and the signals it
+        #: computes; the trainer's ``CreditRun`` holds it) and (label, plan) of each
+        #: compared strategy (``backends.trl.credit.build_plans``)
+        self.credit_plan: CreditPlan
+        self.compare_plans: list[tuple[str, CreditPlan]]
+        self.credit_plan, self.compare_plans = build_plans(
+            self.section.credit, self.credit_samples_configs
+        )
         self._check_sampling_matches_stats()
         self._check_one_entropy_selection()
         labels = [c.label for c in self.credit_samples_configs]

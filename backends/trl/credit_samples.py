@@ -10,7 +10,7 @@ in the generation phase the rows are TRL's contiguous groups of ``num_generation
 loss phase TRL has shuffled them, so the micro-batch is taken as one group: its highest and
 lowest A) with their prompt, tokens,
 reward (the weighted sum of TRL's reward functions, as TRL's advantage uses it), A and
-token advantages. Each compared strategy's token advantages come from ``assign_credit`` on
+token advantages. Each compared strategy's token advantages come from ``CreditRun.apply`` on
 the same batch (all its valid rows, every process for a batch-wide selection such as
 ``random_top``) with the same signals (``compared_signals``): a compared strategy must
 read no signal the run does not compute and take the reward gradient where the run takes

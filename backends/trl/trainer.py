@@ -2,11 +2,12 @@
 
 TRL computes the response advantages A (B,) in ``_generate_and_score_completions`` and its
 loss multiplies the importance ratio by ``inputs["advantages"]``, accepting a (B, T) tensor.
-This subclass replaces A by the token advantages of ``credit_core.assign_credit`` (0 at
-padding), computing only the signals the strategy reads (``signals_to_compute``; the reward
-gradient is always known before the policy statistics are reduced, so a strategy with
-``work_requires``, the DATC family, gets DATC's unsigned work W0 streamed in two matmuls
-per vocabulary tile instead of ``PolicyStats``):
+This subclass replaces A by the token advantages of the run's credit (0 at padding;
+``backends.trl.credit.TrlCredit`` on ``backends.common.credit.CreditRun``), computing only
+the signals the strategy reads (``signals_to_compute``; the reward gradient is always known
+before the policy statistics are reduced, so a strategy with ``work_requires``, the DATC
+family, gets DATC's unsigned work W0 streamed in two matmuls per vocabulary tile instead of
+``PolicyStats``):
 
 - reward side (``reward_grad`` (B, T, d), ``reward_attention`` (B, T), ``prefix_rewards``
   (B, T)): one scoring pass of the direction model at generation time, asking only for
@@ -35,7 +36,10 @@ generation time or in each loss step, with no policy forward of its own.
 Strategies that read no policy-side signal get their token advantages at generation time.
 A strategy that selects tokens batch-wide (``entropy_top``, ``random_top``) takes its
 quantile over the batch the advantages are formed for, joined over every process
-(``process_gather``). The credit diagnostics go to TRL's metrics as ``credit/...``.
+(``backends.trl.credit.process_gather``). The credit diagnostics go to TRL's metrics as
+``credit/...``; for a strategy that reads a direction model, so does the model's agreement
+with TRL's reward on each generation batch (``credit/direction_agreement``, or
+``credit/direction_is_reward``; ``_measure``), which a ``credit.gate`` mixes by.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from adapters.partitioned import holds_zero3_params
 from adapters.reward_models import SeqClassificationRM
 from backends.trl.capture import HiddenCapture, lm_head
 from backends.trl.config import CreditGRPOConfig
+from backends.trl.credit import TrlCredit
 from backends.trl.credit_samples import (
     REWARDS_KEY,
     TrlSampleRecorder,
@@ -65,18 +70,16 @@ from backends.trl.credit_samples import (
     compared_strategies,
 )
 from backends.trl.reward_pass import GradientRewardModel, completion_reward_grad, fill_unmatched
+from backends.trl.rewards import DirectionReward
 from backends.trl.version import check_trl_version
 from credit_core import (
-    CreditDiagnostics,
     CreditError,
     CreditSignals,
     CreditStrategy,
     PolicyStats,
-    assign_credit,
     policy_stats,
     unsigned_work,
 )
-from credit_core.batch import Gather
 from credit_core.plan import CreditPlan
 
 #: The reward-side signals: the ``RewardOutput`` field that holds each, and the
@@ -92,9 +95,9 @@ REWARD_SIDE: dict[str, tuple[str, str]] = {
 #: dict along dim 0).
 CARRY_PREFIX = "credit_"
 
-#: File of a checkpoint folder that holds the strategy's mutable state (when it has one) of a
-#: one-process run; with several processes, each writes ``credit_strategy_<rank>.pt``.
-STRATEGY_STATE_FILE = "credit_strategy.pt"
+#: Key of ``score_rewards``' answer that holds the direction model's own reward of each row
+#: (B,), when asked for (its agreement with TRL's reward; ``backends.trl.credit``).
+DIRECTION_SCORES = "direction_scores"
 
 #: Where the token advantages are formed: at generation time, or in each loss step.
 CreditPhase = Literal["generation", "loss"]
@@ -118,32 +121,6 @@ class PolicyForward:
 
 #: Takes the ``PolicyForward`` of the next policy forward TRL runs.
 ForwardConsumer = Callable[[PolicyForward], None]
-
-
-def process_gather(accelerator: Any) -> Gather | None:
-    """A ``credit_core`` ``Gather`` over ``accelerator``'s processes (None for one process):
-    each process's 1-D values concatenated in process order, whatever their lengths. The
-    lengths are gathered first, the values padded to the longest and gathered as float64
-    (exact for float32 and float64 values), the padding dropped, and the result cast back
-    to the caller's dtype; so a process with nothing to contribute takes part with an
-    empty tensor of any floating dtype. Every process must call it the same number of
-    times (it runs two collectives)."""
-    if accelerator.num_processes == 1:
-        return None
-
-    def gather(values: torch.Tensor) -> torch.Tensor:
-        count = torch.tensor([values.numel()], dtype=torch.long, device=values.device)
-        counts = accelerator.gather(count).tolist()
-        longest = max(counts)
-        if longest == 0:
-            return values
-        padded = torch.zeros(longest, dtype=torch.float64, device=values.device)
-        padded[: values.numel()] = values
-        rows = accelerator.gather(padded).reshape(len(counts), longest)
-        joined = torch.cat([row[:n] for row, n in zip(rows, counts, strict=True)])
-        return joined.to(values.dtype)
-
-    return gather
 
 
 def process_max(accelerator: Any) -> AgreeCount:
@@ -214,6 +191,9 @@ class CreditGRPOTrainer(GRPOTrainer):
                 raise CreditError(
                     f"credit: strategy {self.strategy.name!r} reads reward_attribution: {err}"
                 ) from err
+        #: which of TRL's reward functions is the direction model's own reward (None: the
+        #: direction model is a model of its own, its scores come from its own pass)
+        self.direction_column = self._direction_column(direction_model, args)
         #: TRL's reward model giving DATC's gradient from its own reward pass, when shared
         self.reward_pass = self._share_reward_pass(direction_model, args)
         #: set where the direction model's forwards are collectives (``collective_agreement``)
@@ -232,9 +212,26 @@ class CreditGRPOTrainer(GRPOTrainer):
         self._capture = HiddenCapture(self.policy) if self.needs_policy_stats else None
         self._on_forward: ForwardConsumer | None = None
         self._old_forward: PolicyForward | None = None
-        self._gather = process_gather(self.accelerator)
         self.samples = self._build_recorder(args)
         self._local_rewards: torch.Tensor | None = None
+        #: the run's credit: its ``CreditRun`` (the plan's one strategy, the gate) and the
+        #: compared strategies' runs, the gather over processes, the logging
+        self.credit = TrlCredit(
+            self.plan,
+            args.credit_config.gate,
+            [] if self.samples is None else self.samples.compare,
+            self.accelerator,
+            direction_is_reward=self.direction_column is not None and len(self.reward_funcs) == 1,
+        )
+        #: the direction model's own pass gives the scores its agreement is measured by
+        self.own_scores = (
+            self.credit.run.measures
+            and not self.credit.run.direction_is_reward
+            and self.direction_column is None
+        )
+        #: the step's rewards (every process's rows) as TRL's ``_calculate_rewards`` gave
+        #: them, and the direction model's column among them, until the step takes them
+        self._step_rewards: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     # ------------------------------------------------------------------------------ setup
 
@@ -314,6 +311,21 @@ class CreditGRPOTrainer(GRPOTrainer):
                 return i, model
         return None
 
+    def _direction_column(self, given: DirectionModel | None, args: CreditGRPOConfig) -> int | None:
+        """The position among TRL's ``reward_funcs`` of the direction model's own reward:
+        the reward model the direction model was built from (no ``direction``, no
+        ``direction_model``), or a ``DirectionReward`` of the given ``direction_model``;
+        None when there is no direction model or it is none of TRL's rewards."""
+        if self.direction is None:
+            return None
+        if given is None and args.direction_config is None:
+            found = self._reward_model()
+            return None if found is None else found[0]
+        for i, func in enumerate(self.reward_funcs):
+            if isinstance(func, DirectionReward) and func.direction is given:
+                return i
+        return None
+
     def _share_reward_pass(
         self, given: DirectionModel | None, args: CreditGRPOConfig
     ) -> GradientRewardModel | None:
@@ -368,33 +380,19 @@ class CreditGRPOTrainer(GRPOTrainer):
         if problem is not None:
             raise CreditError(str(problem))
 
-    def _strategy_state_file(self) -> str:
-        """``STRATEGY_STATE_FILE``; with several processes, this process's own file (each
-        process's stream advances with the shape of its own batches)."""
-        if self.accelerator.num_processes == 1:
-            return STRATEGY_STATE_FILE
-        return f"credit_strategy_{self.accelerator.process_index}.pt"
-
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        """TRL's checkpoint, plus the strategy's mutable state (``datc_shuffled``'s and
-        ``random_top``'s random streams), when it has any, in ``_strategy_state_file()``
-        (written by every process, as transformers writes its RNG states)."""
+        """TRL's checkpoint, plus the credit's state (``TrlCredit.save``: the strategy's
+        random streams, the gate's EMA) in the same folder."""
         super()._save_checkpoint(model, trial)  # type: ignore[no-untyped-call]
-        state = self.strategy.state_dict()
-        if state:
-            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            path = os.path.join(self._get_output_dir(trial=trial), folder)
-            os.makedirs(path, exist_ok=True)
-            torch.save(state, os.path.join(path, self._strategy_state_file()))
+        folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        path = os.path.join(self._get_output_dir(trial=trial), folder)
+        self.credit.save(path, should_save=self.args.should_save)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        """TRL's resume, plus the strategy's state saved by ``_save_checkpoint``."""
+        """TRL's resume, plus the credit's state saved by ``_save_checkpoint``."""
         super()._load_optimizer_and_scheduler(checkpoint)  # type: ignore[no-untyped-call]
-        if checkpoint is None:
-            return
-        path = os.path.join(checkpoint, self._strategy_state_file())
-        if os.path.exists(path):
-            self.strategy.load_state_dict(torch.load(path, weights_only=True))
+        if checkpoint is not None:
+            self.credit.load(checkpoint)
 
     # -------------------------------------------------------------------------- signals
 
@@ -530,7 +528,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         return [slice(start, start + size) for start in range(0, n, size)]
 
     def score_rewards(
-        self, batch: dict[str, Any], names: frozenset[str] | None = None
+        self, batch: dict[str, Any], names: frozenset[str] | None = None, *, scores: bool = False
     ) -> dict[str, torch.Tensor]:
         """The reward-side signals ``names`` (default ``self.scored``) of ``batch`` (TRL's
         generation output):
@@ -539,14 +537,17 @@ class CreditGRPOTrainer(GRPOTrainer):
         direction model per chunk of TRL's per-device batch size, with grad only when the
         gradient is read. Only the options asked for are passed to ``score`` (a direction
         model written before ``with_attention``/``with_prefix_rewards`` keeps working for
-        the strategies that read neither)."""
+        the strategies that read neither). With ``scores``, also the direction model's
+        reward of each row (B,) float32 under ``DIRECTION_SCORES`` (from the same pass; a
+        pass without grad when no signal is asked for)."""
         names = self.scored if names is None else names
-        if not names:
+        if not names and not scores:
             return {}
         assert self.direction is not None
         with_grad = "reward_grad" in names
         options = {REWARD_SIDE[name][1]: True for name in names if name != "reward_grad"}
         parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+        own: list[torch.Tensor] = []
         with torch.enable_grad() if with_grad else torch.no_grad():
             for rows in self._score_chunks(batch["completion_ids"].shape[0]):
                 out = self.direction.score(
@@ -566,18 +567,30 @@ class CreditGRPOTrainer(GRPOTrainer):
                             f"returned no {field}"
                         )
                     chunks.append(value.detach())
-        return {name: torch.cat(chunks) for name, chunks in parts.items()}
+                own.append(out.rewards.detach().float())
+        found = {name: torch.cat(chunks) for name, chunks in parts.items()}
+        if scores:
+            found[DIRECTION_SCORES] = torch.cat(own)
+        return found
 
     # --------------------------------------------------------------------------- credit
 
     def _calculate_rewards(self, inputs: Any, prompts: Any, *args: Any) -> torch.Tensor:
-        """TRL's rewards of every reward function (all processes' rows); keeps this process's
-        rows' weighted sum (TRL's reward) for the credit samples."""
+        """TRL's rewards of every reward function (all processes' rows). Keeps, for the
+        direction model's agreement, the step's reward (TRL's weighted sum, NaN where every
+        function returned None, as TRL's advantage takes it) and the direction model's own
+        column (``direction_column``), and this process's rows' weighted sum for the
+        credit samples."""
         per_func: torch.Tensor = super()._calculate_rewards(inputs, prompts, *args)
+        weights = self.reward_weights.to(per_func.device).unsqueeze(0)
+        summed = (per_func * weights).nansum(dim=1)
+        if self.credit.run.measures:
+            rewards = torch.where(torch.isnan(per_func).all(dim=1), torch.nan, summed)
+            column = self.direction_column
+            self._step_rewards = (rewards, None if column is None else per_func[:, column])
         if self.samples is not None:
-            weights = self.reward_weights.to(per_func.device).unsqueeze(0)
             start = self.accelerator.process_index * len(prompts)
-            self._local_rewards = (per_func * weights).nansum(dim=1)[start : start + len(prompts)]
+            self._local_rewards = summed[start : start + len(prompts)]
         return per_func
 
     def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
@@ -603,22 +616,48 @@ class CreditGRPOTrainer(GRPOTrainer):
                 "CreditGRPOTrainer: TRL took no old-log-prob forward where TRL 1.16 takes one; "
                 "the policy-side signals are missing (is the installed TRL the supported one?)"
             )
+        # a path strategy scores after its policy forward (score_on_path), the others here
+        scored = {} if self.path else self.reward_side(output)
+        self._measure(output, scored.pop(DIRECTION_SCORES, None))
         if self.credit_phase == "loss":
-            if not self.path:  # a path strategy scores in each loss step, after its forward
-                for name, value in self.reward_side(output).items():
-                    output[CARRY_PREFIX + name] = value
+            for name, value in scored.items():
+                output[CARRY_PREFIX + name] = value
             return output
         old, self._old_forward = self._old_forward, None
         stats = None
         if self.path:
             assert old is not None  # a path strategy reads PolicyStats: TRL's forward was kept
             scored, stats = self.score_on_path(output, old)
-        else:
-            scored = self.reward_side(output)
         output["advantages"] = self.token_advantages(
             output, self.credit_signals(scored, old, stats)
         )
         return output
+
+    def _measure(self, batch: dict[str, Any], scores: torch.Tensor | None) -> None:
+        """The direction model's agreement with TRL's reward on this generation batch (every
+        process's rows, TRL's groups; ``TrlCredit.measure``), logged into TRL's metrics; a
+        training batch advances the gate's EMA, before any of its token advantages are
+        formed. ``scores`` (B,): this process's rows' direction scores from the scoring
+        pass that gave the signals; a path strategy with a direction model of its own,
+        whose path passes score no sample, takes them from one pass without grad here."""
+        step, self._step_rewards = self._step_rewards, None
+        if not self.credit.run.measures:
+            return
+        training = bool(self.policy.training)
+        all_scores = None
+        if self.own_scores:
+            if scores is None:
+                scores = self.score_rewards(batch, frozenset(), scores=True)[DIRECTION_SCORES]
+            all_scores = self.accelerator.gather(scores.float().to(self.accelerator.device))
+        elif step is not None:
+            all_scores = step[1]
+        agreement = self.credit.measure(
+            all_scores,
+            None if step is None else step[0],
+            int((self.num_generations if training else self.num_generations_eval) or 1),
+            advance=training,
+        )
+        self.credit.log_agreement(self._metrics["train" if training else "eval"], agreement)
 
     def reward_side(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The reward-side signals of ``batch`` (TRL's generation output), plus P2T's
@@ -641,7 +680,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         the direction model's own pass only for the rows it cannot place (their share is
         logged as ``credit/reward_grad_second_pass_frac``)."""
         if self.reward_pass is None:
-            return self.score_rewards(batch)
+            return self.score_rewards(batch, scores=self.own_scores)
         special = torch.tensor(self._tokenizer.all_special_ids, dtype=torch.long)
         grad, matched = completion_reward_grad(
             self.reward_pass.take(), batch["completion_ids"], batch["completion_mask"], special
@@ -692,7 +731,7 @@ class CreditGRPOTrainer(GRPOTrainer):
     def token_advantages(self, batch: dict[str, Any], signals: CreditSignals) -> torch.Tensor:
         """Token advantages (B, T) float32 of ``batch`` (``advantages`` (B,),
         ``completion_ids``/``completion_mask`` (B, T), optional ``tool_mask``) and the
-        strategy's ``signals`` by ``assign_credit``: 0 where TRL's loss mask is 0.
+        strategy's ``signals`` by ``TrlCredit.apply``: 0 where TRL's loss mask is 0.
 
         Rows without a valid token (truncated completions TRL masks out) get 0. A batch-wide
         selection takes its quantile over this batch of every process. Logs the diagnostics
@@ -702,8 +741,10 @@ class CreditGRPOTrainer(GRPOTrainer):
         mask = batch["completion_mask"].bool()
         if "tool_mask" in batch:
             mask = mask & batch["tool_mask"].bool()
-        token_adv, diagnostics = self._assign(self.strategy, batch, mask, signals)
-        self._log_credit(diagnostics)
+        result = self.credit.apply(batch, mask, signals)
+        token_adv = result.token_advantages
+        mode = "train" if self.policy.training else "eval"
+        self.credit.log_diagnostics(self._metrics[mode], result.diagnostics)
         step = self.state.global_step + 1
         if (
             self.samples is not None
@@ -712,73 +753,10 @@ class CreditGRPOTrainer(GRPOTrainer):
             and self.samples.due(step, self.state.max_steps)
         ):
             credits = {self.samples.own: token_adv}
-            for label, plan in self.samples.compare:
-                theirs = compared_signals(plan, signals)
-                credits[label] = self._assign(plan.strategy, batch, mask, theirs)[0]
+            for label, run in self.credit.compare:
+                theirs = compared_signals(run.plan, signals)
+                credits[label] = self.credit.apply(batch, mask, theirs, run).token_advantages
             shuffled = self.credit_phase == "loss"  # TRL shuffled the rows: one group
             group = mask.shape[0] if shuffled else int(self.num_generations or 1)
             self.samples.record(step, batch, credits, mask, group)
         return token_adv
-
-    def _assign(
-        self,
-        strategy: CreditStrategy,
-        batch: dict[str, Any],
-        mask: torch.Tensor,
-        signals: CreditSignals,
-    ) -> tuple[torch.Tensor, CreditDiagnostics | None]:
-        """``assign_credit`` of ``strategy`` on the rows of ``batch`` with a valid token
-        (``mask`` (B, T) bool), with ``process_gather`` for a strategy that reads other
-        processes' values: token advantages (B, T) float32, 0 at the other rows, and the
-        diagnostics (None without a valid row). Without a valid row, a process still takes
-        part, with an empty tensor, in the one gather of a ``gathers`` strategy
-        (``CreditStrategy.gathers``)."""
-        rows = mask.any(dim=1)
-        token_adv = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        if not bool(rows.any()):
-            if self._gather is not None and type(strategy).gathers:
-                self._gather(torch.zeros(0, device=mask.device))
-            return token_adv, None
-        every = bool(rows.all())
-        result = assign_credit(
-            strategy,
-            batch["advantages"] if every else batch["advantages"][rows],
-            mask if every else mask[rows],
-            batch["completion_ids"].long() if every else batch["completion_ids"][rows].long(),
-            signals if every else signals.select(rows),
-            gather=self._gather,
-        )
-        token_adv[rows] = result.token_advantages
-        return token_adv, result.diagnostics
-
-    def _log_credit(self, diagnostics: CreditDiagnostics | None) -> None:
-        """Append the diagnostics, reduced over processes, to ``self._metrics[mode]``:
-        max of ``weight_max``, min of ``weight_min``, mean of the fractions, sum of the
-        fallbacks (a process without valid rows contributes nothing)."""
-        names = ("weight_max", "weight_min", "weight_entropy", "frac_upweighted")
-        nan = float("nan")
-        local = (
-            [nan] * 6
-            if diagnostics is None
-            else [
-                *(float(getattr(diagnostics, n)) for n in names),
-                float(diagnostics.nonfinite_fallbacks),
-                float(diagnostics.uniform_fallbacks),
-            ]
-        )
-        device = self.accelerator.device
-        values = self.accelerator.gather(torch.tensor([local], device=device)).reshape(-1, 6)
-        valid = values[~values[:, 0].isnan()]
-        if valid.shape[0] == 0:
-            return
-        mode = "train" if self.policy.training else "eval"
-        reduced = CreditDiagnostics(
-            weight_max=float(valid[:, 0].max()),
-            weight_min=float(valid[:, 1].min()),
-            weight_entropy=float(valid[:, 2].mean()),
-            frac_upweighted=float(valid[:, 3].mean()),
-            nonfinite_fallbacks=int(valid[:, 4].sum()),
-            uniform_fallbacks=int(valid[:, 5].sum()),
-        )
-        for key, value in reduced.to_dict(prefix="credit/").items():
-            self._metrics[mode][key].append(value)

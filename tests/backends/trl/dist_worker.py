@@ -1,6 +1,8 @@
 """Run under ``torchrun --nproc_per_node 2`` by ``test_distributed.py``: on CPU (gloo), two
-DATC steps of ``CreditGRPOTrainer``, each rank checking the token advantages that reach
-TRL's loss (0 at padding, row means A); two ``entropy_top`` steps, each rank checking its
+DATC steps of ``CreditGRPOTrainer`` with a direction model of its own, 6 rows per rank in
+groups of 4 (a group straddles the ranks), each rank checking the token advantages that
+reach TRL's loss (0 at padding, row means A) and logging the direction model's agreement
+over the step's 3 groups; two ``entropy_top`` steps, each rank checking its
 selection against TRL's own ``get_high_entropy_mask`` (quantile over both ranks); one
 ``random_top`` step saved to a checkpoint (each rank's stream in its own file). Each rank
 writes what it saw to ``<out>/rank<k>.json``."""
@@ -17,7 +19,10 @@ from trl import GRPOTrainer
 
 from backends.trl.cli import end_process
 from backends.trl.tasks import PolicyPreset, task_data, tiny_policy
-from tests.backends.trl.conftest import make_trainer
+from tests.backends.trl.conftest import SignalDirection, make_trainer
+
+#: The agreement's group counts (``AgreementMetrics.to_dict``), after its value.
+GROUP_KEYS = ("agreement_groups", "agreement_skipped")
 
 
 def main(out: Path) -> None:
@@ -44,7 +49,15 @@ def main(out: Path) -> None:
         return loss
 
     GRPOTrainer._compute_loss = spy  # type: ignore[method-assign]
-    trainer = make_trainer(task, tokenizer, out / "run", credit="datc", max_steps=2)
+    trainer = make_trainer(
+        task,
+        tokenizer,
+        out / "run",
+        credit="datc",
+        max_steps=2,
+        per_device_train_batch_size=6,
+        direction=SignalDirection(task.direction),
+    )
     trainer.train()
     acc = trainer.accelerator
     record = {
@@ -52,6 +65,11 @@ def main(out: Path) -> None:
         "phase": trainer.credit_phase,
         "batches": seen,
         "metrics": [k for r in trainer.state.log_history for k in r if k.startswith("credit/")],
+        "agreement": [
+            [r.get(f"credit/{key}") for key in ("direction_agreement", *GROUP_KEYS)]
+            for r in trainer.state.log_history
+            if "credit/agreement_groups" in r
+        ],
         "entropy_top_is_trl": entropy_top_matches_trl(task, tokenizer, out / "entropy", original),
         "random_top_state": random_top_state_saved(task, tokenizer, out / "random"),
     }

@@ -4,6 +4,7 @@ the signals it reads; ``abc`` needs a direction model with attention."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,10 @@ import pytest
 import torch
 from trl import GRPOTrainer
 
+import backends.common.credit as credit_module
 import backends.trl.trainer as trainer_module
+from backends.trl.credit import process_gather
 from backends.trl.tasks import PolicyPreset, TaskData, tiny_policy
-from backends.trl.trainer import process_gather
 from credit_core import CreditError
 from tests.backends.trl.conftest import SignalDirection, make_trainer
 
@@ -127,7 +129,7 @@ def test_each_strategy_trains_reading_only_its_signals(
     prefix rewards that abc or red read; the credit is uneven except for uniform."""
     credit, signals, phase = STRATEGIES[name]
     computed: list[frozenset[str]] = []
-    real = trainer_module.assign_credit
+    real = credit_module.assign_credit
 
     def spy(strategy: Any, *args: Any, **kwargs: Any) -> Any:
         computed.append(args[3].computed)
@@ -136,7 +138,7 @@ def test_each_strategy_trains_reading_only_its_signals(
     def refused(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("policy statistics were reduced")
 
-    monkeypatch.setattr(trainer_module, "assign_credit", spy)
+    monkeypatch.setattr(credit_module, "assign_credit", spy)
     monkeypatch.setattr(trainer_module, "policy_stats", refused)
     monkeypatch.setattr(trainer_module, "unsigned_work", refused)
     direction = SignalDirection(task.direction)
@@ -151,6 +153,16 @@ def test_each_strategy_trains_reading_only_its_signals(
     assert len(logs) == 2
     spread = max(r["credit/weight_max"] - r["credit/weight_min"] for r in logs)
     assert (spread == 0.0) == (name == "uniform")
+    # abc and red read a direction model of their own: its agreement with TRL's reward on
+    # each step's 4 groups, 1 (SignalDirection's scores are the reward's, from its own
+    # pass); the others read no direction model and log no agreement
+    measured = name in ("abc", "red")
+    for r in logs:
+        assert ("credit/direction_is_reward" in r) == measured
+        if measured:
+            assert r["credit/direction_is_reward"] == 0.0
+            assert r["credit/agreement_groups"] + r["credit/agreement_skipped"] == 4
+            assert r["credit/agreement_groups"] > 0 and r["credit/direction_agreement"] == 1.0
 
 
 def test_abc_without_attention_is_refused(task: TaskData, tokenizer: Any, tmp_path: Path) -> None:
@@ -203,18 +215,25 @@ def test_a_process_without_valid_tokens_still_joins_the_quantile(
     task: TaskData, tokenizer: Any, tmp_path: Path
 ) -> None:
     """All rows masked out on this process (truncated completions): entropy_top's token
-    advantages are 0 and the process still takes part in the other processes' gather;
-    uniform, which gathers nothing, does not."""
-    from credit_core import CreditSignals, get_strategy
+    advantages are 0, its diagnostics are not logged, and the process still takes part in
+    the other processes' gather; uniform, which gathers nothing, does not."""
+    from backends.common.credit import CreditRun
+    from backends.trl.credit import BACKEND
+    from credit_core import CreditSignals
+    from credit_core.plan import CreditPlan
 
     trainer = make_trainer(task, tokenizer, tmp_path, credit="entropy_top")
     sent: list[torch.Tensor] = []
-    trainer._gather = lambda values: sent.append(values) or values
+    trainer.credit.gather = lambda values: sent.append(values) or values
     batch = {"advantages": torch.ones(2), "completion_ids": torch.zeros(2, 3, dtype=torch.long)}
     mask = torch.zeros(2, 3, dtype=torch.bool)
     signals = CreditSignals(token_entropy=torch.ones(2, 3))
-    token_adv, diagnostics = trainer._assign(trainer.strategy, batch, mask, signals)
-    assert diagnostics is None and not bool(token_adv.any())
+    result = trainer.credit.apply(batch, mask, signals)
+    assert not bool(result.token_advantages.any())
+    metrics: dict[str, list[float]] = defaultdict(list)
+    trainer.credit.log_diagnostics(metrics, result.diagnostics)
+    assert not metrics
     assert [v.numel() for v in sent] == [0]
-    trainer._assign(get_strategy("uniform"), batch, mask, CreditSignals())
+    uniform = CreditRun(CreditPlan.build("uniform", BACKEND))
+    trainer.credit.apply(batch, mask, CreditSignals(), uniform)
     assert len(sent) == 1

@@ -29,6 +29,18 @@ def test_yaml_short_form(tmp_path: Path) -> None:
     assert args.credit == CreditConfig(name="datc") and args.credit_config.name == "datc"
 
 
+def test_the_gate_is_taken_and_refused_on_a_strategy_without_direction(tmp_path: Path) -> None:
+    """``credit.gate`` (applied by ``TrlCredit``): taken for datc, refused naming the key
+    for a strategy that reads no direction model."""
+    args = _parse(tmp_path, "credit: {name: datc, gate: {agreement: [0.2, 0.6]}}\n")
+    gate = args.credit_config.gate
+    assert gate is not None and gate.agreement == (0.2, 0.6)
+    with pytest.raises(
+        CreditError, match=r"^credit: credit\.gate: strategy 'entropy_top' reads no"
+    ):
+        _parse(tmp_path, "credit: {name: entropy_top, gate: {agreement: [0.2, 0.6]}}\n")
+
+
 def test_yaml_mapping_direction_and_command_line_override(tmp_path: Path) -> None:
     text = (
         "credit: {name: datc, beta: 2.0, lam: 0.25}\n"

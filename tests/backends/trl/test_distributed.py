@@ -59,9 +59,14 @@ def test_two_processes(tmp_path: Path) -> None:
         assert rank["world"] == 2 and rank["phase"] == "loss"
         assert len(rank["batches"]) == 2
         for batch in rank["batches"]:
-            assert batch["rows"] == 16 and batch["zero_at_padding"] and batch["uneven"]
+            assert batch["rows"] == 6 and batch["zero_at_padding"] and batch["uneven"]
             assert batch["row_mean_err"] < 1e-4
     assert "credit/weight_max" in ranks[0]["metrics"]
+    # the agreement of the whole step (3 groups of 4 over 2 x 6 rows, one straddling the
+    # ranks), the same on both: SignalDirection's scores rank as TRL's reward does
+    assert ranks[0]["agreement"] == ranks[1]["agreement"]
+    assert [groups + skipped for _, groups, skipped in ranks[0]["agreement"]] == [3, 3]
+    assert all(rho == 1.0 for rho, groups, _ in ranks[0]["agreement"] if groups)
     for rank in ranks:
         assert rank["entropy_top_is_trl"] == [True, True]
         assert rank["random_top_state"]

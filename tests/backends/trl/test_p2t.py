@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+import backends.common.credit as credit_module
 import backends.trl.trainer as trainer_module
 from backends.trl.tasks import TaskData
 from credit_core import CreditError
@@ -23,7 +24,7 @@ def test_p2t_trains_on_the_attribution_of_the_reward_gradient(
     task: TaskData, tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, credit: Any
 ) -> None:
     passed: list[Any] = []
-    real = trainer_module.assign_credit
+    real = credit_module.assign_credit
 
     def spy(strategy: Any, *args: Any, **kwargs: Any) -> Any:
         passed.append(args[3])
@@ -32,7 +33,7 @@ def test_p2t_trains_on_the_attribution_of_the_reward_gradient(
     def refused(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("policy statistics were reduced")
 
-    monkeypatch.setattr(trainer_module, "assign_credit", spy)
+    monkeypatch.setattr(credit_module, "assign_credit", spy)
     monkeypatch.setattr(trainer_module, "policy_stats", refused)
     monkeypatch.setattr(trainer_module, "unsigned_work", refused)
     trainer = make_trainer(task, tokenizer, tmp_path, credit=credit)

@@ -272,29 +272,71 @@ def test_strategy_needing_signals_without_direction_names_the_key(
         )
 
 
+def test_a_gate_is_refused_where_trls_only_reward_is_the_direction_model(
+    task: TaskData, tokenizer: Any, tmp_path: Any
+) -> None:
+    """The direction model is TRL's only reward function (``DirectionReward``): its agreement
+    is 1 by construction, so ``credit.gate`` would never act; refused, naming the key."""
+    with pytest.raises(CreditError, match=r"^credit\.gate: the reward is the direction model's"):
+        make_trainer(
+            task, tokenizer, tmp_path, credit={"name": "datc", "gate": {"agreement": [0.2, 0.6]}}
+        )
+
+
 @pytest.mark.parametrize("name", ["datc_shuffled", "random_top"])
 def test_strategy_state_is_checkpointed_and_resumed(
-    task: TaskData, tokenizer: Any, tmp_path: Any, name: str
+    task: TaskData, tokenizer: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     """datc_shuffled's and random_top's random streams are saved with TRL's checkpoint and
     restored on resume: 4 steps in one go and 2 + 2 resumed from checkpoint-2 end in the
-    same stream state (fixed-length completions, so every step draws the same amount)."""
-    from backends.trl.trainer import STRATEGY_STATE_FILE
+    same stream state (fixed-length completions, so every step draws the same amount).
 
+    datc_shuffled runs with ``credit.gate`` and a direction model of its own: the gate's EMA
+    takes one measure per optimizer step (2 loss micro-batches each), is saved in the
+    checkpoint (``RUN_STATE_FILE``) and the resumed run's first measure starts from it."""
+    from backends.trl.credit import RUN_STATE_FILE, STRATEGY_STATE_FILE
+    from credit_core.agreement_gate import AgreementGate
+    from tests.backends.trl.conftest import SignalDirection
+
+    gated = name == "datc_shuffled"
+    before: list[float | None] = []  # the EMA each gate update starts from
+    real_update = AgreementGate.update
+
+    def update(self: AgreementGate, agreement: Any) -> float:
+        before.append(self.ema)
+        return real_update(self, agreement)
+
+    monkeypatch.setattr(AgreementGate, "update", update)
+    credit: dict[str, Any] = {"name": name, "seed": 3}
+    if gated:
+        credit["gate"] = {"agreement": [0.2, 0.6]}
     settings = {
-        "credit": {"name": name, "seed": 3},
+        "credit": credit,
+        "direction": SignalDirection(task.direction) if gated else None,
         "save_strategy": "steps",
         "save_steps": 2,
         "max_steps": 4,
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 2,
         "generation_kwargs": {"min_new_tokens": 16},
     }
     first = make_trainer(task, tokenizer, tmp_path / "a", **settings)
     first.train()
     checkpoint = tmp_path / "a" / "checkpoint-2"
     assert (checkpoint / STRATEGY_STATE_FILE).exists()
+    assert (checkpoint / RUN_STATE_FILE).exists() == gated
+    logs = [r for r in first.state.log_history if "credit/weight_max" in r]
+    assert len(logs) == 4 and all(("credit/gate_alpha" in r) == gated for r in logs)
+    assert len(before) == (4 if gated else 0)  # once per step, not per micro-batch
+    saved = before[2] if gated else None
+    before.clear()
     resumed = make_trainer(task, tokenizer, tmp_path / "b", **settings)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert torch.equal(resumed.strategy.generator.get_state(), first.strategy.generator.get_state())
+    if gated:
+        assert saved is not None and before[0] == saved
+        assert torch.load(checkpoint / RUN_STATE_FILE) == {"gate": {"ema": saved}}
+        assert resumed.credit.run.gate.ema == first.credit.run.gate.ema
     restarted = make_trainer(task, tokenizer, tmp_path / "c", **{**settings, "max_steps": 2})
     restarted.train()
     assert not torch.equal(

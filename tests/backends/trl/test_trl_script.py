@@ -9,11 +9,14 @@ GRPOConfig, CreditGRPOTrainer as GRPOTrainer``). Nothing is handed to the traine
 the direction model is the reward model TRL itself loaded (no ``direction``).
 
 - ``credit: datc`` with a float32 policy and reward model reaches step 2, the credit's
-  diagnostics logged at steps 1 and 2, the gradient taken in TRL's own reward pass;
+  diagnostics logged at steps 1 and 2, the gradient taken in TRL's own reward pass, the
+  strategy constructed once in the whole process (parse, trainer, training, save), and
+  ``credit/direction_is_reward`` logged (TRL's only reward is the direction model's);
 - ``credit: datc_mid`` with ``dtype: bfloat16`` (TRL then loads the reward model in bf16, as
   DeepSpeed's bf16 configs cast it) reaches step 2: the path gradient feeds a bf16 reward
   model in its own dtype (issue 44, finding 2; before, its first matmul failed on dtype);
-- ``credit: datc_ig`` with a float32 run and ``direction.dtype: bfloat16`` reaches step 2.
+- ``credit: datc_ig`` with a float32 run and ``direction.dtype: bfloat16`` reaches step 2,
+  logging the agreement of that direction model of its own with TRL's reward.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from adapters.reward_models import SeqClassificationRM
 from adapters.tiny import tiny_causal_lm, tiny_seq_classifier, train_bpe_tokenizer
 from backends.trl import CreditGRPOConfig, CreditGRPOTrainer
 from backends.trl.reward_pass import GradientRewardModel
+from credit_core.registry import strategy_class
 
 PROMPTS = ["the cat sat", "a dog ran", "red ball", "the park is", "sunny day", "it was"]
 
@@ -132,8 +136,18 @@ def test_trls_grpo_script_trains_with_credit_to_step_2(
     credit: str,
     dtype: str,
 ) -> None:
+    built: list[Any] = []
+    cls = strategy_class(credit)
+    real_init = cls.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        built.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "__init__", counted)
     config = script_config(saved, tmp_path / "out", dtype=dtype, credit=credit)
     trainer, history = run_trl_grpo_script(config, tmp_path, monkeypatch)
+    assert built == [trainer.credit.run.strategy]  # one strategy instance in the process
     # the direction model reads the reward model TRL loaded itself, in the script's dtype
     # (datc shares TRL's reward pass: TRL's reward function is then its GradientRewardModel)
     loaded = trainer.reward_funcs[0]
@@ -145,6 +159,9 @@ def test_trls_grpo_script_trains_with_credit_to_step_2(
     assert trainer.direction.model.dtype == getattr(torch, dtype)
     assert trainer.alphas == ([0.5] if credit == "datc_mid" else [])
     assert credit_steps(history) == [1, 2]
+    logged = [e for e in history if "credit/weight_max" in e]
+    assert all(e["credit/direction_is_reward"] == 1.0 for e in logged)
+    assert not any("credit/direction_agreement" in e for e in logged)
     assert (tmp_path / "out" / "model.safetensors").exists()
 
 
@@ -161,3 +178,10 @@ def test_a_bf16_direction_model_of_its_own_takes_the_path_gradient(
     assert trainer.direction.model.dtype == torch.bfloat16
     assert trainer.alphas == [0.25, 0.75]
     assert credit_steps(history) == [1, 2]
+    # its own model (not TRL's reward function): one group of 4 per step, measured against
+    # TRL's reward by the scores of a pass without grad (its path passes score no sample)
+    for entry in (e for e in history if "credit/weight_max" in e):
+        assert entry["credit/direction_is_reward"] == 0.0
+        assert entry["credit/agreement_groups"] + entry["credit/agreement_skipped"] == 1
+        assert entry["credit/agreement_groups"] == 1
+        assert -1.0 <= entry["credit/direction_agreement"] <= 1.0
