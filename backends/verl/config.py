@@ -216,14 +216,13 @@ def credit_settings(config: Any) -> CreditSettings:
         SECTION_KEYS,
         gate=True,
     )
-    same = direction_is_reward(config, section)
+    plan = CreditPlan.build(section.credit, BACKEND)
     try:
-        run = CreditRun.build(section.credit, BACKEND, direction_is_reward=same)
-    except CreditError as err:  # CreditRun names the gate as credit.gate
-        message = str(err)
-        raise CreditError(
-            f"algorithm.{message}" if message.startswith("credit.gate") else message
-        ) from err
+        run = CreditRun(
+            plan, section.credit.gate, direction_is_reward=direction_is_reward(config, section)
+        )
+    except CreditError as err:  # a gate CreditRun refuses, named credit.gate there
+        raise CreditError(f"algorithm.{err}") from err
     settings = CreditSettings(section, run)
     _check_verl_settings(config, settings)
     return settings

@@ -12,16 +12,16 @@ the direction model's within-group agreement with verl's reward and, with a gate
 toward GRPO (docs/design.md, "Trusting the direction model"). ``credit: uniform`` gives back
 verl's tensor bit for bit (A_i * 1 at the mask, 0 elsewhere).
 
-Under verl's critic estimator (GAE) ``critic_shift_fields`` runs the same step on GRPO's
-response advantages of the same rollouts (verl's own ``compute_grpo_outcome_advantage`` of
-the scores within each prompt's samples) and returns
+Under verl's critic estimator (GAE) ``credit_fields(..., critic=True)`` runs the same step
+on GRPO's response advantages of the same rollouts (verl's own
+``compute_grpo_outcome_advantage`` of the scores within each prompt's samples) and returns
 ``credit_core.token_rewards.critic_reward_shift``'s D, which the trainer adds to verl's
 token rewards before verl's own GAE (docs/design.md, "Credit under a critic").
 
-Both return the step's metrics for verl's ``metrics`` dict: the strategy's diagnostics and,
-for a strategy that reads a direction model, ``AgreementMetrics.to_dict()``
-(``credit/direction_agreement``, ... or ``credit/direction_is_reward``). The gate's EMA
-is the run's checkpointed state (``save_credit_state`` / ``load_credit_state``, beside
+Either way it returns the step's metrics for verl's ``metrics`` dict: the strategy's
+diagnostics and, for a strategy that reads a direction model, ``AgreementMetrics.to_dict()``
+(``credit/direction_agreement``, ... or ``credit/direction_is_reward``). The gate's EMA is
+the run's checkpointed state (``save_credit_state`` / ``load_credit_state``, beside
 verl's own checkpoint of the step).
 """
 
@@ -168,22 +168,6 @@ def padded_inputs(
     return PaddedInputs(padded, padded["response_mask"].bool(), signals, context, scores)
 
 
-def credit_step(run: CreditRun, inputs: PaddedInputs, advantages: torch.Tensor) -> CreditStep:
-    """``run.apply`` (the one call of ``assign_credit`` in this backend) on ``inputs`` with
-    the response advantages ``advantages`` (B,): a training step's credit (the gate's EMA,
-    if any, advances)."""
-    context = inputs.context
-    return run.apply(
-        advantages,
-        inputs.mask,
-        inputs.fields["responses"].long(),
-        inputs.signals,
-        rewards=None if context is None else context.rewards,
-        groups=None if context is None else context.groups,
-        direction_scores=inputs.scores,
-    )
-
-
 def step_metrics(step: CreditStep) -> dict[str, float]:
     """The step's ``credit/...`` metrics: the strategy's diagnostics and, for a strategy
     that reads a direction model, its agreement with the reward (``AgreementMetrics``)."""
@@ -191,19 +175,6 @@ def step_metrics(step: CreditStep) -> dict[str, float]:
     if step.agreement is not None:
         metrics.update(step.agreement.to_dict(prefix="credit/"))
     return metrics
-
-
-def credit_fields(
-    settings: CreditSettings, fields: TensorDict
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Nested token advantages (B, j) of the run's strategy from the TransferQueue
-    ``fields`` (``fields_read(settings, critic=False)``) of a batch after verl's GRPO
-    ``_compute_advantage``, and the step's metrics (``step_metrics``)."""
-    inputs = padded_inputs(settings, fields)
-    A = response_advantages(inputs.fields["advantages"], inputs.mask)
-    step = credit_step(settings.run, inputs, A)
-    nested = response_to_nested(step.result.token_advantages, fields["response_mask"])
-    return nested, step_metrics(step)
 
 
 def grpo_advantages(scores: torch.Tensor, mask: torch.Tensor, uid: object) -> torch.Tensor:
@@ -217,25 +188,59 @@ def grpo_advantages(scores: torch.Tensor, mask: torch.Tensor, uid: object) -> to
     return out
 
 
-def critic_shift_fields(
-    settings: CreditSettings, fields: TensorDict
+def credit_fields(
+    settings: CreditSettings, fields: TensorDict, critic: bool = False
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """D (B, j), nested like ``response_mask``: ``critic_reward_shift`` of the run's
-    strategy run on GRPO's advantages of verl's scores (``rm_scores``) within the prompts'
-    groups (``uid``), from the TransferQueue ``fields`` (``fields_read(settings,
-    critic=True)``) of a batch before verl's ``_compute_advantage``; 0 at rows without a
-    valid token (their token advantages are 0, so their weights are 1). The step's metrics
-    (``step_metrics``)."""
+    """The step's credit from the TransferQueue ``fields`` (``fields_read(settings,
+    critic)``), nested like ``response_mask`` (B, j), and the step's metrics
+    (``step_metrics``): one ``CreditRun.apply`` (the one call of ``assign_credit`` in this
+    backend; a training step's, so the gate's EMA, if any, advances).
+
+    - GRPO (``critic`` False; a batch after verl's ``_compute_advantage``): the token
+      advantages of verl's response advantages, which replace verl's ``advantages``.
+    - The critic estimator (``critic``; a batch before it): D, ``critic_reward_shift`` of
+      the credit of GRPO's advantages of verl's scores (``rm_scores``) within the prompts'
+      groups (``uid``), to add to verl's token rewards; 0 at rows without a valid token
+      (their token advantages are 0, so their weights are 1)."""
+    inputs = padded_inputs(settings, fields, critic)
+    mask, context = inputs.mask, inputs.context
+    if critic:
+        advantages = grpo_advantages(inputs.fields["rm_scores"], mask, fields["uid"])
+    else:
+        advantages = inputs.fields["advantages"]
+    A = response_advantages(advantages, mask)
+    step = settings.run.apply(
+        A,
+        mask,
+        inputs.fields["responses"].long(),
+        inputs.signals,
+        rewards=None if context is None else context.rewards,
+        groups=None if context is None else context.groups,
+        direction_scores=inputs.scores,
+    )
+    if critic:
+        values = _critic_shift(settings, step, A, mask, context)
+    else:
+        values = step.result.token_advantages
+    return response_to_nested(values, fields["response_mask"]), step_metrics(step)
+
+
+def _critic_shift(
+    settings: CreditSettings,
+    step: CreditStep,
+    A: torch.Tensor,
+    mask: torch.Tensor,
+    context: RewardGroups | None,
+) -> torch.Tensor:
+    """D (B, T) float32 of the step's credit (``critic_reward_shift`` in the strategy's
+    ``critic_reward_form``) formed on GRPO's response advantages ``A`` (B,) and the rewards
+    and groups ``context``."""
+    assert context is not None  # padded_inputs reads them under a critic
     plan = settings.plan
     form = plan.strategy.critic_reward_form
     if form is None:  # credit_settings refuses such a strategy under a critic estimator
         raise CreditError(f"algorithm.credit: {plan.name!r} has no critic_reward_form")
-    inputs = padded_inputs(settings, fields, critic=True)
-    mask, context = inputs.mask, inputs.context
-    assert context is not None  # padded_inputs reads them under a critic
-    A = response_advantages(grpo_advantages(inputs.fields["rm_scores"], mask, fields["uid"]), mask)
-    step = credit_step(settings.run, inputs, A)
-    shift = critic_reward_shift(
+    return critic_reward_shift(
         step.result,
         A,
         context.rewards,
@@ -244,7 +249,6 @@ def critic_shift_fields(
         form,
         name=f"algorithm.credit: {plan.name}",
     )
-    return response_to_nested(shift, fields["response_mask"]), step_metrics(step)
 
 
 #: The file of the run's credit state (the gate's EMA) in verl's checkpoint of a step

@@ -13,11 +13,11 @@ state:
 - ``_compute_advantage``: under GRPO, verl's own (A_i broadcast over the response), then
   ``credit_fields`` replaces the stored ``advantages`` by the strategy's token advantages,
   which verl's ``ppo_loss`` reads per token. Under verl's critic estimator (GAE),
-  ``critic_shift_fields`` gives the strategy's token-reward shift D first (run on GRPO's
-  advantages of the same rollouts), the stored scores become scores + D for the duration
+  ``credit_fields(..., critic=True)`` gives the strategy's token-reward shift D first (run
+  on GRPO's advantages of the same rollouts), the stored scores become scores + D for the duration
   of verl's own ``_compute_advantage`` (its KL-in-reward, GAE and returns; the KL term is
   linear, so verl's token rewards are its stock ones + D), and the scores are put back.
-  Both are the process's one ``CreditRun.apply`` (``backends.verl.credit``); its
+  Both are ``credit_fields``: the process's one ``CreditRun.apply`` (``backends.verl.credit``); its
   ``credit/...`` metrics (the strategy's diagnostics and, for a strategy that reads a
   direction model, its agreement with verl's reward: ``credit/direction_agreement`` and
   its groups, with a gate its EMA and alpha, or ``credit/direction_is_reward``) join
@@ -55,7 +55,6 @@ from backends.verl.config import (
 )
 from backends.verl.credit import (
     credit_fields,
-    critic_shift_fields,
     fields_read,
     load_credit_state,
     save_credit_state,
@@ -103,7 +102,7 @@ class CreditPPOTrainer(PPOTrainerSync):  # type: ignore[misc]
     def _critic_advantage(self, batch: Any, metrics: dict[str, Any]) -> Any:
         """verl's ``_compute_advantage`` (GAE) on the scores + the strategy's shift D."""
         fields = self._fields(batch, critic=True)
-        shift, credit_metrics = critic_shift_fields(self.credit, fields)
+        shift, credit_metrics = credit_fields(self.credit, fields, critic=True)
         metrics.update(credit_metrics)
         scores = fields["rm_scores"]
         shifted = torch.nested.nested_tensor_from_jagged(

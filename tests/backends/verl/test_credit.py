@@ -253,6 +253,32 @@ def test_a_gate_mixes_each_steps_credit_by_the_ema_after_that_step(
     assert settings.run.state_dict() == {"gate": reference.state_dict()}
 
 
+def test_a_row_without_a_valid_token_gets_no_credit_and_no_shift(
+    batch: TensorDict, grpo: torch.Tensor
+) -> None:
+    """A response whose mask is all 0 (``assign_credit`` runs on the other rows): 0 token
+    advantages under GRPO, D = 0 under the critic, the other rows' credit as
+    ``assign_credit``'s on them."""
+    fields, aligned = datc_fields(batch, grpo)
+    rows = [torch.ones(r, dtype=torch.long) for r in RESPONSES]
+    rows[1] = torch.zeros(RESPONSES[1], dtype=torch.long)
+    fields["response_mask"] = nested(rows)
+    mask = padded_mask()
+    mask[1] = False
+    stored, _ = credit_fields(settings_of("datc"), fields)
+    expected = assign_credit(
+        get_strategy("datc"),
+        response_advantages(grpo * mask, mask),
+        mask,
+        batch["responses"].to_padded_tensor(0).long(),
+        CreditSignals(unsigned_work=aligned),
+    )
+    assert torch.equal(stored.to_padded_tensor(0.0), expected.token_advantages)
+    shift, _ = credit_fields(settings_of("datc"), fields, critic=True)
+    padded = shift.to_padded_tensor(0.0)
+    assert torch.equal(padded[1], torch.zeros_like(padded[1])) and bool(padded.any())
+
+
 def test_missing_engine_field_names_the_plugin(batch: TensorDict, grpo: torch.Tensor) -> None:
     fields = batch.select("responses", "response_mask")
     fields["advantages"] = as_stored(grpo, batch)
@@ -299,10 +325,8 @@ def test_datc_token_advantages_reach_ppo_loss(batch: TensorDict, grpo: torch.Ten
 
 def test_uniforms_shift_under_a_critic_is_exactly_zero(batch: TensorDict) -> None:
     """``uniform`` under GAE adds D = 0 exactly: verl's token rewards stay its own."""
-    from backends.verl.credit import critic_shift_fields
-
     fields = batch.select("responses", "response_mask")
     fields.update(reward_fields(batch))
-    shift, _ = critic_shift_fields(settings_of("uniform"), fields)
+    shift, _ = credit_fields(settings_of("uniform"), fields, critic=True)
     assert torch.equal(shift.values(), torch.zeros_like(shift.values()))
     assert torch.equal(shift.offsets(), batch["response_mask"].offsets())
