@@ -51,7 +51,7 @@ import torch
 
 from adapters.rm_inputs import PaddingSide, RMInputs, SpecialTemplate, assemble
 from adapters.vocab_bridge import VocabBridge, plain_backend
-from credit_core import CreditError
+from credit_core import CreditError, TokenRewards
 from credit_core.attribution import check_null, reward_attribution
 from credit_core.tensor_checks import check_tensor
 
@@ -91,6 +91,9 @@ class RewardOutput:
     - direction_scores (B,) float32 or None: the direction model's own reward where
       ``rewards`` came from a separate scorer and the direction model ran anyway
       (``adapters.scorers.RewardSignals``); None where it did not run or is the scorer.
+    - token_rewards ``credit_core.TokenRewards`` (B, R) or None: the rewards per token or per
+      step that a reward function returned (``adapters.scorers.CallableScorer``); None where
+      it returned one number per response.
     """
 
     rewards: torch.Tensor
@@ -99,6 +102,7 @@ class RewardOutput:
     attention: torch.Tensor | None = None
     prefix_rewards: torch.Tensor | None = None
     direction_scores: torch.Tensor | None = None
+    token_rewards: TokenRewards | None = None
 
 
 class DirectionModel(ABC):

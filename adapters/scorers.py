@@ -2,7 +2,10 @@
 
 - ``TextScorer``: a plain Python callable ``(prompts, responses) -> rewards`` on decoded text
   (a rule, a verifier); not differentiable. One with a ``labels`` parameter is also given
-  each row's label (the ``label`` of its prompt in the data, or None).
+  each row's label (the ``label`` of its prompt in the data, or None), one with a
+  ``response_ids`` parameter each response's token ids. Per response it returns a number,
+  or token rewards: a list per token, ``(start, end, reward)`` step spans over the response's
+  token positions, or a mapping with both (``credit_core.parse_reward_outputs``).
 - ``Scorer``: what a backend calls to get (B,) rewards for a rollout batch.
   ``CallableScorer`` wraps a ``TextScorer`` (decoding with the policy tokenizer, special
   tokens skipped); ``ModelScorer`` uses a ``DirectionModel``'s own reward.
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,9 +33,9 @@ from adapters.direction import (
     score_rollout,
 )
 from adapters.signature import accepts_keyword
-from credit_core import CreditError
+from credit_core import CreditError, TokenRewards, parse_reward_outputs
 
-TextScorer = Callable[..., "Sequence[float] | torch.Tensor"]
+TextScorer = Callable[..., "Sequence[object] | torch.Tensor"]
 
 
 def import_object(path: str) -> Any:
@@ -59,7 +62,8 @@ def decode_rows(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> list[s
 class Scorer(ABC):
     """Rewards (B,) float32 for a rollout batch (policy ids, layout as ``DirectionModel``).
 
-    ``labels`` (B,) are the rows' labels, for scorers that use them.
+    ``labels`` (B,) are the rows' labels, for scorers that use them. ``score`` also gives the
+    token rewards of a scorer that has them (None by default).
     """
 
     @abstractmethod
@@ -73,16 +77,33 @@ class Scorer(ABC):
         labels: Sequence[Any] | None = None,
     ) -> torch.Tensor: ...
 
+    def score(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        *,
+        labels: Sequence[Any] | None = None,
+    ) -> tuple[torch.Tensor, TokenRewards | None]:
+        """The rewards (B,) and the token rewards (``TokenRewards`` (B, R) on the response
+        ids' device, or None): here the rewards alone."""
+        rewards = self(prompt_ids, prompt_mask, response_ids, response_mask, labels=labels)
+        return rewards, None
+
 
 class CallableScorer(Scorer):
     """A ``TextScorer`` on the decoded prompt and response texts (and the rows' labels, when
-    ``fn`` takes ``labels``: then a call without labels is an error, not a silent None)."""
+    ``fn`` takes ``labels``: then a call without labels is an error, not a silent None; and
+    each response's token ids, a list of ints over its valid tokens, when ``fn`` has a
+    ``response_ids`` parameter: the positions its token rewards and step spans index)."""
 
     def __init__(self, fn: TextScorer, policy_tokenizer: Any, *, name: str = "scorer") -> None:
         if not callable(fn):
             raise CreditError(f"{name}: expected a callable, got {type(fn).__name__}")
         self.fn = fn
         self.takes_labels = accepts_keyword(fn, "labels", via_var_keyword=True)
+        self.takes_response_ids = accepts_keyword(fn, "response_ids")
         self.policy_tokenizer = policy_tokenizer
         self.name = name
 
@@ -95,19 +116,43 @@ class CallableScorer(Scorer):
         *,
         labels: Sequence[Any] | None = None,
     ) -> torch.Tensor:
+        """The rewards (B,): the function's numbers, or each response's outcome where it
+        returned token rewards (``score``)."""
+        return self.score(prompt_ids, prompt_mask, response_ids, response_mask, labels=labels)[0]
+
+    def score(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        *,
+        labels: Sequence[Any] | None = None,
+    ) -> tuple[torch.Tensor, TokenRewards | None]:
+        """Rewards (B,) float32 and, where the function returned token rewards for some
+        response (a list per token, step spans, or a mapping: ``parse_reward_outputs``), the
+        ``TokenRewards`` (B, R) over ``response_mask`` with each response's outcome (given,
+        or the sum of its token rewards) as its reward; None where it returned numbers
+        (the rewards then exactly as before). ``CreditError`` naming the function and the
+        response for a bad item."""
         check_rollout(prompt_ids, prompt_mask, response_ids, response_mask)
         B = response_ids.shape[0]
         prompt_texts = decode_rows(self.policy_tokenizer, prompt_ids, prompt_mask)
         response_texts = decode_rows(self.policy_tokenizer, response_ids, response_mask)
+        kwargs: dict[str, Any] = {}
+        if self.takes_response_ids:
+            kwargs["response_ids"] = masked_rows(response_ids, response_mask != 0)
         if self.takes_labels:
             if labels is None or len(labels) != B:
                 got = "none" if labels is None else f"{len(labels)}"
                 raise CreditError(
                     f"{self.name}: takes labels, expected {B} (one per response), got {got}"
                 )
-            raw = self.fn(prompt_texts, response_texts, labels=list(labels))
-        else:
-            raw = self.fn(prompt_texts, response_texts)
+            kwargs["labels"] = list(labels)
+        raw = self.fn(prompt_texts, response_texts, **kwargs)
+        if isinstance(raw, list | tuple) and _per_token(raw):
+            rewards, token_rewards = parse_reward_outputs(raw, response_mask.bool(), name=self.name)
+            return rewards, token_rewards
         try:
             rewards = torch.as_tensor(raw, dtype=torch.float32).detach().cpu()
         except (TypeError, ValueError) as exc:
@@ -124,7 +169,17 @@ class CallableScorer(Scorer):
             raise CreditError(
                 f"{self.name}: non-finite rewards in rows {torch.nonzero(bad).flatten().tolist()}"
             )
-        return rewards.to(response_ids.device)
+        return rewards.to(response_ids.device), None
+
+
+def _per_token(raw: Sequence[object]) -> bool:
+    """Whether a function's output holds token rewards: an item that is a list, tuple,
+    mapping or 1-D tensor (not a number)."""
+    return any(
+        isinstance(item, list | tuple | Mapping)
+        or (isinstance(item, torch.Tensor) and item.dim() > 0)
+        for item in raw
+    )
 
 
 class ModelScorer(Scorer):
@@ -173,7 +228,8 @@ class RewardSignals:
         with_attention: bool = False,
         with_prefix_rewards: bool = False,
     ) -> RewardOutput:
-        """Rewards (B,) float32 from the scorer (given the rows' ``labels``); from the
+        """Rewards (B,) float32 and its token rewards, if any, from the scorer (given the
+        rows' ``labels``; ``Scorer.score``); from the
         direction model, when asked: ``reward_grad`` (``with_grad``), ``attention``
         (``with_attention``) and ``prefix_rewards`` (``with_prefix_rewards``), see
         ``RewardOutput``. One RM forward (+ backward) gives the gradient and the attention,
@@ -198,13 +254,14 @@ class RewardSignals:
                 )
         same = self.direction_is_reward
         rewards: torch.Tensor | None = None
+        token_rewards: TokenRewards | None = None
         if not same:
-            rewards = self.scorer(
+            rewards, token_rewards = self.scorer.score(
                 prompt_ids, prompt_mask, response_ids, response_mask, labels=labels
             )
         if dm is None or not (same or with_grad or with_attention or with_prefix_rewards):
             assert rewards is not None  # the scorer is not a direction model's
-            return RewardOutput(rewards, None, {})
+            return RewardOutput(rewards, None, {}, token_rewards=token_rewards)
         out = score_rollout(
             dm,
             prompt_ids,
@@ -222,5 +279,9 @@ class RewardSignals:
             "rm/direction_model_reward_mean": float(out.rewards.mean()),
         }
         return replace(
-            out, rewards=rewards, diagnostics=diagnostics, direction_scores=out.rewards.float()
+            out,
+            rewards=rewards,
+            diagnostics=diagnostics,
+            direction_scores=out.rewards.float(),
+            token_rewards=token_rewards,
         )

@@ -6,8 +6,9 @@ reward side, the reference policy, the implicit PRM, the critic, the answer span
 at build that they serve the strategy. ``signals`` is the recipe's second phase: rewards,
 ``group_advantages`` (groups never straddle ranks), the old-policy pass with only the signals
 the strategy reads (the RM gradient, policy stats or W0, the entropy), the RM's attention,
-prefix rewards or attribution from its scoring, OAR-G's answer saliency, the reference and
-implicit-PRM log-probs, then the run's one ``CreditRun.apply`` (``assign_credit``, the
+prefix rewards or attribution from its scoring, the token rewards a reward function
+returned, OAR-G's answer saliency, the reference and implicit-PRM log-probs, then the
+run's one ``CreditRun.apply`` (``assign_credit``, the
 direction model's agreement with the reward, the gate's mix) and, under
 ``algorithm.estimator: gae``, PPO's credit from the strategy's result (docs/design.md, "PPO
 with a critic (GAE)", "Credit under a critic").
@@ -28,6 +29,7 @@ from adapters.policy import (
     response_logprobs_and_stats,
     response_logprobs_and_work,
 )
+from adapters.scorers import CallableScorer
 from backends.common.credit import CreditRun
 from backends.common.data import Prompt
 from backends.common.errors import ConfigError
@@ -113,8 +115,8 @@ class CreditPath:
 
     ``ConfigError`` at build, naming the key, where the components do not serve the
     strategy: no differentiable direction model for a strategy that needs one, one that
-    does not give what it reads, a null row the direction model lacks, or OAR-G's input
-    gradient under FSDP.
+    does not give what it reads, a null row the direction model lacks, OAR-G's input
+    gradient under FSDP, or token rewards read without a reward function to give them.
     """
 
     def __init__(
@@ -171,6 +173,13 @@ class CreditPath:
                 f"distributed.strategy: 'fsdp'; credit strategy {name!r} takes the policy's "
                 "own input gradient (answer_saliency) on its whole, unsharded weights: use "
                 "'ddp'"
+            )
+        if plan.reads_token_rewards and not isinstance(reward.signals.scorer, CallableScorer):
+            raise ConfigError(
+                f"reward.reward: credit strategy {name!r} reads the token rewards a reward "
+                "function gives, but the reward is not a function: set reward.reward to "
+                "{kind: callable, function: 'pkg.module:name'} returning, per response, a list "
+                "per token or (start, end, reward) step spans (docs/reward_models.md)"
             )
 
     @property
@@ -299,6 +308,7 @@ class CreditPath:
             with_prefix_rewards="prefix_rewards" in reads,
         )
         reward_seconds = clock.lap()
+        token_rewards = side.token_rewards_for(strategy, reward.token_rewards, own=own)
         estimator = "group_norm" if self.gae else cfg.algorithm.estimator
         attribution = None
         if "reward_attribution" in reads:
@@ -360,6 +370,7 @@ class CreditPath:
                 reward_attribution=attribution,
                 implicit_log_ratio=log_ratio,
                 answer_saliency=saliency,
+                token_rewards=token_rewards,
             ),
             rewards=reward.rewards,
             groups=self.group_ids(batch),

@@ -2,7 +2,9 @@
 
 The scorer sets the advantage; the direction model (a frozen differentiable RM) supplies
 the reward gradient, and only when the credit strategy asks for it. Without a separate
-scorer the direction model's own reward is used (one RM pass for both).
+scorer the direction model's own reward is used (one RM pass for both). A ``reward: {kind:
+callable}`` function may return token rewards (a list per token or step spans per
+response); they go to a strategy that reads them (``RolloutRewards.token_rewards_for``).
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from adapters.config import build_reward_signals
 from adapters.direction import DirectionModel, RewardOutput
 from adapters.grad_path import HandedExpectedEmbeddings, with_grad_path
 from adapters.policy import lm_head_of
-from adapters.scorers import ModelScorer, RewardSignals
+from adapters.scorers import CallableScorer, ModelScorer, RewardSignals
 from backends.common.data import Prompt, load_jsonl
 from backends.common.errors import ConfigError
 from backends.common.tasks import get_task
 from backends.torch.config import TrainConfig
 from backends.torch.rollout import RolloutBatch, pad_responses
+from credit_core import CreditStrategy, TokenRewards
 
 
 class RolloutRewards:
@@ -42,6 +45,39 @@ class RolloutRewards:
         dm = self.signals.direction_model
         return None if dm is None else dm.reward_embedding
 
+    def token_rewards_for(
+        self, strategy: CreditStrategy, token_rewards: TokenRewards | None, *, own: bool = True
+    ) -> TokenRewards | None:
+        """The token rewards to pass to ``strategy`` (``CreditSignals.token_rewards``): those
+        the reward function returned (``compute``'s ``token_rewards``) where the strategy
+        reads them (``reads_token_rewards``), else None. ``ConfigError`` naming ``credit``
+        where the strategy reads them and the reward gave one number per response, or, for
+        the run's ``own`` strategy, where the function returned token rewards and the
+        strategy does not read them (another strategy judged on the batch just goes
+        without)."""
+        name = strategy.name
+        scorer = self.signals.scorer
+        source = (
+            f"the reward function {scorer.name!r}"
+            if isinstance(scorer, CallableScorer)
+            else "the reward (not a reward.reward of kind callable)"
+        )
+        if type(strategy).reads_token_rewards:
+            if token_rewards is None:
+                raise ConfigError(
+                    f"credit: strategy {name!r} reads token rewards, but {source} gave one "
+                    "number per response; return a list per token or (start, end, reward) "
+                    "step spans per response (docs/reward_models.md)"
+                )
+            return token_rewards
+        if token_rewards is not None and own:
+            raise ConfigError(
+                f"credit: strategy {name!r} does not read token rewards, but {source} "
+                "returned rewards per token or per step; use credit: process (or return one "
+                "number per response)"
+            )
+        return None
+
     def compute(
         self,
         batch: RolloutBatch,
@@ -57,9 +93,11 @@ class RolloutRewards:
         if ``with_prefix_rewards`` (each None when not asked; 0 at padding, R the batch's
         response length; see ``adapters.direction.RewardOutput``); the direction model's own
         scores (B,) where a separate scorer set the rewards and the direction model ran; and
-        the adapters' diagnostics averaged over micro-batches. ``labels`` (B,): each row's
-        label, for text scorers that take labels."""
+        the adapters' diagnostics averaged over micro-batches; the token rewards (B, R) a
+        reward function returned (``token_rewards``, None where it returned numbers).
+        ``labels`` (B,): each row's label, for text scorers that take labels."""
         rewards: list[torch.Tensor] = []
+        given: list[tuple[int, TokenRewards | None]] = []
         grads: list[torch.Tensor] = []
         attention: list[torch.Tensor] = []
         prefix_rewards: list[torch.Tensor] = []
@@ -79,6 +117,7 @@ class RolloutRewards:
             )
             calls += 1
             rewards.append(out.rewards.float())
+            given.append((mb.size, out.token_rewards))
             if out.direction_scores is not None:
                 scores.append(out.direction_scores.float())
             for key, value in out.diagnostics.items():
@@ -97,7 +136,26 @@ class RolloutRewards:
             torch.cat(attention) if with_attention else None,
             torch.cat(prefix_rewards) if with_prefix_rewards else None,
             torch.cat(scores) if scores else None,
+            _joined(given, batch.response_len),
         )
+
+
+def _joined(parts: list[tuple[int, TokenRewards | None]], R: int) -> TokenRewards | None:
+    """The micro-batches' token rewards ((rows, part) each) as one ``TokenRewards`` (B, R),
+    a part without any given nowhere; None where no part has any."""
+    if all(part is None for _, part in parts):
+        return None
+    device = next(part.values.device for _, part in parts if part is not None)
+    joined = [
+        TokenRewards(
+            torch.zeros(n, R, dtype=torch.float64, device=device),
+            torch.zeros(n, R, dtype=torch.bool, device=device),
+        )
+        if part is None
+        else part.pad_to(R)
+        for n, part in parts
+    ]
+    return TokenRewards.cat(joined)
 
 
 def build_prompts_and_reward(

@@ -257,6 +257,34 @@ def test_a_text_scorer_that_takes_labels_gets_one_per_row_or_a_clear_error() -> 
         signals.compute(*args, with_grad=False, labels=[0, 1])
 
 
+def id_rewards(prompts: list[str], responses: list[str], response_ids: list[list[int]]) -> list:
+    """Per-token rewards (each token's id), the first response's given with an outcome."""
+    rows: list[object] = [[float(i) for i in ids] for ids in response_ids]
+    rows[0] = {"outcome": -1.0, "token_rewards": rows[0]}
+    return rows
+
+
+def test_a_text_scorer_that_takes_response_ids_may_return_token_rewards() -> None:
+    """The token ids it is given are the positions of its token rewards; the rewards are
+    each response's outcome (given, or its token rewards' sum)."""
+    bpe = bpe_tokenizer()
+    signals = build_reward_signals(
+        {"reward": {"kind": "callable", "function": "tests.adapters.test_e2e:id_rewards"}}, bpe
+    )
+    r = rollout(
+        tiny_causal_lm("gpt2", len(bpe)), bpe, eos=bpe.eos_token_id, pad=bpe.pad_token_id, seed=3
+    )
+    args = (r["prompt_ids"], r["prompt_mask"], r["response_ids"], r["response_mask"])
+    out = signals.compute(*args, with_grad=False)
+    mask = r["response_mask"].bool()
+    assert out.token_rewards is not None
+    assert torch.equal(out.token_rewards.given, mask)
+    ids = torch.where(mask, r["response_ids"], 0).double()
+    assert torch.equal(out.token_rewards.values, ids)
+    sums = ids.sum(dim=1).float()
+    assert out.rewards[0] == -1.0 and torch.equal(out.rewards[1:], sums[1:])
+
+
 def test_config_errors_name_the_key() -> None:
     from pydantic import ValidationError
 

@@ -62,8 +62,9 @@ def steps_of(history: list[dict[str, Any]], key: str = "reward/mean") -> list[in
 
 
 #: The built-in task's direction model is a module without attention: ``abc`` runs in
-#: tests/backends/torch/test_baselines.py with a transformer reward model.
-RUN_ON_TASK = [name for name in BUILTIN if name != "abc"]
+#: tests/backends/torch/test_baselines.py with a transformer reward model; ``process`` reads
+#: the token rewards of a reward function (tests/backends/torch/test_token_rewards.py).
+RUN_ON_TASK = [name for name in BUILTIN if name not in ("abc", "process")]
 SCORE_BASED = {cls.name for cls in BUILTIN_STRATEGIES if issubclass(cls, ScoreStrategy)}
 
 

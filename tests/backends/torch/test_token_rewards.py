@@ -1,0 +1,111 @@
+"""The native trainer with a reward function that returns per-step rewards (``reward: {kind:
+callable}``; docs/design.md, "User-given token rewards (process supervision)"): the spans
+reach ``process`` as the token-rewards signal and the token advantages the update reads are
+the hand formula on the step's batch; a mismatch between the function and the strategy is
+one ``ConfigError``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from backends.common.errors import ConfigError
+from backends.torch.config import config_from_dict
+from backends.torch.credit import CreditPath
+from backends.torch.step import StepSignals
+from backends.torch.trainer import GRPORecipe, train
+from tests.helpers.torch_tiny import tiny_config
+
+pytestmark = pytest.mark.usefixtures("single_torch_thread")
+
+STEP_REWARD = "tests.backends.torch.test_token_rewards:step_reward"
+EPS = 1e-6
+
+
+def spans_of(ids: list[int]) -> list[tuple[int, int, float]]:
+    """Two steps, the halves of the response, scored by a rule on their end tokens."""
+    n = len(ids)
+    half = max(n // 2, 1)
+    spans = [(0, half, float(ids[half - 1] % 2))]
+    if half < n:
+        spans.append((half, n, float(ids[-1] % 3 == 0)))
+    return spans if n else []
+
+
+def step_reward(
+    prompts: list[str], responses: list[str], response_ids: list[list[int]]
+) -> list[Any]:
+    """Per-step rewards: (start, end, reward) spans of each response's token positions."""
+    return [spans_of(ids) for ids in response_ids]
+
+
+def hand_formula(
+    ids: torch.Tensor, mask: torch.Tensor, group_size: int, outcome_weight: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R (B,), A (B, T)) written out with loops: R_i the sum of response i's step rewards;
+    A_t = w A_i + sum over the steps ending at or after t of (r - mean_g) / (std_g + eps),
+    mean and std (Bessel) over the group's step rewards, A_i GRPO's advantage of R."""
+    B, T = mask.shape
+    steps = [spans_of(ids[b][mask[b]].tolist()) for b in range(B)]
+    R = [sum(r for _, _, r in s) for s in steps]
+    A = torch.zeros(B, T, dtype=torch.float64)
+    for g in range(0, B, group_size):
+        rows = range(g, g + group_size)
+        given = [r for b in rows for _, _, r in steps[b]]
+        mean = sum(given) / len(given)
+        std = (sum((r - mean) ** 2 for r in given) / (len(given) - 1)) ** 0.5
+        outcome_mean = sum(R[b] for b in rows) / group_size
+        outcome_std = (sum((R[b] - outcome_mean) ** 2 for b in rows) / (group_size - 1)) ** 0.5
+        for b in rows:
+            a_i = (R[b] - outcome_mean) / (outcome_std + EPS)
+            for t in range(int(mask[b].sum())):
+                process = sum((r - mean) / (std + EPS) for _, end, r in steps[b] if end - 1 >= t)
+                A[b, t] = outcome_weight * a_i + (process if std > 0 else 0.0)
+    return torch.tensor(R), A
+
+
+def test_per_step_rewards_train_two_steps_with_the_hand_formula_s_token_advantages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[StepSignals] = []
+    real = CreditPath.signals
+
+    def spy(self: CreditPath, *args: Any, **kwargs: Any) -> StepSignals:
+        out = real(self, *args, **kwargs)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(CreditPath, "signals", spy)
+    cfg = tiny_config(
+        tmp_path / "run",
+        steps=2,
+        credit={"name": "process", "outcome_weight": 0.5},
+        reward={"reward": {"kind": "callable", "function": STEP_REWARD}},
+        algorithm={"micro_batch_size": 4},  # the token rewards of two micro-batches joined
+    )
+    result = train(config_from_dict(cfg))
+    assert [int(r["step"]) for r in result.history if "reward/mean" in r] == [1, 2]
+    assert len(seen) == 2
+    for signals in seen:
+        batch = signals.batch
+        mask = batch.response_mask.bool()
+        R, A = hand_formula(batch.response_ids, mask, 4, 0.5)
+        torch.testing.assert_close(signals.rewards, R.float())
+        token_adv = signals.credit.token_advantages
+        torch.testing.assert_close(token_adv, A.float(), rtol=1e-5, atol=1e-6)
+        assert bool((token_adv != A[:, :1].float()).any())  # not one advantage per response
+
+
+def test_a_function_and_a_strategy_that_do_not_match_are_one_config_error(
+    tmp_path: Path,
+) -> None:
+    reward = {"reward": {"kind": "callable", "function": STEP_REWARD}}
+    cfg = tiny_config(tmp_path / "a", steps=1, reward=reward)
+    with pytest.raises(ConfigError, match=r"credit: strategy 'uniform' does not read token"):
+        train(config_from_dict(cfg))
+    cfg = tiny_config(tmp_path / "b", steps=1, credit="process")
+    with pytest.raises(ConfigError, match=r"reward.reward: credit strategy 'process' reads the"):
+        GRPORecipe(config_from_dict(cfg))
