@@ -41,6 +41,7 @@ _SHORT = {
     "trained_model": "a second trained model",
     "gather": "a cross-process gather",
     "path_gradient": "the path gradient",
+    "token_rewards": "the reward function's token rewards",
 }
 
 
