@@ -213,11 +213,12 @@ class _TopFractionStrategy(CreditStrategy):
     params: TopFractionParams
     gathers = True
 
-    @property
-    def critic_reward_form(self) -> CriticRewardForm | None:
+    @classmethod
+    def critic_form(cls, params: BaseModel) -> CriticRewardForm | None:
         """``weight`` mode keeps each response's mean; ``mask`` (A_t = A M_t) drops credit,
         it does not move it, so a critic estimator cannot take it as token rewards."""
-        return "weights" if self.params.mode == "weight" else None
+        assert isinstance(params, TopFractionParams)
+        return "weights" if params.mode == "weight" else None
 
     @abstractmethod
     def keys(self, batch: CreditBatch) -> torch.Tensor:
@@ -279,6 +280,12 @@ class ABCParams(BaseModel):
         return self
 
 
+def reward_form_for_critic(params: BaseModel) -> CriticRewardForm:
+    """A strategy with a ``mode`` parameter (``RewardForm``) under a critic: a paper form
+    gives token rewards, a mean form mean-preserving weights."""
+    return "token_rewards" if getattr(params, "mode", "mean") == "paper" else "weights"
+
+
 @builtin
 class ABCStrategy(CreditStrategy):
     """Attention-based credit with alpha the direction model's attention over the response
@@ -297,9 +304,9 @@ class ABCStrategy(CreditStrategy):
     def reads_groups(self) -> bool:
         return self.params.mode == "paper"
 
-    @property
-    def critic_reward_form(self) -> CriticRewardForm | None:
-        return "token_rewards" if self.params.mode == "paper" else "weights"
+    @classmethod
+    def critic_form(cls, params: BaseModel) -> CriticRewardForm | None:
+        return reward_form_for_critic(params)
 
     def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
         batch.require(self.requires, self.name)
@@ -347,9 +354,9 @@ class REDStrategy(CreditStrategy):
     def reads_groups(self) -> bool:
         return self.params.mode == "paper"
 
-    @property
-    def critic_reward_form(self) -> CriticRewardForm | None:
-        return "token_rewards" if self.params.mode == "paper" else "weights"
+    @classmethod
+    def critic_form(cls, params: BaseModel) -> CriticRewardForm | None:
+        return reward_form_for_critic(params)
 
     def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
         batch.require(self.requires, self.name)

@@ -246,8 +246,8 @@ class PrimeStrategy(CreditStrategy):
     def reads_groups(self) -> bool:
         return True
 
-    @property
-    def critic_reward_form(self) -> CriticRewardForm | None:
+    @classmethod
+    def critic_form(cls, params: BaseModel) -> CriticRewardForm | None:
         """None: PRIME's advantage is its own estimator (the implicit process rewards' and the
         outcome's returns with their own baselines), not a redistribution of the reward."""
         return None

@@ -272,8 +272,8 @@ class KTAEStrategy(CreditStrategy):
     def reads_groups(self) -> bool:
         return True
 
-    @property
-    def critic_reward_form(self) -> CriticRewardForm | None:
+    @classmethod
+    def critic_form(cls, params: BaseModel) -> CriticRewardForm | None:
         """None: A_t = A_i + k_{y_t} adds a token score to the response advantage, it does
         not move the response reward between tokens."""
         return None

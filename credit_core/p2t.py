@@ -15,7 +15,7 @@ from typing import ClassVar
 from pydantic import BaseModel, Field
 
 from credit_core.attribution import DEFAULT_NULL, NullEmbedding
-from credit_core.baseline_strategies import TokenRewardParams
+from credit_core.baseline_strategies import TokenRewardParams, reward_form_for_critic
 from credit_core.batch import CreditBatch
 from credit_core.strategy import CreditResult, CreditStrategy, CriticRewardForm, builtin
 from credit_core.tensor_checks import check_finite_at
@@ -62,9 +62,9 @@ class P2TStrategy(CreditStrategy):
     def reads_groups(self) -> bool:
         return self.params.mode == "paper"
 
-    @property
-    def critic_reward_form(self) -> CriticRewardForm | None:
-        return "token_rewards" if self.params.mode == "paper" else "weights"
+    @classmethod
+    def critic_form(cls, params: BaseModel) -> CriticRewardForm | None:
+        return reward_form_for_critic(params)
 
     def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:
         batch.require(self.requires, self.name)

@@ -34,7 +34,7 @@ from credit_core.batch import (
 from credit_core.config import CreditConfig
 from credit_core.errors import CreditError
 from credit_core.factory import get_strategy
-from credit_core.strategy import CreditStrategy
+from credit_core.strategy import CreditStrategy, CriticRewardForm
 from credit_core.trained_model import ImplicitPRMSpec
 
 #: What a strategy may read beside its signals: the response rewards and their ``groups``
@@ -324,22 +324,8 @@ class CreditPlan:
         advantage per response over its tokens) nor one of ``critic`` (the backend's critic
         estimators, served by ``critic_reward_shift`` for a strategy with a
         ``critic_reward_form``). None for ``uniform`` (it serves any estimator)."""
-        if self.name == "uniform" or estimator in allowed:
-            return None
-        if estimator in critic:
-            if self.strategy.critic_reward_form is not None:
-                return None
-            return Problem(
-                key,
-                f"{estimator!r}; credit strategy {self.name!r} has no token-reward form for a "
-                "critic (its token advantages are no redistribution of the response reward, "
-                "docs/design.md, 'Credit under a critic'): use one of "
-                f"{sorted(allowed)}",
-            )
-        return Problem(
-            key,
-            f"{estimator!r}; credit strategy {self.name!r} splits a response-level advantage "
-            f"over its tokens: use one of {sorted([*allowed, *critic])}",
+        return estimator_problem(
+            self.name, self.strategy.critic_reward_form, key, estimator, allowed, critic
         )
 
     def direction_problem(
@@ -365,3 +351,44 @@ class CreditPlan:
                 "(seq_classification or encoder_similarity)",
             )
         return None
+
+
+def config_critic_form(credit: CreditConfig) -> CriticRewardForm | None:
+    """``CreditStrategy.critic_form`` of a credit setting, from its class and validated
+    parameters, without building the strategy (a config check builds none: one instance per
+    process, the run's)."""
+    from credit_core.registry import strategy_class, validate_params
+
+    return strategy_class(credit.name).critic_form(validate_params(credit.name, credit.params))
+
+
+def estimator_problem(
+    name: str,
+    form: CriticRewardForm | None,
+    key: str,
+    estimator: object,
+    allowed: Collection[str],
+    critic: Collection[str] = (),
+) -> Problem | None:
+    """A ``Problem`` at ``key`` when ``estimator`` is neither one of ``allowed`` (the
+    backend's response-level estimators: a strategy other than ``uniform`` splits one
+    advantage per response over its tokens) nor one of ``critic`` (the backend's critic
+    estimators, served by ``critic_reward_shift`` for strategy ``name`` when its critic
+    ``form`` is not None). None for ``uniform`` (it serves any estimator)."""
+    if name == "uniform" or estimator in allowed:
+        return None
+    if estimator in critic:
+        if form is not None:
+            return None
+        return Problem(
+            key,
+            f"{estimator!r}; credit strategy {name!r} has no token-reward form for a "
+            "critic (its token advantages are no redistribution of the response reward, "
+            "docs/design.md, 'Credit under a critic'): use one of "
+            f"{sorted(allowed)}",
+        )
+    return Problem(
+        key,
+        f"{estimator!r}; credit strategy {name!r} splits a response-level advantage "
+        f"over its tokens: use one of {sorted([*allowed, *critic])}",
+    )

@@ -69,8 +69,9 @@ class ProcessStrategy(CreditStrategy):
     def reads_groups(self) -> bool:
         return True
 
-    @property
-    def critic_reward_form(self) -> CriticRewardForm | None:
+    @classmethod
+    def critic_form(cls, params: BaseModel) -> CriticRewardForm | None:
+        """The user's token rewards, weighted (module docstring), whatever ``params``."""
         return "token_rewards"
 
     def assign_with_diagnostics(self, batch: CreditBatch) -> CreditResult:

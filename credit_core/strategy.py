@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, final
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -172,15 +172,23 @@ class CreditStrategy(ABC):
         refuses the strategy at start-up."""
         return False
 
+    @classmethod
+    def critic_form(cls, params: BaseModel) -> CriticRewardForm | None:
+        """How a critic estimator (PPO's GAE) takes the credit of this strategy with
+        ``params`` as token rewards (docs/design.md, "Credit under a critic"): ``"weights"``
+        for token advantages A_t = A_i w_t that keep each response's mean (the reward's group
+        deviation is moved between tokens by w_t - 1), ``"token_rewards"`` for a paper form's
+        own r_t (``CreditResult.token_rewards``), None where the token advantages are no
+        redistribution of the response reward (a backend refuses the strategy with ``gae``).
+        A class method, so that a config is checked without building a strategy (one
+        instance per process); subclasses override this, not ``critic_reward_form``."""
+        return "weights"
+
+    @final
     @property
     def critic_reward_form(self) -> CriticRewardForm | None:
-        """How a critic estimator (PPO's GAE) takes this strategy's credit as token rewards
-        (docs/design.md, "Credit under a critic"): ``"weights"`` for token advantages
-        A_t = A_i w_t that keep each response's mean (the reward's group deviation is moved
-        between tokens by w_t - 1), ``"token_rewards"`` for a paper form's own r_t
-        (``CreditResult.token_rewards``), None where the token advantages are no
-        redistribution of the response reward (a backend refuses the strategy with ``gae``)."""
-        return "weights"
+        """``critic_form`` of this instance's parameters."""
+        return type(self).critic_form(self.params)
 
     @property
     def implicit_prm(self) -> ImplicitPRMSpec | None:

@@ -25,7 +25,14 @@ from backends.common.data import check_shardable
 from backends.common.errors import ConfigError, FieldError, format_config_errors
 from backends.common.tasks import task_problems
 from credit_core import ESTIMATORS, SIGNALS, CreditConfig, CreditError, strategy_class
-from credit_core.plan import FEATURES, Backend, CreditPlan, sampling_problem, signals_read
+from credit_core.plan import (
+    FEATURES,
+    Backend,
+    config_critic_form,
+    estimator_problem,
+    sampling_problem,
+    signals_read,
+)
 
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -380,8 +387,9 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _estimator_serves_credit(self) -> TrainConfig:
-        plan = CreditPlan.unchecked(self.credit, BACKEND)
-        problem = plan.estimator_problem(
+        problem = estimator_problem(
+            self.credit.name,
+            config_critic_form(self.credit),
             "algorithm.estimator",
             self.algorithm.estimator,
             ESTIMATORS,

@@ -35,7 +35,14 @@ from backends.torch.critic import response_values
 from backends.torch.gae import gae_advantages_and_returns, outcome_token_rewards, whiten
 from backends.torch.loss import aggregate, ppo_clip_loss
 from backends.torch.trainer import GRPORecipe, RunResult, train
-from credit_core import CreditConfig, ScoreStrategy, get_strategy, group_advantages, token_work
+from credit_core import (
+    CreditConfig,
+    CreditStrategy,
+    ScoreStrategy,
+    get_strategy,
+    group_advantages,
+    token_work,
+)
 from credit_core.builtin_strategies import BUILTIN_STRATEGIES
 from credit_core.token_rewards import critic_reward_shift
 from tests.helpers.one_rank import join_one_rank_group
@@ -70,12 +77,21 @@ SCORE_BASED = {cls.name for cls in BUILTIN_STRATEGIES if issubclass(cls, ScoreSt
 
 @pytest.mark.parametrize("strategy", RUN_ON_TASK)
 def test_every_builtin_strategy_completes_three_steps_computing_only_what_it_needs(
-    tmp_path: Path, strategy: str
+    tmp_path: Path, strategy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cls = {cls.name: cls for cls in BUILTIN_STRATEGIES}[strategy]
     span = {"data": {"answer_span": {"last": 2}}} if cls.reads_answer_span else {}
+    built: list[str] = []
+    init = CreditStrategy.__init__
+
+    def counted(self: CreditStrategy, *args: Any, **kwargs: Any) -> None:
+        built.append(type(self).name)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(CreditStrategy, "__init__", counted)
     result = train(tiny_config(tmp_path / "run", credit=strategy, **span))
     assert steps_of(result.history) == [1, 2, 3]
+    assert built == [strategy]  # one strategy instance in the process, config check included
     requires = cls.requires
     batch = 2 * 4  # prompts_per_step x group_size
     for record in result.history:
