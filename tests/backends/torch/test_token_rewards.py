@@ -99,6 +99,28 @@ def test_per_step_rewards_train_two_steps_with_the_hand_formula_s_token_advantag
         assert bool((token_adv != A[:, :1].float()).any())  # not one advantage per response
 
 
+def test_under_gae_the_critic_reads_the_step_rewards_as_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/design.md, "Credit under a critic": ``process``'s token rewards replace the
+    outcome at the last token; with the defaults they are the function's step rewards."""
+    from tests.backends.torch.test_train import GAE_UPDATES, _gae_handed
+
+    reward = {"reward": {"kind": "callable", "function": STEP_REWARD}}
+    cfg = tiny_config(tmp_path / "run", credit="process", reward=reward, **GAE_UPDATES)
+    recipe = GRPORecipe(config_from_dict(cfg))
+    try:
+        batch, _, handed = _gae_handed(recipe, monkeypatch)
+        mask = batch.response_mask.bool()
+        expected = torch.zeros(mask.shape)
+        for b in range(mask.shape[0]):
+            for _, end, r in spans_of(batch.response_ids[b][mask[b]].tolist()):
+                expected[b, end - 1] = r
+        assert torch.equal(handed, expected)
+    finally:
+        recipe.close()
+
+
 def test_a_function_and_a_strategy_that_do_not_match_are_one_config_error(
     tmp_path: Path,
 ) -> None:
