@@ -1,7 +1,7 @@
 """``python -m ablations CONFIG.yaml [--set k=v ...] [--shard i/n] [--debug]`` and
 ``python -m ablations merge CONFIG.yaml --from DIR [DIR ...] [--rows CSV ...] [--set ...]
 [--debug]`` and ``python -m ablations check CONFIG --sample N [--seed S] [--tolerance T]
-[--rows CSV ...] [--set ...] [--debug]``.
+[--rows CSV ...] [--set ...] [--debug]`` and ``python -m ablations bank CONFIG [--set ...]``.
 
 The first trains the config's runs (this shard's share with ``--shard``; finished runs are
 skipped) and, for the whole plan, writes report.md, results.csv and the figures, then prints
@@ -9,7 +9,9 @@ their paths. ``merge`` gathers shard output folders into the config's output fol
 writes the same outputs. ``check`` reruns N recorded runs drawn at random and compares
 their final metrics with the recorded ones (``ablations.check``): one line per run and a
 summary; exit status 0 when every rerun is identical within the tolerance, 1 when some
-differ. Expected failures (bad config, missing file, package or GPU)
+differ. ``bank`` adds the finished runs of the output folder to the config's first ``banked`` folder
+(``ablations.bank``: a plan trained over several sessions; the runner takes banked runs made
+with the config as its own). Expected failures (bad config, missing file, package or GPU)
 print one message and exit with status 2 (``backends.common.cli``); a failed run is a bug
 until shown otherwise and raises with its traceback. A worker process that dies, fails or
 hangs ends the runner with one message naming it and its run (status 2); a stop signal
@@ -50,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         usage="%(prog)s CONFIG [--set KEY=VALUE ...] [--shard I/N] [--debug]\n"
         "       %(prog)s merge CONFIG --from DIR [DIR ...] [--rows CSV ...] [--set KEY=VALUE ...]\n"
-        "       %(prog)s check CONFIG --sample N [--seed S] [--tolerance T] [--rows CSV ...]",
+        "       %(prog)s check CONFIG --sample N [--seed S] [--tolerance T] [--rows CSV ...]\n"
+        "       %(prog)s bank CONFIG [--set KEY=VALUE ...]",
         description="Train the same policy under several credit strategies across settings, "
         "families and seeds; report the comparison. Subcommand 'merge' combines shards; "
         "'check' reruns a sample of recorded runs and compares them.",
@@ -120,6 +123,30 @@ def build_check_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_bank_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} bank",
+        description="Add the finished runs of the config's output folder to its bank "
+        "(the config's 'banked' folder): one new file, the earlier ones untouched.",
+    )
+    _common(parser)
+    return parser
+
+
+def _bank(args_in: list[str]) -> int:
+    from ablations.ablation_config import load_ablate_config
+    from ablations.runner import deposit_banked
+
+    args = build_bank_parser().parse_args(args_in)
+    cfg = load_ablate_config(args.config, args.overrides)
+    file, finished, planned = deposit_banked(cfg)
+    added = f"wrote {file}" if file is not None else "nothing new to add"
+    print(
+        f"bank {cfg.banked[0]}: {added}; {finished} of {planned} runs finished in the output folder"
+    )
+    return 0
+
+
 def _check(args_in: list[str]) -> int:
     from ablations.ablation_config import load_ablate_config
     from ablations.check import check_sample
@@ -160,6 +187,8 @@ def _ablate(args_in: list[str]) -> int:
     outputs: Outputs | None
     if args_in[:1] == ["check"]:
         return _check(args_in[1:])
+    if args_in[:1] == ["bank"]:
+        return _bank(args_in[1:])
     if args_in[:1] == ["merge"]:
         args = build_merge_parser().parse_args(args_in[1:])
         cfg = load_ablate_config(args.config, args.overrides)

@@ -211,6 +211,13 @@ class AblateConfig(Section):
     name: str = "ablation"
     output_dir: str = "runs/ablate"
     cache_dir: str = Field(default=".cache/ablate", description="pretrained policies, RMs, data")
+    banked: list[str] = Field(
+        default_factory=list,
+        description="folders of runs finished elsewhere (``ablations.bank``, committed beside "
+        "the reports): the runner takes those made with this config (the same fingerprint) as "
+        "its own, and `python -m ablations bank CONFIG` adds the output folder's finished runs "
+        "to the first. Not part of any run's fingerprint",
+    )
     families: list[Family] = Field(default_factory=lambda: list[Family](["llama"]), min_length=1)
     seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
     model_seeds: bool = Field(

@@ -33,6 +33,7 @@ import yaml
 
 from ablations import figures as figs
 from ablations.ablation_config import AblateConfig, deep_merge
+from ablations.bank import deposit, withdraw
 from ablations.cache import spec_hash
 from ablations.contrasts import judge
 from ablations.head_to_head import (
@@ -284,6 +285,35 @@ def fingerprints(cfg: AblateConfig, runs: Sequence[RunKey]) -> dict[RunKey, str]
     return {r: run_fingerprint(cfg, r) for r in runs}
 
 
+def withdraw_banked(cfg: AblateConfig, log: Log) -> None:
+    """Take the runs of ``cfg.banked`` made with this config into the output folder
+    (``ablations.bank.withdraw``), saying how many."""
+    prints = fingerprints(cfg, plan_runs(cfg)) if cfg.banked else {}
+    for folder in cfg.banked:
+        try:
+            n = withdraw(Path(folder), Path(cfg.output_dir), prints)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"banked: {err}") from err
+        if n:
+            log(f"[ablate] {n} finished runs taken from the bank {folder}")
+
+
+def deposit_banked(cfg: AblateConfig) -> tuple[Path | None, int, int]:
+    """Add the output folder's finished runs of this config to the first of ``cfg.banked``
+    (``ablations.bank.deposit``): (the new bank file or None, runs finished in the output
+    folder, runs planned). ``ConfigError`` without a bank."""
+    if not cfg.banked:
+        raise ConfigError("banked: the config names no bank folder to add the finished runs to")
+    plan = plan_runs(cfg)
+    prints = fingerprints(cfg, plan)
+    found, _ = collect(plan, Path(cfg.output_dir), prints)
+    try:
+        file = deposit([Path(b) for b in cfg.banked], Path(cfg.output_dir), plan, prints)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"banked: {err}") from err
+    return file, len(found), len(plan)
+
+
 def _pending(cfg: AblateConfig, runs: Sequence[RunKey]) -> list[RunKey]:
     out = Path(cfg.output_dir)
     return [r for r in runs if read_result(r.folder(out), run_fingerprint(cfg, r)) is None]
@@ -343,6 +373,7 @@ def run_ablation(
     out = Path(cfg.output_dir)
     plan = plan_runs(cfg)
     reference_baselines(cfg)  # a bad reference fails now, not after the runs
+    withdraw_banked(cfg, log)
     if assets_only:
         keys = sorted(
             {asset_key(cfg, r) for r in _pending(cfg, runs_now(cfg, plan))},
@@ -411,6 +442,7 @@ def run_workers(cfg: AblateConfig, *, command: str, log: Log = print) -> Outputs
     runs are kept either way, so the same command continues. None with ``cfg.only``."""
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    withdraw_banked(cfg, log)
     cfg_file = out / WORKER_CONFIG
     cfg_file.write_text(yaml.safe_dump({**cfg.to_yaml_dict(), "workers": 1}, sort_keys=False))
     n = cfg.workers
@@ -516,6 +548,7 @@ def merge(
     ``sources`` into ``cfg.output_dir`` (current runs already there are kept) and write the
     outputs (``write_outputs``, with the ``earlier`` results.csv files)."""
     out = Path(cfg.output_dir)
+    withdraw_banked(cfg, print)
     for run, fingerprint in fingerprints(cfg, plan_runs(cfg)).items():
         dest = run.folder(out)
         if read_result(dest, fingerprint) is not None:

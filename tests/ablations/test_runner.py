@@ -5,6 +5,8 @@
   step, and figures that are valid PNGs; it prints their paths last.
 - Resume: deleting one run's result and running again redoes that run only (and, redone
   in-process, it reproduces what a worker process computed).
+- A bank (``banked``, ``python -m ablations bank``) carries the finished runs to an empty
+  output folder: nothing is trained again and the results table is the same.
 - ``--shard 0/2`` + ``--shard 1/2`` + ``merge`` gives the same results table as one
   unsharded run (every column but the timing ones, which are measurements).
 - A stop signal in the middle of a run ends the command with that run named and exit 75;
@@ -153,6 +155,28 @@ def test_resume_redoes_only_the_deleted_run(
     logs.clear()
     run_ablation(cfg, command="test", log=logs.append)
     assert any(" 0 to run" in line for line in logs), logs
+
+
+def test_a_bank_carries_the_finished_runs_to_another_output_folder(
+    quick_run: tuple[Path, list[str], list[str]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    src, overrides, _ = quick_run
+    banked = [*overrides, f"banked=[{tmp_path / 'bank'}]"]
+    args = [str(QUICK), *(x for o in banked for x in ("--set", o))]
+    assert main(["bank", *args]) == 0
+    assert f"wrote {tmp_path / 'bank'}" in capsys.readouterr().out
+    assert main(["bank", *args]) == 0  # each deposit adds only what the bank lacks
+    assert "nothing new to add" in capsys.readouterr().out
+    elsewhere = load_ablate_config(
+        QUICK, [*banked, f"output_dir={tmp_path / 'elsewhere'}", "workers=1"]
+    )
+    logs: list[str] = []
+    outputs = run_ablation(elsewhere, command="test", log=logs.append)
+    assert f"[ablate] {TINY_RUNS} finished runs taken from the bank" in logs[0], logs
+    assert any(f", {TINY_RUNS} already done, 0 to run" in line for line in logs), logs
+    assert outputs is not None and _table(outputs.csv) == _table(src / CSV_FILE)
 
 
 def _measured(result_file: Path) -> list[dict[str, float]]:

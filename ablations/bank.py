@@ -1,0 +1,96 @@
+"""A bank of finished runs, committed beside a report, so that a plan larger than one machine's
+session is trained over several sessions (or machines) and reported once.
+
+A bank is a folder (the config's ``banked``) of gzipped JSON-lines files, one per deposit,
+each line one run: ``{"run": [setting, family, strategy, seed], "result": {...}}`` with the
+run's whole ``result.json`` (its fingerprint, history, info, examples). Deposits are never
+rewritten: ``deposit`` writes a new file with the finished runs of the output folder that the
+bank does not hold yet, so each session adds one file. ``withdraw`` writes the banked results
+whose fingerprint is the current config's into the output folder where it has none: from then
+on the runner treats them as its own (not trained again, in the report). A banked result made
+with another config is never used. Nothing read from a bank runs code (JSON only).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ablations.results import RunKey, read_result, write_result
+
+SUFFIX = ".jsonl.gz"
+
+
+def banked_results(folder: Path) -> Iterator[tuple[RunKey, dict[str, Any]]]:
+    """Every (run, result) in the bank ``folder``'s files, file by file in name order (none
+    when the folder does not exist). ``ValueError`` naming the file and line of a bad entry."""
+    if not folder.is_dir():
+        return
+    for file in sorted(folder.glob(f"*{SUFFIX}")):
+        with gzip.open(file, "rt", encoding="utf-8") as fh:
+            for number, line in enumerate(fh, start=1):
+                try:
+                    entry = json.loads(line)
+                    setting, family, strategy, seed = entry["run"]
+                    result = entry["result"]
+                    if not isinstance(result, dict) or "fingerprint" not in result:
+                        raise ValueError("no result with a fingerprint")
+                    run = RunKey(str(setting), str(family), str(strategy), int(seed))
+                except (ValueError, KeyError, TypeError) as err:
+                    raise ValueError(f"bank {file}, line {number}: {err}") from err
+                yield run, result
+
+
+def withdraw(folder: Path, output: Path, fingerprints: Mapping[RunKey, str]) -> int:
+    """Write into ``output`` each banked result of a planned run (``fingerprints``: run ->
+    its current fingerprint) made with the current config, where ``output`` holds no current
+    result of that run; the number written."""
+    written = 0
+    for run, result in banked_results(folder):
+        want = fingerprints.get(run)
+        if want is None or result["fingerprint"] != want:
+            continue
+        dest = run.folder(output)
+        if read_result(dest, want) is not None:
+            continue
+        dest.mkdir(parents=True, exist_ok=True)
+        write_result(dest, result)
+        written += 1
+    return written
+
+
+def deposit(
+    folders: Sequence[Path],
+    output: Path,
+    plan: Sequence[RunKey],
+    fingerprints: Mapping[RunKey, str],
+) -> Path | None:
+    """A new bank file in ``folders[0]`` with the current results in ``output`` of the
+    planned runs that none of the banks ``folders`` holds with that fingerprint; None when
+    there is none to add."""
+    held = {
+        (run, result["fingerprint"]) for folder in folders for run, result in banked_results(folder)
+    }
+    entries = []
+    for run in plan:
+        result = read_result(run.folder(output), fingerprints[run])
+        if result is not None and (run, fingerprints[run]) not in held:
+            entries.append(
+                {"run": [run.setting, run.family, run.strategy, run.seed], "result": result}
+            )
+    if not entries:
+        return None
+    folder = folders[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    file = folder / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}{SUFFIX}"
+    tmp = file.with_name(file.name + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as fh:
+        for entry in entries:
+            fh.write(json.dumps(entry, allow_nan=True) + "\n")
+    os.replace(tmp, file)
+    return file

@@ -1,0 +1,48 @@
+"""The bank of finished runs (``ablations.bank``): what goes in comes out, only for the
+config that made it, and a damaged bank is one error naming the file and line."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from ablations.bank import banked_results, deposit, withdraw
+from ablations.results import RESULT_FILE, RunKey, read_result, write_result
+
+RUNS = [RunKey("s", "llama", "datc", 0), RunKey("s", "llama", "uniform", 0)]
+
+
+def _finished(output: Path, fingerprints: dict[RunKey, str]) -> None:
+    for run, fingerprint in fingerprints.items():
+        run.folder(output).mkdir(parents=True)
+        write_result(run.folder(output), {"fingerprint": fingerprint, "history": [{"step": 1}]})
+
+
+def test_a_deposit_comes_back_for_the_same_config_only(tmp_path: Path) -> None:
+    prints = {run: f"fp-{run.strategy}" for run in RUNS}
+    _finished(tmp_path / "out", prints)
+    bank = tmp_path / "bank"
+    first = deposit([bank], tmp_path / "out", RUNS, prints)
+    assert first is not None and deposit([bank], tmp_path / "out", RUNS, prints) is None
+    # a run another bank holds is not deposited again
+    assert deposit([tmp_path / "own", bank], tmp_path / "out", RUNS, prints) is None
+    assert [run for run, _ in banked_results(bank)] == RUNS
+    assert withdraw(bank, tmp_path / "fresh", prints) == 2
+    for run in RUNS:
+        assert read_result(run.folder(tmp_path / "fresh"), prints[run]) is not None
+    assert withdraw(bank, tmp_path / "fresh", prints) == 0  # already there
+    changed = {**prints, RUNS[0]: "fp-datc-beta2"}
+    assert withdraw(bank, tmp_path / "other", changed) == 1  # the changed run is not taken
+    assert not (RUNS[0].folder(tmp_path / "other") / RESULT_FILE).exists()
+
+
+def test_a_damaged_bank_names_the_file_and_line(tmp_path: Path) -> None:
+    bank = tmp_path / "bank"
+    bank.mkdir()
+    with gzip.open(bank / "a.jsonl.gz", "wt") as fh:
+        fh.write('{"run": ["s", "llama", "datc", 0], "result": {"fingerprint": "x"}}\n')
+        fh.write('{"run": ["s", "llama"], "result": {}}\n')
+    with pytest.raises(ValueError, match=r"a\.jsonl\.gz, line 2"):
+        list(banked_results(bank))
