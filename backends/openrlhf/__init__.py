@@ -6,10 +6,11 @@
   strategy works with, checked before ``ray.init``), ``injection`` (how the maker gets into
   the trainer actor, which ``train_ppo_ray`` creates before it loads the models).
 - ``experience_maker.TokenCreditExperienceMaker``: OpenRLHF's experience maker whose
-  advantages are split over tokens by a ``credit_core`` strategy; ``dispatch`` (one result
-  object per micro-batch, fetched when credited), ``step_batch`` (the step's micro-batches
-  as one batch, with rewards and groups), ``critic`` (credit as a shift of the token rewards
-  under ``gae``).
+  advantages are split over tokens by a ``credit_core`` strategy; ``credit`` (the backend's
+  credit on the one seam ``backends.common.credit.CreditRun``: the step's token advantages,
+  their shift of the token rewards under ``gae``, the direction model's agreement with the
+  reward), ``dispatch`` (one result object per micro-batch, fetched when credited),
+  ``step_batch`` (the step's micro-batches as one batch, with rewards and groups).
 - ``actor_side``: what runs inside the policy / reward-model actors (policy statistics,
   reward gradients), with ``forward_capture``, ``layout`` and ``packing`` for OpenRLHF's
   own forward and batch layout.

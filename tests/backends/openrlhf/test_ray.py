@@ -153,6 +153,10 @@ def test_credit_maker_is_installed_in_the_trainer_actor_and_reaches_the_model_ac
             info["credit/direction_reward"], want.info["credit/direction_reward"]
         )
         assert info["credit/weight_max"].shape == (2,)
+        # issue 46: the step's agreement, measured in the trainer actor as in-process
+        agreement = info["credit/direction_agreement"]
+        assert bool(agreement.isfinite().all())
+        torch.testing.assert_close(agreement, want.info["credit/direction_agreement"])
 
 
 def test_a_datc_step_through_ray_runs_no_policy_forward_beyond_openrlhfs_own(

@@ -111,6 +111,9 @@ def test_the_one_pass_path_trains_two_steps_in_train_ppo_rays_own_order(
         assert info["credit/signal_time_s"] > 0.0  # signals were gathered from the actors
         assert info["credit/extra_policy_forwards"] == 0.0  # from OpenRLHF's own forward
         assert info["credit/weight_max"] > info["credit/weight_min"]  # tokens were weighted
+        # issue 46: the direction model is the reward here, said so instead of an agreement
+        assert info["credit/direction_is_reward"] == 1.0
+        assert "credit/direction_agreement" not in info
         for advantages, mask in zip(step["advantages"], step["action_mask"], strict=True):
             adv, on = torch.tensor(advantages), torch.tensor(mask).bool()
             assert float(adv[~on].abs().sum()) == 0.0  # credit only on the action tokens
