@@ -127,42 +127,62 @@ def test_bad_settings_are_refused_naming_the_key(overrides: list[str], message: 
     assert message in str(err.value)
 
 
-GATE = "algorithm.credit={name:datc,gate:{agreement:[0.2,0.6]}}"
-#: verl's reward-model server serving the direction model: verl's reward is its own score
-SAME_RM = ("reward.reward_model.enable=true", "reward.reward_model.model_path=/models/rm")
+GATE = {"name": "datc", "gate": {"agreement": [0.2, 0.6]}}
+RM = "/models/rm"
+
+
+def plain_config(credit: object, **extra: object) -> dict[str, object]:
+    """A GRPO config as a mapping (no Hydra composition: fast) with the direction model at
+    ``RM`` and ``extra`` top-level sections."""
+    direction = {"kind": "seq_classification", "path": RM}
+    return {
+        "algorithm": {"adv_estimator": "grpo", "credit": credit, "direction": direction},
+        **extra,
+    }
 
 
 def test_a_gate_is_applied_and_the_engine_asked_for_the_direction_models_scores() -> None:
-    """``algorithm.credit.gate`` builds the run's gate; a strategy that reads a direction
-    model asks the engine for its scores (its agreement with verl's reward), one that reads
-    none does not."""
-    settings = credit_settings(verl_config("algorithm.adv_estimator=grpo", GATE, DIRECTION))
+    """``algorithm.credit.gate`` (read by Hydra as a nested mapping) builds the run's gate; a
+    strategy that reads a direction model asks the engine for its scores (its agreement
+    with verl's reward), one that reads none does not."""
+    hydra = verl_config(
+        "algorithm.adv_estimator=grpo",
+        "algorithm.credit={name:datc,gate:{agreement:[0.2,0.6]}}",
+        DIRECTION,
+    )
+    settings = credit_settings(hydra)
     assert settings.run.gate is not None and settings.run.gate.low == 0.2
     request = work_request(settings)
     assert request is not None and json.loads(request)["scores"] is True
-    plain = credit_settings(
-        verl_config("algorithm.adv_estimator=grpo", "algorithm.credit=datc", DIRECTION)
-    )
+    plain = credit_settings(plain_config("datc"))
     assert plain.run.gate is None and plain.measures
-    entropy = credit_settings(
-        verl_config("algorithm.adv_estimator=grpo", "algorithm.credit=entropy_top")
-    )
-    assert not entropy.measures
+    assert not credit_settings(plain_config("entropy_top")).measures
 
 
-def test_a_reward_model_serving_the_direction_model_is_the_direction_models_reward() -> None:
+@pytest.mark.parametrize(
+    "server",
+    [
+        {"reward": {"reward_model": {"enable": True, "model_path": RM}}},
+        {"reward_model": {"enable": True, "model": {"path": RM}}},  # verl's legacy keys
+    ],
+    ids=["reward", "legacy"],
+)
+def test_a_reward_model_serving_the_direction_model_is_the_direction_models_reward(
+    server: dict[str, object],
+) -> None:
     """verl's reward-model server on the direction model's path: the reward is the direction
     model's own (agreement 1 by construction), no scores are shipped, a gate is refused
-    under its key; another reward model's path is a separate reward."""
-    grpo = "algorithm.adv_estimator=grpo"
-    settings = credit_settings(verl_config(grpo, "algorithm.credit=datc", DIRECTION, *SAME_RM))
+    under its key; another path, or the server off, is a separate reward."""
+    settings = credit_settings(plain_config("datc", **server))
     assert settings.run.direction_is_reward and not settings.measures
     request = work_request(settings)
     assert request is not None and "scores" not in json.loads(request)
     with pytest.raises(CreditError, match=r"^algorithm\.credit\.gate: the reward is the direction"):
-        credit_settings(verl_config(grpo, GATE, DIRECTION, *SAME_RM))
-    other = (SAME_RM[0], "reward.reward_model.model_path=/models/other")
-    assert not credit_settings(verl_config(grpo, GATE, DIRECTION, *other)).run.direction_is_reward
+        credit_settings(plain_config(GATE, **server))
+    other = json.loads(json.dumps(server).replace(RM, "/models/other"))
+    assert not credit_settings(plain_config(GATE, **other)).run.direction_is_reward
+    off = json.loads(json.dumps(server).replace("true", "false"))
+    assert not credit_settings(plain_config("datc", **off)).run.direction_is_reward
 
 
 @pytest.mark.parametrize(
