@@ -109,10 +109,6 @@ class TokenRewards:
         B, T = self.values.shape
         return int(B), int(T)
 
-    def totals(self) -> torch.Tensor:
-        """(B,) float64: each response's sum of given rewards (0 for a row without one)."""
-        return self.values.sum(dim=1)
-
     def select(self, rows: torch.Tensor | slice) -> TokenRewards:
         """The token rewards of a subset of responses (rows of the batch dimension)."""
         return TokenRewards(self.values[rows], self.given[rows])
@@ -125,10 +121,6 @@ class TokenRewards:
         pad = length - T
         values = torch.nn.functional.pad(self.values, (0, pad))
         return TokenRewards(values, torch.nn.functional.pad(self.given, (0, pad)))
-
-    def to(self, device: torch.device | str) -> TokenRewards:
-        """Both tensors on ``device``."""
-        return TokenRewards(self.values.to(device), self.given.to(device))
 
     @staticmethod
     def cat(parts: Sequence[TokenRewards]) -> TokenRewards:
@@ -156,7 +148,7 @@ def parse_reward_outputs(
 
     R must be finite. ``CreditError`` naming ``name``, the response index and the field.
     """
-    B = int(mask.shape[0])
+    B = int(check_tensor("mask", mask, (None, None), dtype=torch.bool).shape[0])
     if len(outputs) != B:
         raise CreditError(f"{name}: expected {B} rewards (one per response), got {len(outputs)}")
     rewards: list[float] = []
