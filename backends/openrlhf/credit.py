@@ -171,18 +171,24 @@ class OpenRLHFCredit:
         self,
         experiences: Sequence[Any],
         signals: Iterable[ActorSignals],
-        rewards: torch.Tensor | None = None,
-        groups: torch.Tensor | None = None,
+        *,
+        n_samples_per_prompt: int,
     ) -> StepCredit:
         """Replace every micro-batch's ``advantages`` (B_k, A_k) by the strategy's token
-        advantages, cast to their dtype (0 off the action tokens; ``returns`` untouched).
+        advantages, cast to their dtype (0 off the action tokens; ``returns`` untouched),
+        with the step's diagnostics and agreement.
 
         ``experiences``: the step's micro-batches after OpenRLHF's advantages (one value per
         response on its action tokens, ``response_advantages``); ``signals`` one per
-        micro-batch, in order (taken one at a time). ``rewards`` (N,) float32 and ``groups``
-        (N,) int64 over the step's responses in that order (``step_batch.outcome_rewards``,
-        ``step_batch.step_groups``), where ``reads_rewards``.
+        micro-batch, in order (taken one at a time). Where ``reads_rewards``, R_i is the
+        reward OpenRLHF's estimator normalized (``experience.rewards`` after its length
+        penalties; it clamps the normalized value to ``--reward.clip_range``, not R_i), and
+        each prompt's ``n_samples_per_prompt`` samples a group.
         """
+        rewards = groups = None
+        if self.reads_rewards:
+            rewards = outcome_rewards(experiences, None)
+            groups = step_groups(experiences, n_samples_per_prompt)
         advantages = torch.cat(
             [response_advantages(e.advantages, e.action_mask.bool()) for e in experiences]
         )

@@ -84,7 +84,6 @@ from backends.openrlhf.compat import (
 )
 from backends.openrlhf.credit import OpenRLHFCredit, StepCredit
 from backends.openrlhf.dispatch import run_method_per_item
-from backends.openrlhf.step_batch import outcome_rewards, step_groups
 from credit_core import CreditError
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
 
@@ -264,13 +263,11 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                 log_diagnostics(experience, UNIFORM_DIAGNOSTICS.to_dict())
             return experiences
         signals = self._signals(experiences)
-        rewards = groups = None
-        if self.credit_run.reads_rewards:
-            # the rewards OpenRLHF's estimator normalized (it clamps the normalized value
-            # to --reward.clip_range, not these), each prompt's samples a group
-            rewards = outcome_rewards(experiences, None)
-            groups = step_groups(experiences, int(self.strategy.args.rollout.n_samples_per_prompt))
-        step = self.credit_run.grpo_credit(experiences, signals, rewards, groups)
+        step = self.credit_run.grpo_credit(
+            experiences,
+            signals,
+            n_samples_per_prompt=int(self.strategy.args.rollout.n_samples_per_prompt),
+        )
         self._log(experiences, signals, step)
         return experiences
 
