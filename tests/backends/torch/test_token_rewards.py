@@ -12,11 +12,14 @@ from typing import Any
 import pytest
 import torch
 
+from adapters.scorers import CallableScorer, RewardSignals
 from backends.common.errors import ConfigError
 from backends.torch.config import config_from_dict
 from backends.torch.credit import CreditPath
+from backends.torch.rollout_rewards import RolloutRewards
 from backends.torch.step import StepSignals
 from backends.torch.trainer import GRPORecipe, train
+from credit_core import get_strategy
 from tests.helpers.torch_tiny import tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -131,3 +134,10 @@ def test_a_function_and_a_strategy_that_do_not_match_are_one_config_error(
     cfg = tiny_config(tmp_path / "b", steps=1, credit="process")
     with pytest.raises(ConfigError, match=r"reward.reward: credit strategy 'process' reads the"):
         GRPORecipe(config_from_dict(cfg))
+
+
+def test_process_with_a_function_that_returns_numbers_is_a_config_error() -> None:
+    side = RolloutRewards(RewardSignals(CallableScorer(step_reward, None, name="pkg:fn")))
+    with pytest.raises(ConfigError, match=r"'process' reads token rewards, but the reward "):
+        side.token_rewards_for(get_strategy("process"), None)
+    assert side.token_rewards_for(get_strategy("uniform"), None) is None
