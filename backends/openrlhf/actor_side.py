@@ -726,6 +726,10 @@ class ActorCreditState:
       micro-batch's ``sequences`` and ``attention_mask``.
     - ``attribution_null``: the null embedding of "reward_attribution" (the strategy's
       ``attribution_null``); ``null_embedding``: its vector on a one-pass actor, read once.
+    - ``score_samples``: with ``path_points`` >= 1, the direction model (not OpenRLHF's
+      reward model) also scores the sampled responses, one no-grad forward, since the path's
+      passes give no score at the samples: ``direction_reward``, for the step's agreement
+      with the reward (``backends.openrlhf.credit``).
     The direction model and the reward embedding are created on first use.
     """
 
@@ -741,6 +745,7 @@ class ActorCreditState:
     scored: CaptureStore[OnePassScore] = field(default_factory=CaptureStore)
     attribution_null: str = DEFAULT_NULL
     null_embedding: torch.Tensor | None = None
+    score_samples: bool = False
 
     @property
     def one_pass_gradient(self) -> bool:
@@ -946,7 +951,8 @@ def credit_signals(
     them over (the direction model on the reward-model actors), else that of the statistics
     kept here (on the policy actors). The other ``SCORING_SIGNALS`` not computed yet (the W0
     path takes g in the forward) come from one scoring call of the direction model, built on
-    first use.
+    first use; so does the direction model's score of the samples where ``state
+    .score_samples`` asks for it and no pass gave it (a no-grad forward).
     """
     signals = ActorSignals()
     if state.computes & LOGITS_SIGNALS:
@@ -977,7 +983,7 @@ def credit_signals(
         )
         signals = signals.merged(ActorSignals(reward_grad=grad.cpu()))
         missing = missing - {"reward_grad"}
-    if missing:
+    if missing or (state.score_samples and signals.direction_reward is None):
         scored = direction_signals_for_actions(
             _direction_model(state, device),
             sequences.to(device),

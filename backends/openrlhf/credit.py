@@ -37,9 +37,9 @@ from the rollout without regard to prompts (``--train.dynamic_batch_enable`` reg
 tokens), so a group may straddle micro-batches: the parts are credited with
 ``apply(measured=True)`` and the step measured once, when it is whole. Where the direction
 model is OpenRLHF's reward model (``ResolvedCredit.direction_is_reward``) the agreement is 1 by
-construction and only ``credit/direction_is_reward`` is reported; a path strategy
-(``datc_mid``, ``datc_ig``) with another direction model scores no sampled response (its
-passes are on the path to m1), so its steps report no agreement.
+construction and only ``credit/direction_is_reward`` is reported. A path strategy
+(``datc_mid``, ``datc_ig``), whose passes are on the path to m1, gets its direction model's
+score of the samples from one no-grad forward more (``ActorCreditState.score_samples``).
 
 ``credit.gate`` stays refused by this backend (``settings.build_config``): the agreement of a
 step is known only after its last micro-batch's signals (which carry the scores) were taken,
@@ -308,13 +308,18 @@ class OpenRLHFCredit:
     ) -> AgreementMetrics | None:
         """The step's ``CreditRun.measure`` from the micro-batches' direction ``scores``
         (B_k,) with ``rewards`` and ``groups`` (N,); None for a strategy that reads no
-        direction model or scores no sampled response (a path strategy, module docstring)."""
+        direction model. ``CreditError`` naming the micro-batches whose signals carry no
+        score."""
         run = self.run
         if not run.measures or run.direction_is_reward:
             return run.measure(None, None, None)
+        lacking = [k for k, score in enumerate(scores) if score is None]
+        if lacking:
+            raise CreditError(
+                f"credit agreement: strategy {run.plan.name!r} reads a direction model, but "
+                f"the signals of micro-batches {lacking} carry no direction_reward"
+            )
         present = [score for score in scores if score is not None]
-        if len(present) < len(scores):
-            return None
         return run.measure(torch.cat(present).float(), rewards, groups)
 
 

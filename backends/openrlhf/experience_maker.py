@@ -322,6 +322,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
             stats_chunk_size=chunk,
             path_points=points if on_policy else 0,
             attribution_null=null,
+            score_samples=bool(points) and on_policy and not credit.direction_is_reward,
         )
         ray.get(
             self.actor_model_group.async_run_method(
@@ -337,6 +338,7 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
                 path_points=points,
                 one_pass=credit.one_pass,
                 attribution_null=null,
+                score_samples=bool(points) and not credit.direction_is_reward,
             )
             ray.get(
                 self.reward_model_group.async_run_method(

@@ -131,7 +131,9 @@ def test_a_path_strategy_takes_m1_from_openrlhfs_forward_and_matches_a_recomputa
     rm.module.calls = 0
     out = maker.compute_advantages_and_returns(copy.deepcopy(batches))
     assert policy.forwards == len(batches)  # ... and no policy forward for m1
-    assert rm.module.calls == points * len(batches)  # the path's passes, no reward forward
+    # the path's passes, and one no-grad forward at the samples for the direction model's
+    # own score (the path gives none there), measured against the reward (issue 46)
+    assert rm.module.calls == (points + 1) * len(batches)
     if placement == "reward":
         assert host.forwards == 0  # the reward-model host runs no policy forward either
     for exp, want in zip(batches, stock_logp, strict=True):
@@ -143,6 +145,8 @@ def test_a_path_strategy_takes_m1_from_openrlhfs_forward_and_matches_a_recomputa
     moved = 0.0
     for exp, got, adv in zip(batches, out, stock_advantages(batches), strict=True):
         assert got.info["credit/extra_policy_forwards"].tolist() == [0.0] * len(exp.sequences)
+        assert got.info["credit/direction_is_reward"].tolist() == [0.0] * len(exp.sequences)
+        assert bool(got.info["credit/direction_agreement"].isfinite().all())
         assert float(got.advantages[~exp.action_mask.bool()].abs().max()) == 0.0
         for b, i in enumerate(map(int, exp.index)):
             P, R = len(PROMPTS[i]), len(RESPONSES[i])
