@@ -62,8 +62,9 @@ SECTION_KEYS = SectionKeys(*(f"algorithm.{key}" for key in CREDIT_KEYS))
 #: first, on a path too; P2T's attribution, from the same gradient; the direction model's
 #: attention and prefix rewards, scored there on the same tokens; verl's own entropy); the
 #: credit step runs on the trainer with the step's whole batch (a batch-wide selection needs
-#: no gather) and its response rewards and prompt groups (verl's scores and uids), without an
-#: answer span.
+#: no gather) and its response rewards and prompt groups (verl's scores and uids), and the
+#: token rewards the reward function gives (``token_rewards`` / ``step_rewards`` in verl's
+#: reward extra info, ``backends.verl.credit.given_token_rewards``), without an answer span.
 BACKEND = Backend(
     "verl",
     SECTION_KEYS.credit,
@@ -76,7 +77,7 @@ BACKEND = Backend(
             "reward_attribution",
         }
     ),
-    frozenset({"gather", "path_gradient", "groups"}),
+    frozenset({"gather", "path_gradient", "groups", "token_rewards"}),
     work_first=True,
     path_work=True,
     hint=(

@@ -12,6 +12,12 @@ the direction model's within-group agreement with verl's reward and, with a gate
 toward GRPO (docs/design.md, "Trusting the direction model"). ``credit: uniform`` gives back
 verl's tensor bit for bit (A_i * 1 at the mask, 0 elsewhere).
 
+For a strategy that reads token rewards (``process``) the step also reads each sample's
+reward extra info (``extra_fields``, where verl's agent loop stores the reward's
+``reward_extra_info``: a ``compute_score`` dict's items, or a reward manager's): its
+``token_rewards`` (one per response token) or ``step_rewards`` ((start, end, reward) spans)
+become ``CreditSignals.token_rewards`` (``given_token_rewards``; docs/verl.md).
+
 Under verl's critic estimator (GAE) ``credit_fields(..., critic=True)`` runs the same step
 on GRPO's response advantages of the same rollouts (verl's own
 ``compute_grpo_outcome_advantage`` of the scores within each prompt's samples) and returns
@@ -39,12 +45,19 @@ from verl.workers.utils.padding import response_from_nested, response_to_nested
 
 from backends.common.credit import CreditRun, CreditStep
 from backends.verl.config import SCORES_FIELD, SIGNAL_FIELDS, CreditSettings
-from credit_core import CreditError, CreditSignals
+from credit_core import CreditError, CreditSignals, TokenRewards
+from credit_core.given_rewards import OUTCOME_KEY, STEP_KEY, TOKEN_KEY, parse_reward_outputs
 from credit_core.token_rewards import critic_reward_shift
 
 #: The TransferQueue fields of the response rewards (verl's token-level scores, the reward
 #: at each response's last token) and of each response's prompt id (verl's group).
 REWARD_FIELDS = ("rm_scores", "uid")
+#: The TransferQueue field of each sample's extra fields (a dict; verl's agent loop keeps the
+#: reward's extra info there under ``REWARD_INFO_KEY``).
+EXTRA_FIELD = "extra_fields"
+REWARD_INFO_KEY = "reward_extra_info"
+#: How errors in the token rewards name their source.
+REWARD_INFO_NAME = f"the reward function's {REWARD_INFO_KEY}"
 
 
 def response_advantages(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -83,6 +96,43 @@ def reward_groups(scores: torch.Tensor, uid: object) -> RewardGroups:
     return RewardGroups(scores.float().sum(dim=-1), groups)
 
 
+def given_token_rewards(
+    extra_fields: object, mask: torch.Tensor, rewards: torch.Tensor
+) -> TokenRewards:
+    """The ``TokenRewards`` (B, T) the reward function gave: for each of the B samples, its
+    ``extra_fields`` dict (verl's per-sample extra fields, anything with ``tolist()`` or a
+    list) holds the reward's extra info (``REWARD_INFO_KEY``), whose ``token_rewards`` (one
+    number per valid token of the row of ``mask`` (B, T) bool) or ``step_rewards``
+    (``(start, end, reward)`` spans of those tokens' positions) are read by
+    ``parse_reward_outputs`` with the outcome ``rewards`` (B,) (verl's score); a sample
+    with neither gives none. ``CreditError`` naming the sample (its row in the step's
+    batch) for a bad length, span or value, and when no sample gives token rewards."""
+    infos = extra_fields.tolist() if hasattr(extra_fields, "tolist") else extra_fields
+    if not isinstance(infos, list) or len(infos) != mask.shape[0]:
+        raise CreditError(
+            f"{EXTRA_FIELD}: expected a list of {mask.shape[0]} dicts (one per response), "
+            f"got {type(infos).__name__}"
+        )
+    items = [_reward_item(info, float(r)) for info, r in zip(infos, rewards.tolist(), strict=True)]
+    _, token = parse_reward_outputs(items, mask, name=REWARD_INFO_NAME)
+    if token is None:
+        raise CreditError(
+            f"algorithm.credit: the strategy reads token rewards, but {REWARD_INFO_NAME} of "
+            f"no response has {TOKEN_KEY!r} or {STEP_KEY!r}: return {{'score': R, "
+            f"{STEP_KEY!r}: [(start, end, reward), ...]}} (or {TOKEN_KEY!r}: one reward per "
+            "response token) from compute_score (docs/verl.md)"
+        )
+    return token
+
+
+def _reward_item(info: object, outcome: float) -> object:
+    """One ``parse_reward_outputs`` item of a sample's extra fields: the outcome alone, or
+    a mapping of it with the reward extra info's token or step rewards."""
+    extra = info.get(REWARD_INFO_KEY) if isinstance(info, dict) else None
+    given = {k: extra[k] for k in (TOKEN_KEY, STEP_KEY) if k in extra} if extra else {}
+    return {OUTCOME_KEY: outcome, **given} if given else outcome
+
+
 @dataclass(frozen=True)
 class PaddedInputs:
     """The credit step's inputs from a batch's TransferQueue fields, padded to (B, T):
@@ -102,7 +152,8 @@ def reads_rewards(settings: CreditSettings, critic: bool) -> bool:
     """Whether the credit step reads the response rewards and groups: under the critic
     estimator (where verl's advantages are not GRPO's), for a strategy that reads them, or
     to measure the direction model against the reward (``CreditSettings.measures``)."""
-    return critic or settings.plan.reads_groups or settings.measures
+    plan = settings.plan
+    return critic or plan.reads_groups or plan.reads_token_rewards or settings.measures
 
 
 def fields_read(settings: CreditSettings, critic: bool) -> list[str]:
@@ -119,6 +170,8 @@ def fields_read(settings: CreditSettings, critic: bool) -> list[str]:
         names += REWARD_FIELDS
     if settings.measures:
         names.append(SCORES_FIELD)
+    if plan.reads_token_rewards:
+        names.append(EXTRA_FIELD)
     return names
 
 
@@ -164,8 +217,15 @@ def padded_inputs(
         context = reward_groups(padded["rm_scores"], fields["uid"])
     # one score per response, at its last token (0 elsewhere): the sum is that score exactly
     scores = padded[SCORES_FIELD].float().sum(dim=-1) if settings.measures else None
-    signals = CreditSignals(**{name: padded[name].float() for name in found})
-    return PaddedInputs(padded, padded["response_mask"].bool(), signals, context, scores)
+    mask = padded["response_mask"].bool()
+    token_rewards = None
+    if plan.reads_token_rewards:
+        assert context is not None  # reads_rewards: read with the token rewards
+        token_rewards = given_token_rewards(fields[EXTRA_FIELD], mask, context.rewards)
+    signals = CreditSignals(
+        **{name: padded[name].float() for name in found}, token_rewards=token_rewards
+    )
+    return PaddedInputs(padded, mask, signals, context, scores)
 
 
 def step_metrics(step: CreditStep) -> dict[str, float]:

@@ -13,11 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 import transfer_queue as tq
 from omegaconf import OmegaConf
 from tensordict import TensorDict
+from verl import DataProto
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return, kl_penalty
 from verl.trainer.ppo.v1 import get_trainer_cls
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
@@ -358,3 +362,122 @@ def test_gae_reads_verls_token_rewards_plus_the_strategys_shift(
         stock, padded["values"], mask.float(), config.algorithm.gamma, config.algorithm.lam
     )
     assert not torch.allclose(got_ret, stock_ret[mask])  # the shift moved the returns
+
+
+def step_spans(ids: list[int]) -> list[tuple[int, int, float]]:
+    """Per-step rewards of a response's token ids: two steps, its halves, scored by a rule
+    on their end tokens (one step for a one-token response)."""
+    half = max(len(ids) // 2, 1)
+    spans = [(0, half, float(ids[half - 1] % 2))]
+    if half < len(ids):
+        spans.append((half, len(ids), float(ids[-1] % 3 == 0)))
+    return spans
+
+
+def step_compute_score(
+    data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any]
+) -> dict[str, Any]:
+    """A ``compute_score`` that gives per-step rewards beside its outcome (docs/verl.md): the
+    solution is decoded by ``SpaceTokenizer`` (one token id a word)."""
+    ids = [int(word) for word in solution_str.split()]
+    return {"score": float(ground_truth), "step_rewards": step_spans(ids)}
+
+
+class SpaceTokenizer:
+    """The one tokenizer call verl's reward manager makes: ids decoded as words."""
+
+    def decode(self, ids: torch.Tensor, skip_special_tokens: bool = True) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
+def scored_rows(rows: TensorDict, scores: torch.Tensor) -> TensorDict:
+    """``rows`` scored as verl's agent loop scores them: verl's reward-loop
+    ``NaiveRewardManager.run_single`` with ``step_compute_score`` per sample (the score
+    its ground truth), its result an ``AgentLoopOutput``'s ``reward_score`` and extra
+    fields, stored with ``as_dict()`` (``rm_scores`` at the last token, ``extra_fields``)
+    through ``list_of_dict_to_tensordict``, as ``AgentLoopWorkerTQ`` puts them."""
+    manager = NaiveRewardManager(OmegaConf.create({}), SpaceTokenizer(), step_compute_score)
+    outputs = []
+    for i in range(len(scores)):
+        prompt, response = rows["prompts"][i], rows["responses"][i]
+        data = DataProto.from_dict(
+            tensors={
+                "responses": response.unsqueeze(0),
+                "attention_mask": torch.ones(1, len(prompt) + len(response), dtype=torch.long),
+            },
+            non_tensors={
+                "data_source": np.array(["steps"], dtype=object),
+                "reward_model": np.array([{"ground_truth": str(float(scores[i]))}], dtype=object),
+            },
+        )
+        result = manager.loop.run_until_complete(manager.run_single(data))
+        output = AgentLoopOutput(
+            prompt_ids=prompt.tolist(),
+            response_ids=response.tolist(),
+            response_mask=[1] * len(response),
+            reward_score=result["reward_score"],
+            metrics=AgentLoopMetrics(),
+            extra_fields={"reward_extra_info": result["reward_extra_info"]},
+        )
+        outputs.append(output.as_dict())
+    stored = tu.list_of_dict_to_tensordict(outputs)
+    for name in ("rm_scores", "extra_fields"):
+        rows[name] = stored[name]
+    return rows
+
+
+def process_hand_formula(
+    ids: list[torch.Tensor], scores: torch.Tensor, group: int, outcome_weight: float
+) -> list[torch.Tensor]:
+    """docs/design.md, "User-given token rewards (process supervision)", written out: A_t =
+    w A_i + sum over the steps ending at or after t of (r - mean_g) / (std_g + eps), mean
+    and std (Bessel) over the group's step rewards, A_i verl's GRPO advantage of the
+    scores (eps 1e-6 both)."""
+    eps = 1e-6
+    steps = [step_spans(row.tolist()) for row in ids]
+    out = []
+    for g in range(0, len(ids), group):
+        rows = range(g, g + group)
+        given = [r for b in rows for _, _, r in steps[b]]
+        mean = sum(given) / len(given)
+        std = (sum((r - mean) ** 2 for r in given) / (len(given) - 1)) ** 0.5
+        s_mean = sum(float(scores[b]) for b in rows) / group
+        s_std = (sum((float(scores[b]) - s_mean) ** 2 for b in rows) / (group - 1)) ** 0.5
+        for b in rows:
+            a_i = (float(scores[b]) - s_mean) / (s_std + eps)
+            row = [
+                outcome_weight * a_i
+                + sum((r - mean) / (std + eps) for _, end, r in steps[b] if end - 1 >= t)
+                for t in range(len(ids[b]))
+            ]
+            out.append(torch.tensor(row, dtype=torch.float32))
+    return out
+
+
+def test_process_reads_a_compute_scores_step_rewards_as_verl_stores_them(
+    transfer_queue: None,
+) -> None:
+    """``credit: process`` on verl's own path: a ``compute_score`` returning ``{"score": R,
+    "step_rewards": [...]}`` scored by verl's reward manager and stored by its agent loop,
+    then the credit trainer's ``_compute_advantage`` (verl's GRPO, then the credit): the
+    stored advantages are the hand formula, and vary within a response."""
+    config = smoke_config("actor_rollout_ref.rollout.n=2")
+    config.algorithm.credit = {"name": "process", "outcome_weight": 0.5}
+    trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
+    assert trainer.work_request is None  # no engine signal: nothing asked of the actor
+    scores = torch.tensor([1.0, 0.0, 0.25, 0.75])
+    rows = scored_rows(v1_batch(PROMPTS, RESPONSES, 50), scores)
+    rows["uid"] = torch.tensor([0, 0, 1, 1])
+    keys = [f"process_{i}_0" for i in range(len(PROMPTS))]
+    batch = tq.kv_batch_put(keys=keys, partition_id="train", fields=rows)
+
+    metrics: dict[str, Any] = {}
+    trainer._compute_advantage(batch, metrics)
+    stored = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["advantages"])
+
+    ids = list(rows["responses"].unbind())
+    expected = process_hand_formula(ids, scores, 2, 0.5)
+    for got, want in zip(stored["advantages"].unbind(), expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert any(bool((row != row[0]).any()) for row in expected)
+    assert "credit/weight_max" in metrics
