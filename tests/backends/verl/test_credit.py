@@ -28,9 +28,16 @@ from verl.workers.utils.losses import ppo_loss
 from backends.common.config_values import CreditSection
 from backends.common.credit import CreditRun
 from backends.verl.config import BACKEND, SCORES_FIELD, SIGNAL_FIELDS, CreditSettings
-from backends.verl.credit import credit_fields, response_advantages
+from backends.verl.credit import EXTRA_FIELD, credit_fields, response_advantages
 from backends.verl.engine import WORK_FIELD
-from credit_core import CreditConfig, CreditError, CreditSignals, assign_credit, get_strategy
+from credit_core import (
+    CreditConfig,
+    CreditError,
+    CreditSignals,
+    TokenRewards,
+    assign_credit,
+    get_strategy,
+)
 from credit_core.agreement_gate import GateConfig, direction_agreement, gate_token_advantages
 from tests.backends.verl.layouts import as_stored, nested, v1_batch, verl_grpo
 from tests.backends.verl.test_config import verl_config
@@ -330,3 +337,94 @@ def test_uniforms_shift_under_a_critic_is_exactly_zero(batch: TensorDict) -> Non
     shift, _ = credit_fields(settings_of("uniform"), fields, critic=True)
     assert torch.equal(shift.values(), torch.zeros_like(shift.values()))
     assert torch.equal(shift.offsets(), batch["response_mask"].offsets())
+
+
+def with_reward_infos(fields: TensorDict, infos: list[dict[str, object]]) -> TensorDict:
+    """``fields`` with each sample's reward extra info in verl's ``extra_fields`` (as its
+    agent loop stores them: ``list_of_dict_to_tensordict`` of the samples' dicts)."""
+    rows = [{EXTRA_FIELD: {"reward_extra_info": info}} for info in infos]
+    fields[EXTRA_FIELD] = tu.list_of_dict_to_tensordict(rows)[EXTRA_FIELD]
+    return fields
+
+
+def step_infos() -> list[dict[str, object]]:
+    """A compute_score's dicts: per-token rewards for the first group, per-step spans for
+    the second, one sample (row 6) with no token rewards (its outcome only)."""
+    infos: list[dict[str, object]] = []
+    for i, (score, r) in enumerate(zip(SCORES, RESPONSES, strict=True)):
+        info: dict[str, object] = {"score": score}
+        if i < GROUP:
+            info["token_rewards"] = [0.1 * ((i + k) % 3) for k in range(r)]
+        elif i != 6:
+            info["step_rewards"] = [(0, (r + 1) // 2, float(i % 2)), ((r + 1) // 2, r, 0.5)][
+                : 1 if r == 1 else 2
+            ]
+        infos.append(info)
+    return infos
+
+
+def test_process_reads_the_reward_extra_infos_token_and_step_rewards(
+    batch: TensorDict, grpo: torch.Tensor
+) -> None:
+    """``process`` gets the compute_score's token and step rewards as ``TokenRewards``
+    (``from_dense`` / ``from_spans`` on the response mask) with verl's scores and uids;
+    under the critic D puts them in place of the outcome at the last token."""
+    fields = batch.select("responses", "response_mask")
+    fields["advantages"] = as_stored(grpo, batch)
+    fields.update(reward_fields(batch))
+    infos = step_infos()
+    fields = with_reward_infos(fields, infos)
+    settings = settings_of({"name": "process", "outcome_weight": 0.5})
+    stored, metrics = credit_fields(settings, fields)
+    mask = padded_mask()
+    dense = TokenRewards.from_dense([info["token_rewards"] for info in infos[:GROUP]], mask[:GROUP])
+    spans = [info.get("step_rewards", []) for info in infos[GROUP:]]
+    given = TokenRewards.cat([dense, TokenRewards.from_spans(spans, mask[GROUP:])])
+    expected = assign_credit(
+        settings.plan.strategy,
+        response_advantages(grpo, mask),
+        mask,
+        batch["responses"].to_padded_tensor(0).long(),
+        CreditSignals(token_rewards=given),
+        rewards=torch.tensor(SCORES),
+        groups=torch.tensor([i // GROUP for i in range(len(RESPONSES))]),
+    )
+    assert torch.equal(stored.to_padded_tensor(0.0), expected.token_advantages)
+    assert metrics["credit/weight_max"] > 1.0
+    shift, _ = credit_fields(settings_of("process"), fields, critic=True)
+    last = torch.zeros(mask.shape)
+    last[torch.arange(len(RESPONSES)), torch.tensor(RESPONSES) - 1] = torch.tensor(SCORES)
+    assert torch.equal(shift.to_padded_tensor(0.0), (given.values - last).float())
+
+
+@pytest.mark.parametrize(
+    ("row", "info", "error"),
+    [
+        (1, {"token_rewards": [0.5, 0.5]}, r"response 1: token_rewards: expected one reward per "),
+        (5, {"step_rewards": [(0, 2, float("nan"))]}, r"response 5: step_rewards\[0\]: reward: "),
+        (3, {"step_rewards": [(0, 9, 1.0)]}, r"response 3: step_rewards\[0\]: expected integer"),
+        (2, {"token_rewards": 1.0}, r"response 2: token_rewards: expected a list, got float"),
+    ],
+    ids=["length", "nan", "span", "not_a_list"],
+)
+def test_a_bad_token_reward_is_one_error_naming_the_sample(
+    batch: TensorDict, grpo: torch.Tensor, row: int, info: dict[str, object], error: str
+) -> None:
+    fields = batch.select("responses", "response_mask")
+    fields["advantages"] = as_stored(grpo, batch)
+    fields.update(reward_fields(batch))
+    infos = step_infos()
+    infos[row] = {"score": SCORES[row], **info}
+    with pytest.raises(CreditError, match=r"the reward function's reward_extra_info: " + error):
+        credit_fields(settings_of("process"), with_reward_infos(fields, infos))
+
+
+def test_process_without_token_rewards_says_what_to_return(
+    batch: TensorDict, grpo: torch.Tensor
+) -> None:
+    fields = batch.select("responses", "response_mask")
+    fields["advantages"] = as_stored(grpo, batch)
+    fields.update(reward_fields(batch))
+    fields = with_reward_infos(fields, [{"score": s} for s in SCORES])
+    with pytest.raises(CreditError, match=r"no response has 'token_rewards' or 'step_rewards'"):
+        credit_fields(settings_of("process"), fields)
