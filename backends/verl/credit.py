@@ -34,6 +34,7 @@ verl's own checkpoint of the step).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,9 +110,9 @@ def given_token_rewards(
     batch) for a bad length, span or value, and when no sample gives token rewards."""
     infos = extra_fields.tolist() if hasattr(extra_fields, "tolist") else extra_fields
     if not isinstance(infos, list) or len(infos) != mask.shape[0]:
+        got = f"{len(infos)}" if isinstance(infos, list) else type(infos).__name__
         raise CreditError(
-            f"{EXTRA_FIELD}: expected a list of {mask.shape[0]} dicts (one per response), "
-            f"got {type(infos).__name__}"
+            f"{EXTRA_FIELD}: expected a list of {mask.shape[0]} dicts (one per response), got {got}"
         )
     items = [_reward_item(info, float(r)) for info, r in zip(infos, rewards.tolist(), strict=True)]
     _, token = parse_reward_outputs(items, mask, name=REWARD_INFO_NAME)
@@ -128,8 +129,10 @@ def given_token_rewards(
 def _reward_item(info: object, outcome: float) -> object:
     """One ``parse_reward_outputs`` item of a sample's extra fields: the outcome alone, or
     a mapping of it with the reward extra info's token or step rewards."""
-    extra = info.get(REWARD_INFO_KEY) if isinstance(info, dict) else None
-    given = {k: extra[k] for k in (TOKEN_KEY, STEP_KEY) if k in extra} if extra else {}
+    extra = info.get(REWARD_INFO_KEY) if isinstance(info, Mapping) else None
+    if not isinstance(extra, Mapping):
+        return outcome
+    given = {k: extra[k] for k in (TOKEN_KEY, STEP_KEY) if k in extra}
     return {OUTCOME_KEY: outcome, **given} if given else outcome
 
 
@@ -139,7 +142,9 @@ class PaddedInputs:
     ``fields`` (``response_mask``, ``responses``, the signals' fields, and ``advantages`` /
     ``rm_scores`` where read), the ``mask`` (B, T) bool, the ``signals``, the response
     rewards and groups (``context``, None unless read) and the direction model's score of
-    each response (``scores`` (B,) float32, None unless the step measures it)."""
+    each response (``scores`` (B,) float32, None unless the step measures it); the signals
+    carry the reward function's token rewards where the strategy reads them
+    (``given_token_rewards``)."""
 
     fields: TensorDict
     mask: torch.Tensor
@@ -150,8 +155,9 @@ class PaddedInputs:
 
 def reads_rewards(settings: CreditSettings, critic: bool) -> bool:
     """Whether the credit step reads the response rewards and groups: under the critic
-    estimator (where verl's advantages are not GRPO's), for a strategy that reads them, or
-    to measure the direction model against the reward (``CreditSettings.measures``)."""
+    estimator (where verl's advantages are not GRPO's), for a strategy that reads them or
+    the token rewards (whose outcomes they are), or to measure the direction model against
+    the reward (``CreditSettings.measures``)."""
     plan = settings.plan
     return critic or plan.reads_groups or plan.reads_token_rewards or settings.measures
 

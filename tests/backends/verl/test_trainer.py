@@ -481,3 +481,38 @@ def test_process_reads_a_compute_scores_step_rewards_as_verl_stores_them(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert any(bool((row != row[0]).any()) for row in expected)
     assert "credit/weight_max" in metrics
+
+
+def test_under_gae_process_gives_verls_critic_the_step_rewards_as_given(
+    models: tuple[Path, Path], transfer_queue: None
+) -> None:
+    """docs/design.md, "Credit under a critic": with ``process``'s defaults verl's GAE
+    reads the compute_score's step rewards at their steps' last tokens in place of the
+    outcome (stock scores + D), and the stored scores are put back."""
+    policy, rm = models
+    config = gae_config("process", False, policy, rm)
+    trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
+    scores = torch.tensor([1.0, 0.0, 0.25, 0.75])
+    rows = scored_rows(v1_batch(PROMPTS, RESPONSES, 50), scores)
+    rows["uid"] = torch.tensor([0, 0, 1, 1])
+    gen = torch.Generator().manual_seed(5)
+    rows["values"] = nested([torch.randn(r, generator=gen) for r in RESPONSES])
+    keys = [f"gae_process_{i}_0" for i in range(len(PROMPTS))]
+    batch = tq.kv_batch_put(keys=keys, partition_id="train", fields=rows)
+
+    trainer._compute_advantage(batch, {})
+    names = ["advantages", "returns", "rm_scores"]
+    stored = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=names)
+
+    mask = rows["response_mask"].to_padded_tensor(0).bool()
+    given = torch.zeros(mask.shape)
+    for b, ids in enumerate(rows["responses"].unbind()):
+        for _, end, r in step_spans(ids.tolist()):
+            given[b, end - 1] = r
+    values = rows["values"].to_padded_tensor(0.0)
+    gamma, lam = config.algorithm.gamma, config.algorithm.lam
+    want_adv, want_ret = compute_gae_advantage_return(given, values, mask.float(), gamma, lam)
+    stored = stored.to_padded_tensor()
+    torch.testing.assert_close(stored["advantages"][mask], want_adv[mask])
+    torch.testing.assert_close(stored["returns"][mask], want_ret[mask])
+    assert torch.equal(stored["rm_scores"], rows["rm_scores"].to_padded_tensor(0.0))
