@@ -114,6 +114,10 @@ def test_malformed_credit_flags_are_named(argv: list[str], message: str) -> None
         (["--credit", "uniform", "--credit.lam", "0.5"], ["unknown parameter 'lam'"]),
         (["--credit", "datc", "--credit.placement", "gpu"], ["placement", "'auto'"]),
         (["--credit", "datc", "--credit.stats_chunk_size", "0"], ["stats_chunk_size"]),
+        (  # refused, not dropped: OpenRLHF measures the agreement but applies no gate
+            ["--credit", "datc", "--credit.gate", "{agreement: [0.2, 0.6]}"],
+            ["credit.gate: this backend does not apply the agreement gate"],
+        ),
         (["--credit.config", "/no/such/file.yaml"], ["--credit.config", "/no/such/file.yaml"]),
     ],
 )
