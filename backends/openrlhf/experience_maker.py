@@ -191,11 +191,20 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
 
     @torch.no_grad()
     def compute_advantages_and_returns(self, experiences: list[Experience]) -> list[Experience]:
-        """OpenRLHF's advantages and returns, then token credit (see the module docstring);
-        under a critic, OpenRLHF's with the credit's shift in its token rewards."""
+        """OpenRLHF's advantages and returns, then the step's token credit in place
+        (``OpenRLHFCredit.grpo_credit``, see the module docstring) and its logs; under a
+        critic, OpenRLHF's with the credit's shift in its token rewards."""
         if not self.under_critic:
             experiences = super().compute_advantages_and_returns(experiences)
-            return self.assign_token_credit(experiences)
+            if self.credit_strategy.name == "uniform":
+                for experience in experiences:
+                    log_diagnostics(experience, UNIFORM_DIAGNOSTICS.to_dict())
+                return experiences
+            signals = self._signals(experiences)
+            n = int(self.strategy.args.rollout.n_samples_per_prompt)
+            step = self.credit_run.grpo_credit(experiences, signals, n_samples_per_prompt=n)
+            self._log(experiences, signals, step)
+            return experiences
         self._critic_step = experiences
         try:
             shaped: list[Experience] = super().compute_advantages_and_returns(experiences)
@@ -254,22 +263,6 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         if not self.credit.requires:
             return StepSignals([ActorSignals() for _ in experiences], len(experiences))
         return StepSignals(self._gather_signals(experiences), len(experiences))
-
-    def assign_token_credit(self, experiences: list[Experience]) -> list[Experience]:
-        """Apply the strategy to the step's micro-batches ``experiences`` (in place,
-        ``OpenRLHFCredit.grpo_credit``) and log."""
-        if self.credit_strategy.name == "uniform":
-            for experience in experiences:
-                log_diagnostics(experience, UNIFORM_DIAGNOSTICS.to_dict())
-            return experiences
-        signals = self._signals(experiences)
-        step = self.credit_run.grpo_credit(
-            experiences,
-            signals,
-            n_samples_per_prompt=int(self.strategy.args.rollout.n_samples_per_prompt),
-        )
-        self._log(experiences, signals, step)
-        return experiences
 
     def _log(
         self, experiences: Sequence[Experience], signals: StepSignals, step: StepCredit
