@@ -103,7 +103,51 @@ def python_block(marker: str) -> str:
 
 
 def test_every_python_block_is_run_by_a_test() -> None:
-    assert len(blocks("python")) == 2  # the TRL quickstart and the API block
+    assert len(blocks("python")) == 3  # the TRL quickstart, the step rewards, the API block
+
+
+def test_the_step_reward_function_trains_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's reward function, as the module ``my_rules`` its YAML line names, trains
+    the native trainer's ``process`` for a step: below the group's mean, the first step's
+    reward lowers the advantage of the first half of each response (docs/design.md,
+    "User-given token rewards")."""
+    from backends.torch.config import config_from_dict
+    from backends.torch.credit import CreditPath
+    from backends.torch.trainer import train
+    from tests.helpers.torch_tiny import tiny_config
+
+    block = python_block("def step_reward(")
+    for line in (
+        "reward: {reward: {kind: callable, function: my_rules:step_reward}}",
+        "credit: {name: process, outcome_weight: 0.5}",
+    ):
+        assert line in README
+    (tmp_path / "my_rules.py").write_text(block)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    real = CreditPath.signals
+
+    def spy(self: CreditPath, *args: Any, **kwargs: Any) -> Any:
+        seen.append(real(self, *args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(CreditPath, "signals", spy)
+    cfg = tiny_config(
+        tmp_path / "run",
+        steps=1,
+        credit={"name": "process", "outcome_weight": 0.5},
+        reward={"reward": {"kind": "callable", "function": "my_rules:step_reward"}},
+    )
+    train(config_from_dict(cfg))
+    mask = seen[0].batch.response_mask.bool()
+    token_adv = seen[0].credit.token_advantages
+    for row, valid in zip(token_adv, mask, strict=True):
+        a = row[valid]
+        assert torch.isfinite(a).all()
+        if len(a) >= 2:
+            assert a[-1] > a[0]
 
 
 def test_the_api_block_uses_the_inputs_provided() -> None:
