@@ -14,7 +14,7 @@ import pytest
 import ray
 import torch
 
-from backends.openrlhf import experience_maker
+from backends.common import credit as common_credit
 from backends.openrlhf.actor_side import ActorSignals
 from backends.openrlhf.dispatch import blocks, run_method_per_item
 from credit_core import CreditError
@@ -117,13 +117,13 @@ def datc_step(samples: int, monkeypatch: pytest.MonkeyPatch, stored: bool) -> di
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")  # the hosts' forward
     monkeypatch.setattr(ray, "get", stored_get(on_fetch))
     peak: list[int] = []
-    assign = experience_maker.assign_credit
+    assign = common_credit.assign_credit  # where CreditRun.apply, the backend's one, calls it
 
-    def measuring(*args: Any) -> Any:
+    def measuring(*args: Any, **kwargs: Any) -> Any:
         peak.append(nbytes([t for ref in alive if (t := ref()) is not None]))
-        return assign(*args)
+        return assign(*args, **kwargs)
 
-    monkeypatch.setattr(experience_maker, "assign_credit", measuring)
+    monkeypatch.setattr(common_credit, "assign_credit", measuring)
     credit = resolved(
         "datc",
         [*RM_FLAGS, "--rollout.micro_batch_size", "1"],
