@@ -17,7 +17,7 @@ the YAML key.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from backends.trl.version import check_trl_version
@@ -28,8 +28,7 @@ from trl.trainer.grpo_config import GRPOConfig  # noqa: E402
 
 from adapters.config import RewardModelConfig  # noqa: E402
 from backends.common.config_values import CreditSection, parse_credit, parse_section  # noqa: E402
-from backends.trl.credit import BACKEND as BACKEND  # noqa: E402  (re-exported: support.py)
-from backends.trl.credit import build_plans  # noqa: E402
+from backends.trl.credit import BACKEND  # noqa: E402
 from credit_core import CreditConfig, CreditError  # noqa: E402
 from credit_core.plan import CreditPlan  # noqa: E402
 from credit_core.policy_stats import DEFAULT_CHUNK_SIZE  # noqa: E402
@@ -104,14 +103,14 @@ class CreditGRPOConfig(GRPOConfig):
             parse_credit(c, f"credit_samples_compare.{i}")
             for i, c in enumerate(self.credit_samples_compare)
         ]
-        #: the run's credit plan (the strategy, built once per process, and the signals it
-        #: computes; the trainer's ``CreditRun`` holds it) and (label, plan) of each
-        #: compared strategy (``backends.trl.credit.build_plans``)
-        self.credit_plan: CreditPlan
-        self.compare_plans: list[tuple[str, CreditPlan]]
-        self.credit_plan, self.compare_plans = build_plans(
-            self.section.credit, self.credit_samples_configs
-        )
+        #: the run's credit plan on ``BACKEND``: the strategy, built once per process (the
+        #: trainer's ``CreditRun`` holds it), and the signals it computes
+        self.credit_plan: CreditPlan = CreditPlan.build(self.section.credit, BACKEND)
+        #: (label, plan) of each compared strategy, built once
+        self.compare_plans: list[tuple[str, CreditPlan]] = [
+            (c.label, CreditPlan.build(c, replace(BACKEND, key=f"credit_samples_compare.{i}")))
+            for i, c in enumerate(self.credit_samples_configs)
+        ]
         self._check_sampling_matches_stats()
         self._check_one_entropy_selection()
         labels = [c.label for c in self.credit_samples_configs]

@@ -1,5 +1,5 @@
-"""The TRL backend's credit, in one place: what TRL provides (``BACKEND``), the run's plans
-built once (``build_plans``, from ``CreditGRPOConfig``), and ``TrlCredit``, the credit of one
+"""The TRL backend's credit, in one place: what TRL provides (``BACKEND``, on which
+``CreditGRPOConfig`` builds the run's plan once), and ``TrlCredit``, the credit of one
 ``CreditGRPOTrainer`` process on ``backends.common.credit.CreditRun``.
 
 Per process there is one ``CreditRun`` of the run's plan (its one strategy instance, built
@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -34,7 +33,6 @@ import torch
 from backends.common.credit import AgreementMetrics, CreditRun
 from credit_core import (
     SIGNALS,
-    CreditConfig,
     CreditDiagnostics,
     CreditResult,
     CreditSignals,
@@ -66,20 +64,6 @@ RUN_STATE_FILE = "credit_run.pt"
 
 #: A TRL metrics dict (``GRPOTrainer._metrics[mode]``): key -> values since the last log.
 Metrics = Mapping[str, list[float]]
-
-
-def build_plans(
-    credit: CreditConfig, compare: Sequence[CreditConfig]
-) -> tuple[CreditPlan, list[tuple[str, CreditPlan]]]:
-    """The run's ``CreditPlan`` on ``BACKEND`` (its strategy, built once per process) and
-    (label, plan) of each compared strategy (``credit_samples_compare.<i>``); a strategy
-    TRL cannot serve raises ``CreditError`` naming its key."""
-    plan = CreditPlan.build(credit, BACKEND)
-    plans = [
-        (c.label, CreditPlan.build(c, replace(BACKEND, key=f"credit_samples_compare.{i}")))
-        for i, c in enumerate(compare)
-    ]
-    return plan, plans
 
 
 def process_gather(accelerator: Any) -> Gather | None:
