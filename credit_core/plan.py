@@ -319,11 +319,7 @@ class CreditPlan:
         allowed: Collection[str],
         critic: Collection[str] = (),
     ) -> Problem | None:
-        """A ``Problem`` at ``key`` when ``estimator`` is neither one of ``allowed`` (the
-        backend's response-level estimators: a strategy other than ``uniform`` splits one
-        advantage per response over its tokens) nor one of ``critic`` (the backend's critic
-        estimators, served by ``critic_reward_shift`` for a strategy with a
-        ``critic_reward_form``). None for ``uniform`` (it serves any estimator)."""
+        """``estimator_problem`` of this plan's strategy."""
         return estimator_problem(
             self.name, self.strategy.critic_reward_form, key, estimator, allowed, critic
         )
