@@ -34,6 +34,7 @@ from backends.common.credit import AgreementMetrics, CreditRun
 from credit_core import (
     SIGNALS,
     CreditDiagnostics,
+    CreditError,
     CreditResult,
     CreditSignals,
 )
@@ -42,14 +43,16 @@ from credit_core.batch import TRAINED_MODEL_SIGNALS, Gather
 from credit_core.plan import Backend, CreditPlan
 
 #: What the TRL backend provides: every signal but a second trained model's and the
-#: policy's own answer-span gradient; no rewards/groups or answer span reach its credit
-#: step; its reward gradient is known before the policy's forward (W0 streamed) except on a
-#: path (``backends.trl.trainer``).
+#: policy's own answer-span gradient; the step's rewards and groups (``TrlCredit.groups``:
+#: every strategy that reads them forms its credit at generation time, where TRL's groups
+#: are known) and the reward functions' token rewards (``backends.trl.token_rewards``), no
+#: answer span; its reward gradient is known before the policy's forward (W0 streamed)
+#: except on a path (``backends.trl.trainer``).
 BACKEND = Backend(
     "TRL",
     "credit",
     SIGNALS - TRAINED_MODEL_SIGNALS - {"answer_saliency"},
-    frozenset({"gather", "path_gradient"}),
+    frozenset({"gather", "path_gradient", "groups", "token_rewards"}),
     work_first=True,
     path_work=False,
     hint="train it with the native trainer (python -m backends.torch, docs/backends.md)",
@@ -122,22 +125,46 @@ class TrlCredit:
         mask: torch.Tensor,
         signals: CreditSignals,
         run: CreditRun | None = None,
+        *,
+        groups: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> CreditResult:
         """The token advantages (B, T) float32 of ``batch`` (TRL's: ``advantages`` (B,),
         ``completion_ids`` (B, T)) under the loss ``mask`` (B, T) bool with ``signals``, by
         ``run`` (default: the run's own), 0 where ``mask`` is False; rows without a valid
         token get 0 and NaN diagnostics (``credit_core.allocation.EMPTY_DIAGNOSTICS``). The batch's
         agreement was measured when it was generated (``measure``): a gate mixes at its
-        current alpha."""
+        current alpha. ``groups``: (rewards (B,), groups (B,) int64) of ``batch``'s rows,
+        for a strategy that reads them (given at generation time: ``groups``)."""
+        rewards, ids = (None, None) if groups is None else groups
         step = (run or self.run).apply(
             batch["advantages"],
             mask,
             batch["completion_ids"].long(),
             signals,
+            rewards=rewards,
+            groups=ids,
             gather=self.gather,
             measured=True,
         )
         return step.result
+
+    def groups(self, rows: int, group_size: int) -> torch.Tensor:
+        """The groups (rows,) int64 of this process's ``rows`` rows of a generation batch:
+        TRL's groups are consecutive blocks of ``group_size`` (``num_generations``) over
+        every process's rows in process order. ``CreditError`` when they would straddle
+        processes (``rows`` not a multiple of ``group_size`` with several processes): a
+        group's statistics would then need the other processes' rows."""
+        if self.accelerator.num_processes > 1 and rows % group_size != 0:
+            raise CreditError(
+                f"credit: strategy {self.run.plan.name!r} reads the step's groups, but each "
+                f"process's generation batch ({rows} rows: per_device_train_batch_size x "
+                f"steps_per_generation, or per_device_eval_batch_size) is not a multiple of "
+                f"num_generations ({group_size}), so TRL's groups straddle processes; make it "
+                "a multiple"
+            )
+        start = self.accelerator.process_index * rows
+        index = torch.arange(start, start + rows, device=self.accelerator.device)
+        return index // group_size
 
     def measure(
         self,

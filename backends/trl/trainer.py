@@ -54,6 +54,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.trainer.grpo_trainer import GRPOTrainer
+from trl.trainer.utils import is_async_callable
 
 from adapters.config import build_direction_model
 from adapters.direction import AgreeCount, DirectionModel, EmbeddingDirectionModel
@@ -71,12 +72,14 @@ from backends.trl.credit_samples import (
 )
 from backends.trl.reward_pass import GradientRewardModel, completion_reward_grad, fill_unmatched
 from backends.trl.rewards import DirectionReward
+from backends.trl.token_rewards import TokenRewardFunction, step_token_rewards
 from backends.trl.version import check_trl_version
 from credit_core import (
     CreditError,
     CreditSignals,
     CreditStrategy,
     PolicyStats,
+    TokenRewards,
     policy_stats,
     unsigned_work,
 )
@@ -167,6 +170,11 @@ class CreditGRPOTrainer(GRPOTrainer):
         #: the run's credit plan (``CreditGRPOConfig.credit_plan``: the strategy, built once)
         self.plan: CreditPlan = args.credit_plan
         self.strategy: CreditStrategy = self.plan.strategy
+        #: TRL's reward functions that may return token rewards, with their weights (only
+        #: where the strategy reads them: ``TokenRewardFunction`` in TRL's list)
+        self.token_reward_functions = (
+            self._token_reward_functions() if self.plan.reads_token_rewards else []
+        )
         #: the reward gradient is taken on the path to the policy's m1 (datc_mid, datc_ig)
         self.path = self.plan.path
         # the reward gradient is known before the statistics are reduced, except on the path
@@ -209,6 +217,11 @@ class CreditGRPOTrainer(GRPOTrainer):
             if self.needs_policy_forward and not self.takes_old_logp_forward
             else "generation"
         )
+        if self.plan.reads_groups and self.credit_phase == "loss":
+            raise CreditError(
+                f"credit: strategy {self.strategy.name!r} reads the step's groups, which TRL "
+                "knows only at generation time, and a policy-side signal formed in the loss step"
+            )
         self._capture = HiddenCapture(self.policy) if self.needs_policy_stats else None
         self._on_forward: ForwardConsumer | None = None
         self._old_forward: PolicyForward | None = None
@@ -247,6 +260,28 @@ class CreditGRPOTrainer(GRPOTrainer):
             self.args.gradient_accumulation_steps % generate_every != 0
             or (self.use_vllm and self.vllm_importance_sampling_correction)
         )
+
+    def _token_reward_functions(self) -> list[tuple[float, TokenRewardFunction]]:
+        """Each plain reward function of TRL's list (synchronous, not a model) replaced by a
+        ``TokenRewardFunction`` of it, with its weight; ``CreditError`` naming
+        ``reward_funcs`` when there is none (a model or an async function gives one number
+        per completion)."""
+        found = []
+        weights = self.reward_weights.tolist()
+        funcs: list[Any] = self.reward_funcs  # TRL built any model named by a string
+        for i, func in enumerate(funcs):
+            if isinstance(func, torch.nn.Module) or is_async_callable(func):
+                continue
+            wrapped = TokenRewardFunction(func, self.reward_func_names[i])
+            funcs[i] = wrapped
+            found.append((float(weights[i]), wrapped))
+        if not found:
+            raise CreditError(
+                f"reward_funcs: strategy {self.strategy.name!r} reads token rewards, which a "
+                "synchronous reward function returns (a list per completion); TRL's reward "
+                "functions here are models or async functions (one number per completion)"
+            )
+        return found
 
     def _build_recorder(self, args: CreditGRPOConfig) -> TrlSampleRecorder | None:
         """The credit-samples recorder of ``args`` (None when ``credit_samples_steps`` is 0)."""
@@ -448,12 +483,16 @@ class CreditGRPOTrainer(GRPOTrainer):
         scored: Mapping[str, torch.Tensor],
         forward: PolicyForward | None = None,
         stats: PolicyStats | None = None,
+        token_rewards: TokenRewards | None = None,
     ) -> CreditSignals:
         """The signals the strategy reads (``self.reads``): the reward-side ones from
         ``scored`` (``score_rewards``), and from a policy ``forward``: its entropy, and,
         from its hidden states, DATC's W0 (streamed with ``scored["reward_grad"]``) or
-        ``PolicyStats`` (``stats`` when already reduced from this forward)."""
+        ``PolicyStats`` (``stats`` when already reduced from this forward); the reward
+        functions' ``token_rewards`` (``step_token_rewards``) where given."""
         found: dict[str, Any] = {name: scored[name] for name in REWARD_SIDE if name in self.reads}
+        if token_rewards is not None:
+            found["token_rewards"] = token_rewards
         if self.attributes:
             found["reward_attribution"] = scored["reward_attribution"]
         if forward is None:
@@ -579,8 +618,9 @@ class CreditGRPOTrainer(GRPOTrainer):
         """TRL's rewards of every reward function (all processes' rows). Keeps, for the
         direction model's agreement, the step's reward (TRL's weighted sum, NaN where every
         function returned None, as TRL's advantage takes it) and the direction model's own
-        column (``direction_column``), and this process's rows' weighted sum for the
-        credit samples."""
+        column (``direction_column``), and this process's rows' weighted sum (0 where every
+        function returned None) for the credit samples and a strategy that reads the step's
+        groups."""
         per_func: torch.Tensor = super()._calculate_rewards(inputs, prompts, *args)
         weights = self.reward_weights.to(per_func.device).unsqueeze(0)
         summed = (per_func * weights).nansum(dim=1)
@@ -588,7 +628,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             rewards = torch.where(torch.isnan(per_func).all(dim=1), torch.nan, summed)
             column = self.direction_column
             self._step_rewards = (rewards, None if column is None else per_func[:, column])
-        if self.samples is not None:
+        if self.samples is not None or self.plan.reads_groups:
             start = self.accelerator.process_index * len(prompts)
             self._local_rewards = summed[start : start + len(prompts)]
         return per_func
@@ -609,8 +649,9 @@ class CreditGRPOTrainer(GRPOTrainer):
             raise
         finally:
             pending, self._on_forward = self._on_forward, None
-        if self._local_rewards is not None:
-            output[REWARDS_KEY], self._local_rewards = self._local_rewards, None
+        local, self._local_rewards = self._local_rewards, None
+        if self.samples is not None and local is not None:
+            output[REWARDS_KEY] = local
         if old_forward and (pending is not None or "old_per_token_logps" not in output):
             raise RuntimeError(
                 "CreditGRPOTrainer: TRL took no old-log-prob forward where TRL 1.16 takes one; "
@@ -628,10 +669,30 @@ class CreditGRPOTrainer(GRPOTrainer):
         if self.path:
             assert old is not None  # a path strategy reads PolicyStats: TRL's forward was kept
             scored, stats = self.score_on_path(output, old)
+        token_rewards = self.step_token_rewards(output) if self.token_reward_functions else None
+        groups = self.step_groups(output, local) if self.plan.reads_groups else None
         output["advantages"] = self.token_advantages(
-            output, self.credit_signals(scored, old, stats)
+            output, self.credit_signals(scored, old, stats, token_rewards), groups
         )
         return output
+
+    def step_token_rewards(self, batch: dict[str, Any]) -> TokenRewards:
+        """The token rewards (B, T) TRL's reward functions gave ``batch`` (this process's
+        rows, TRL's completion tensors), within its loss mask (``step_token_rewards``)."""
+        return step_token_rewards(self.token_reward_functions, self.loss_mask(batch))
+
+    def step_groups(
+        self, batch: dict[str, Any], rewards: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rewards (B,), groups (B,) int64) of this process's B rows of ``batch`` at
+        generation time: TRL's reward (``_calculate_rewards``' weighted sum) and TRL's groups
+        (consecutive blocks of ``num_generations`` over every process's rows,
+        ``TrlCredit.groups``)."""
+        assert rewards is not None  # kept by _calculate_rewards when the plan reads groups
+        training = bool(self.policy.training)
+        size = int((self.num_generations if training else self.num_generations_eval) or 1)
+        rows = int(batch["completion_ids"].shape[0])
+        return rewards.to(batch["completion_ids"].device), self.credit.groups(rows, size)
 
     def _measure(self, batch: dict[str, Any], scores: torch.Tensor | None) -> None:
         """The direction model's agreement with TRL's reward on this generation batch (every
@@ -728,20 +789,34 @@ class CreditGRPOTrainer(GRPOTrainer):
             raise RuntimeError("CreditGRPOTrainer: TRL's loss took no policy forward")
         return loss
 
-    def token_advantages(self, batch: dict[str, Any], signals: CreditSignals) -> torch.Tensor:
+    @staticmethod
+    def loss_mask(batch: dict[str, Any]) -> torch.Tensor:
+        """TRL's loss mask (B, T) bool of ``batch``: ``completion_mask``, and ``tool_mask``
+        where TRL has one."""
+        mask: torch.Tensor = batch["completion_mask"].bool()
+        if "tool_mask" in batch:
+            mask = mask & batch["tool_mask"].bool()
+        return mask
+
+    def token_advantages(
+        self,
+        batch: dict[str, Any],
+        signals: CreditSignals,
+        groups: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Token advantages (B, T) float32 of ``batch`` (``advantages`` (B,),
         ``completion_ids``/``completion_mask`` (B, T), optional ``tool_mask``) and the
         strategy's ``signals`` by ``TrlCredit.apply``: 0 where TRL's loss mask is 0.
+        ``groups``: (rewards (B,), groups (B,) int64) at generation time (``step_groups``),
+        for a strategy that reads them.
 
         Rows without a valid token (truncated completions TRL masks out) get 0. A batch-wide
         selection takes its quantile over this batch of every process. Logs the diagnostics
         into TRL's metrics; records the credit samples when due (the compared strategies on
         the same batch, signals and processes).
         """
-        mask = batch["completion_mask"].bool()
-        if "tool_mask" in batch:
-            mask = mask & batch["tool_mask"].bool()
-        result = self.credit.apply(batch, mask, signals)
+        mask = self.loss_mask(batch)
+        result = self.credit.apply(batch, mask, signals, groups=groups)
         token_adv = result.token_advantages
         mode = "train" if self.policy.training else "eval"
         self.credit.log_diagnostics(self._metrics[mode], result.diagnostics)
@@ -755,7 +830,8 @@ class CreditGRPOTrainer(GRPOTrainer):
             credits = {self.samples.own: token_adv}
             for label, run in self.credit.compare:
                 theirs = compared_signals(run.plan, signals)
-                credits[label] = self.credit.apply(batch, mask, theirs, run).token_advantages
+                compared = self.credit.apply(batch, mask, theirs, run, groups=groups)
+                credits[label] = compared.token_advantages
             shuffled = self.credit_phase == "loss"  # TRL shuffled the rows: one group
             group = mask.shape[0] if shuffled else int(self.num_generations or 1)
             self.samples.record(step, batch, credits, mask, group)

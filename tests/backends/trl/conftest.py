@@ -62,11 +62,13 @@ def make_trainer(
     model_seed: int = 0,
     model: Any = None,
     direction: DirectionModel | None = None,
+    reward_funcs: Any = None,
     **overrides: Any,
 ) -> Any:
     """A ``CreditGRPOTrainer`` (or, with ``stock``, TRL's own ``GRPOTrainer`` with the same
     ``GRPOConfig`` settings) on ``task`` with a fresh tiny Llama (or ``model``: a saved
-    one's path), ``direction`` (default: the task's) as its direction model."""
+    one's path), ``direction`` (default: the task's) as its direction model, and
+    ``reward_funcs`` (default: the task's reward)."""
     from trl import GRPOConfig, GRPOTrainer
 
     model = tiny_policy(PolicyPreset(seed=model_seed))[0] if model is None else model
@@ -83,7 +85,7 @@ def make_trainer(
     }
     common = {
         "model": model,
-        "reward_funcs": task.reward,
+        "reward_funcs": task.reward if reward_funcs is None else reward_funcs,
         "train_dataset": task.train,
         "processing_class": tokenizer,
     }

@@ -116,6 +116,8 @@ STRATEGIES: dict[str, tuple[Any, frozenset[str], str]] = {
     "random_top": ({"name": "random_top", "seed": 1}, frozenset(), "generation"),
     "abc": ("abc", frozenset({"reward_attention"}), "generation"),
     "red": ({"name": "red", "eps": 0.01}, frozenset({"prefix_rewards"}), "generation"),
+    # reads the step's rewards and groups, given at generation time (TrlCredit.groups)
+    "ktae": ("ktae", frozenset(), "generation"),
 }
 
 

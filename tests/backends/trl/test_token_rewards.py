@@ -1,0 +1,123 @@
+"""``credit: process`` through TRL's own trainer path (real TRL 1.16, CPU, tiny Llama): a
+reward function returning per-step spans gives TRL the outcome and the credit the token
+rewards on TRL's completion tokens; the token advantages TRL buffers for its loss are the
+hand formula (docs/design.md, "User-given token rewards (process supervision)"); a bad
+length is one ``CreditError`` naming the function and the completion."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from backends.trl import CreditGRPOTrainer
+from backends.trl.tasks import TaskData
+from backends.trl.token_rewards import completion_mask
+from credit_core import CreditError
+from tests.backends.trl.conftest import make_trainer
+
+#: GRPO's std floor in TRL's advantage, and ``process``'s default for the step rewards.
+TRL_EPS, EPS = 1e-4, 1e-6
+GROUP = 4
+
+
+def spans_of(ids: list[int]) -> list[tuple[int, int, float]]:
+    """Two steps, the halves of the completion, scored by a rule on their end tokens."""
+    n = len(ids)
+    half = max(n // 2, 1)
+    spans = [(0, half, float(ids[half - 1] % 2))]
+    if half < n:
+        spans.append((half, n, float(ids[-1] % 3 == 0)))
+    return spans
+
+
+def step_reward(completion_ids: list[list[int]], **kwargs: Any) -> list[Any]:
+    """TRL's reward-function signature; the outcome and the step spans of each completion."""
+    return [
+        {"outcome": sum(r for _, _, r in spans_of(ids)), "step_rewards": spans_of(ids)}
+        for ids in completion_ids
+    ]
+
+
+def hand_formula(ids: torch.Tensor, mask: torch.Tensor, weight: float) -> torch.Tensor:
+    """A (B, T) written out with loops: A_t = weight A_i + sum over the steps ending at or
+    after t of (r - mean_g) / (std_g + EPS), mean and std (Bessel) over the group's step
+    rewards; A_i TRL's GRPO advantage of R_i = the sum of response i's step rewards."""
+    B, T = mask.shape
+    steps = [spans_of(ids[b][mask[b]].tolist()) for b in range(B)]
+    R = [sum(r for _, _, r in s) for s in steps]
+    A = torch.zeros(B, T, dtype=torch.float64)
+    for g in range(0, B, GROUP):
+        rows = range(g, g + GROUP)
+        given = [r for b in rows for _, _, r in steps[b]]
+        mean = sum(given) / len(given)
+        std = (sum((r - mean) ** 2 for r in given) / (len(given) - 1)) ** 0.5
+        r_mean = sum(R[b] for b in rows) / GROUP
+        r_std = (sum((R[b] - r_mean) ** 2 for b in rows) / (GROUP - 1)) ** 0.5
+        for b in rows:
+            a_i = (R[b] - r_mean) / (r_std + TRL_EPS)
+            for t in range(int(mask[b].sum())):
+                process = sum((r - mean) / (std + EPS) for _, end, r in steps[b] if end - 1 >= t)
+                A[b, t] = weight * a_i + (process if std > 0 else 0.0)
+    return A
+
+
+def test_step_rewards_reach_trls_loss_as_the_hand_formula(
+    task: TaskData, tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches: list[dict[str, Any]] = []
+    real = CreditGRPOTrainer._generate_and_score_completions
+
+    def spy(self: Any, inputs: Any) -> dict[str, Any]:
+        out = real(self, inputs)
+        batches.append(out)
+        return out
+
+    monkeypatch.setattr(CreditGRPOTrainer, "_generate_and_score_completions", spy)
+    credit = {"name": "process", "outcome_weight": 0.5}
+    trainer = make_trainer(
+        task,
+        tokenizer,
+        tmp_path,
+        credit=credit,
+        reward_funcs=step_reward,
+        max_steps=1,
+        per_device_train_batch_size=8,
+        max_completion_length=8,
+    )
+    trainer.train()
+    assert trainer.credit_phase == "generation" and len(batches) == 1
+    out = batches[0]
+    mask = out["completion_mask"].bool()
+    expected = hand_formula(out["completion_ids"], mask, 0.5)
+    assert out["advantages"].shape == mask.shape
+    torch.testing.assert_close(out["advantages"].double(), expected, atol=1e-5, rtol=1e-5)
+    assert bool((out["advantages"][~mask] == 0).all())
+    assert float(expected.abs().sum()) > 0 and bool((expected * mask < 0).any())
+    # TRL took the outcome (the sum of each completion's step rewards) as its reward
+    outcome = [
+        sum(r for _, _, r in spans_of(ids[m].tolist()))
+        for ids, m in zip(out["completion_ids"], mask, strict=True)
+    ]
+    logged = trainer.state.log_history[0]["reward"]
+    assert logged == pytest.approx(sum(outcome) / len(outcome))
+
+
+def test_a_bad_length_is_one_error_naming_the_completion(
+    task: TaskData, tokenizer: Any, tmp_path: Path
+) -> None:
+    def short(completion_ids: list[list[int]], **kwargs: Any) -> list[Any]:
+        return [[1.0] * (len(ids) - (i == 1)) for i, ids in enumerate(completion_ids)]
+
+    trainer = make_trainer(
+        task, tokenizer, tmp_path, credit="process", reward_funcs=short, max_steps=1
+    )
+    with pytest.raises(CreditError, match=r"reward function 'short': response 1: token_rewards: "):
+        trainer.train()
+
+
+def test_the_completion_mask_is_each_completions_tokens() -> None:
+    mask = completion_mask([[5, 6, 7], [], [8]])
+    assert mask.tolist() == [[True, True, True], [False] * 3, [True, False, False]]
