@@ -9,7 +9,7 @@ Public API::
     # reward side (adapters.direction, adapters.reward_models, adapters.scorers)
     RewardOutput, DirectionModel, EmbeddingDirectionModel, SeqClassificationRM,
     EncoderSimilarityRM, ModuleRM, TextScorer, Scorer, CallableScorer, ModelScorer,
-    RewardSignals, import_object
+    PRMScorer, RewardSignals, import_object
     # vocabulary bridge (adapters.vocab_bridge)
     VocabBridge
     # configuration (adapters.config) and the packaged MiniLM (adapters.minilm)
@@ -49,6 +49,7 @@ from adapters.reward_models import EncoderSimilarityRM, ModuleRM, SeqClassificat
 from adapters.scorers import (
     CallableScorer,
     ModelScorer,
+    PRMScorer,
     RewardSignals,
     Scorer,
     TextScorer,
@@ -73,6 +74,7 @@ __all__ = [
     "EncoderSimilarityRM",
     "ModelScorer",
     "ModuleRM",
+    "PRMScorer",
     "RewardModelConfig",
     "RewardOutput",
     "RewardSignals",

@@ -6,8 +6,9 @@ rule; the differentiable model then only supplies the direction):
 - the **direction model** (``RewardModelConfig``): a frozen differentiable RM, built by
   ``build_direction_model`` into a ``DirectionModel``;
 - the **reward** (``ScorerConfig``): ``kind: model`` (default: the direction model's own
-  reward; or another RM given as ``model``) or ``kind: callable`` with
-  ``function: "pkg.module:name"``, a ``TextScorer``; built by ``build_scorer``.
+  reward; or another RM given as ``model``), ``kind: callable`` with
+  ``function: "pkg.module:name"``, a ``TextScorer``, or ``kind: prm``, a ``model`` that
+  scores each reasoning step (``PRMScorer``); built by ``build_scorer``.
 
 ``RewardSignalsConfig`` groups them (``direction_model`` + ``reward``, the reward
 defaulting to the direction model) and ``build_reward_signals`` builds both. Every model
@@ -32,11 +33,19 @@ from adapters.direction import DirectionModel
 from adapters.minilm import load_minilm
 from adapters.partitioned import outside_zero3_init
 from adapters.reward_models import EncoderSimilarityRM, ModuleRM, SeqClassificationRM
-from adapters.scorers import CallableScorer, ModelScorer, RewardSignals, Scorer, import_object
+from adapters.scorers import (
+    CallableScorer,
+    ModelScorer,
+    PRMScorer,
+    RewardSignals,
+    Scorer,
+    import_object,
+)
 from credit_core import CreditError
 
 __all__ = [
     "REWARD_MODEL_KINDS",
+    "SCORER_KINDS",
     "RewardModelConfig",
     "RewardModelKind",
     "RewardSignalsConfig",
@@ -104,29 +113,45 @@ class RewardModelConfig(BaseModel):
         return self
 
 
+#: Each ``ScorerConfig.kind``: its settings beside ``kind``, and the required ones.
+SCORER_KINDS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
+    "callable": (frozenset({"function", "kwargs"}), ("function",)),
+    "model": (frozenset({"model"}), ()),
+    "prm": (frozenset({"model", "step_separator"}), ("model", "step_separator")),
+}
+
+
 class ScorerConfig(BaseModel):
     """The reward that sets the advantage.
 
     ``kind: callable``: ``function`` ("pkg.module:name", a ``TextScorer``), called with
     ``kwargs`` bound; one with a ``labels`` parameter also gets each row's label (the
     ``label`` of its prompt in the training data). ``kind: model``: ``model`` (another
-    ``RewardModelConfig``) or, when omitted, the direction model's own reward.
+    ``RewardModelConfig``) or, when omitted, the direction model's own reward. ``kind:
+    prm``: ``model`` (a ``RewardModelConfig``, required) scores the prompt with each
+    response prefix that ends a step, a step ending at each token whose text contains
+    ``step_separator`` (a non-empty string, required) and at the response's last token
+    (``PRMScorer``; docs/reward_models.md, "A process reward model").
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["callable", "model"]
+    kind: Literal["callable", "model", "prm"]
     function: str | None = Field(None, description="callable: 'pkg.module:name'")
     kwargs: dict[str, Any] = Field(default_factory=dict)
     model: RewardModelConfig | None = None
+    step_separator: str | None = Field(None, description="prm: the text that ends a step")
 
     @model_validator(mode="after")
     def _fields_match_kind(self) -> ScorerConfig:
-        allowed = {"kind", "function", "kwargs"} if self.kind == "callable" else {"kind", "model"}
-        for name in sorted(_given(self) - allowed):
+        allowed, required = SCORER_KINDS[self.kind]
+        for name in sorted(_given(self) - allowed - {"kind"}):
             raise ValueError(f"{name}: not a setting of kind {self.kind!r}")
-        if self.kind == "callable" and self.function is None:
-            raise ValueError("function: required for kind 'callable'")
+        for name in required:
+            if getattr(self, name) is None:
+                raise ValueError(f"{name}: required for kind {self.kind!r}")
+        if self.step_separator == "":
+            raise ValueError("step_separator: expected a non-empty string, got ''")
         return self
 
 
@@ -277,7 +302,7 @@ def build_scorer(
     policy_vocab_size: int | None = None,
 ) -> Scorer:
     """The ``Scorer`` of ``cfg``; None (or ``kind: model`` without ``model``) means the
-    direction model's own reward."""
+    direction model's own reward; ``kind: prm`` is a ``PRMScorer`` on its own ``model``."""
     c: ScorerConfig = _parse(ScorerConfig, cfg or {"kind": "model"})
     if c.kind == "callable":
         assert c.function is not None
@@ -289,6 +314,9 @@ def build_scorer(
         model = build_direction_model(
             c.model, policy_tokenizer, device=device, policy_vocab_size=policy_vocab_size
         )
+        if c.kind == "prm":
+            assert c.step_separator is not None
+            return PRMScorer(model, policy_tokenizer, c.step_separator)
         return ModelScorer(model)
     if direction_model is None:
         raise CreditError("reward: kind 'model' without 'model' needs a direction model")

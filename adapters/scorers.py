@@ -8,7 +8,9 @@
   token positions, or a mapping with both (``credit_core.parse_reward_outputs``).
 - ``Scorer``: what a backend calls to get (B,) rewards for a rollout batch.
   ``CallableScorer`` wraps a ``TextScorer`` (decoding with the policy tokenizer, special
-  tokens skipped); ``ModelScorer`` uses a ``DirectionModel``'s own reward.
+  tokens skipped); ``ModelScorer`` uses a ``DirectionModel``'s own reward; ``PRMScorer``
+  uses a ``DirectionModel`` as a process reward model, its score of each response prefix
+  that ends a reasoning step given as that step's reward (token rewards, per step).
 - ``RewardSignals``: a scorer plus an optional direction model; ``compute`` returns the
   rewards and, when asked, the direction model's gradient, attention and prefix rewards,
   running the RM once when the scorer *is* the direction model.
@@ -21,7 +23,7 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -34,6 +36,7 @@ from adapters.direction import (
 )
 from adapters.signature import accepts_keyword
 from credit_core import CreditError, TokenRewards, parse_reward_outputs
+from credit_core.given_rewards import Span
 
 TextScorer = Callable[..., "Sequence[object] | torch.Tensor"]
 
@@ -63,8 +66,12 @@ class Scorer(ABC):
     """Rewards (B,) float32 for a rollout batch (policy ids, layout as ``DirectionModel``).
 
     ``labels`` (B,) are the rows' labels, for scorers that use them. ``score`` also gives the
-    token rewards of a scorer that has them (None by default).
+    token rewards of a scorer that has them (None by default); ``gives_token_rewards`` says
+    whether a scorer can give any (known before scoring: a backend refuses a strategy that
+    reads token rewards at start-up without one).
     """
+
+    gives_token_rewards: ClassVar[bool] = False
 
     @abstractmethod
     def __call__(
@@ -97,6 +104,8 @@ class CallableScorer(Scorer):
     ``fn`` takes ``labels``: then a call without labels is an error, not a silent None; and
     each response's token ids, a list of ints over its valid tokens, when ``fn`` has a
     ``response_ids`` parameter: the positions its token rewards and step spans index)."""
+
+    gives_token_rewards = True
 
     def __init__(self, fn: TextScorer, policy_tokenizer: Any, *, name: str = "scorer") -> None:
         if not callable(fn):
@@ -201,6 +210,123 @@ class ModelScorer(Scorer):
             prompt_ids, prompt_mask, response_ids, response_mask, with_grad=False
         )
         return out.rewards.float()
+
+
+class PRMScorer(Scorer):
+    """A process reward model (PRM) as step scorer: Lightman et al. 2023 ("Let's Verify
+    Step by Step", arXiv 2305.20050), Math-Shepherd (Wang et al. 2024, arXiv 2312.08935).
+
+    A response's steps end at each valid response token whose text, decoded alone by the
+    policy tokenizer (special tokens decode to nothing), contains ``step_separator``, and at
+    its last valid token. Step j's reward is ``model``'s score of the prompt with the
+    response's prefix through step j's last token, given at that token (a span over the
+    step's tokens, ``TokenRewards.from_spans``). The response's reward R is its last step's
+    score: the model's score of the whole response (the PRM literature aggregates by the
+    last or the min step score; this is the last). An empty response has no step and R =
+    the model's score of the prompt alone.
+
+    Cost: one no-grad ``model.score`` pass per chunk of at most B prefix rows (B the rows of
+    the batch passed in: the caller's micro-batch), rows of similar length together; a batch
+    whose responses hold S steps in all takes ceil(S / B) passes, about the mean number of
+    steps per response. Where the model's forward is a collective (``agree_count``, ZeRO-3)
+    the processes would run different numbers of passes: not supported.
+    """
+
+    gives_token_rewards = True
+
+    def __init__(self, model: DirectionModel, policy_tokenizer: Any, step_separator: str) -> None:
+        if not isinstance(step_separator, str) or not step_separator:
+            raise CreditError(
+                f"step_separator: expected a non-empty string, got {step_separator!r}"
+            )
+        self.model = model
+        self.policy_tokenizer = policy_tokenizer
+        self.step_separator = step_separator
+        self._ends_step: dict[int, bool] = {}  # token id -> its text holds the separator
+
+    def __call__(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        *,
+        labels: Sequence[Any] | None = None,
+    ) -> torch.Tensor:
+        """The rewards (B,): each response's last step score (``score``)."""
+        return self.score(prompt_ids, prompt_mask, response_ids, response_mask, labels=labels)[0]
+
+    def step_ends(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
+        """Per row of ``response_ids`` (B, R) under the right-padded ``response_mask`` (B,
+        R), the response-token positions (0 .. n_b - 1) where its steps end, increasing:
+        each token whose decoded text holds the separator, and n_b - 1 (none for n_b = 0)."""
+        rows = masked_rows(response_ids, response_mask != 0)
+        unseen = sorted({t for ids in rows for t in ids} - self._ends_step.keys())
+        for token in unseen:
+            text = self.policy_tokenizer.decode([token], skip_special_tokens=True)
+            self._ends_step[token] = self.step_separator in text
+        return [
+            [k for k, t in enumerate(ids[:-1]) if self._ends_step[t]] + [len(ids) - 1]
+            if ids
+            else []
+            for ids in rows
+        ]
+
+    def score(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        *,
+        labels: Sequence[Any] | None = None,
+    ) -> tuple[torch.Tensor, TokenRewards | None]:
+        """Rewards (B,) float32 (each response's last step score) and the ``TokenRewards``
+        (B, R) over ``response_mask``: step j's score at its last token (class docstring),
+        on the response ids' device."""
+        _, rmask = check_rollout(prompt_ids, prompt_mask, response_ids, response_mask)
+        ends = self.step_ends(response_ids, rmask)
+        cuts = [(b, end + 1) for b, row in enumerate(ends) for end in row]
+        cuts += [(b, 0) for b, row in enumerate(ends) if not row]
+        scores = self.prefix_scores(prompt_ids, prompt_mask, response_ids, response_mask, cuts)
+        spans: list[list[Span]] = [[] for _ in ends]
+        rewards = [0.0] * len(ends)
+        for (b, cut), s in zip(cuts, scores, strict=True):
+            start = spans[b][-1][1] if spans[b] else 0
+            if cut > 0:
+                spans[b].append((start, cut, s))
+            rewards[b] = s  # the cuts of a row increase: its last one is the whole response
+        token_rewards = TokenRewards.from_spans(spans, rmask)
+        return torch.tensor(rewards, dtype=torch.float32, device=response_ids.device), token_rewards
+
+    def prefix_scores(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        cuts: Sequence[tuple[int, int]],
+    ) -> list[float]:
+        """The model's score of row b's prompt with its first t response tokens, for each
+        ``(b, t)`` of ``cuts`` (0 <= t <= the row's valid length), in the order given: no-grad
+        ``model.score`` passes of at most B rows each, cuts sorted by t (class docstring)."""
+        B = response_ids.shape[0]
+        order = sorted(range(len(cuts)), key=lambda k: cuts[k][1])
+        out = [0.0] * len(cuts)
+        device = response_ids.device
+        for first in range(0, len(order), max(B, 1)):
+            chunk = order[first : first + B]
+            rows = torch.tensor([cuts[k][0] for k in chunk], dtype=torch.long, device=device)
+            t = torch.tensor([cuts[k][1] for k in chunk], dtype=torch.long, device=device)
+            width = max(int(t.max()), min(1, response_ids.shape[1]))
+            ids = response_ids[rows, :width]
+            mask = (torch.arange(width, device=device) < t.unsqueeze(1)).to(response_mask.dtype)
+            scored = self.model.score(
+                prompt_ids[rows], prompt_mask[rows], ids, mask, with_grad=False
+            ).rewards
+            for k, value in zip(chunk, scored.double().tolist(), strict=True):
+                out[k] = value
+        return out
 
 
 @dataclass(frozen=True)

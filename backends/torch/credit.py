@@ -29,7 +29,6 @@ from adapters.policy import (
     response_logprobs_and_stats,
     response_logprobs_and_work,
 )
-from adapters.scorers import CallableScorer
 from backends.common.credit import CreditRun
 from backends.common.data import Prompt
 from backends.common.errors import ConfigError
@@ -174,12 +173,13 @@ class CreditPath:
                 "own input gradient (answer_saliency) on its whole, unsharded weights: use "
                 "'ddp'"
             )
-        if plan.reads_token_rewards and not isinstance(reward.signals.scorer, CallableScorer):
+        if plan.reads_token_rewards and not reward.signals.scorer.gives_token_rewards:
             raise ConfigError(
                 f"reward.reward: credit strategy {name!r} reads the token rewards a reward "
-                "function gives, but the reward is not a function: set reward.reward to "
+                "function or a PRM gives, but the reward is neither: set reward.reward to "
                 "{kind: callable, function: 'pkg.module:name'} returning, per response, a list "
-                "per token or (start, end, reward) step spans (docs/reward_models.md)"
+                "per token or (start, end, reward) step spans, or to {kind: prm, model: ..., "
+                "step_separator: ...} (docs/reward_models.md)"
             )
 
     @property

@@ -4,7 +4,8 @@ The scorer sets the advantage; the direction model (a frozen differentiable RM) 
 the reward gradient, and only when the credit strategy asks for it. Without a separate
 scorer the direction model's own reward is used (one RM pass for both). A ``reward: {kind:
 callable}`` function may return token rewards (a list per token or step spans per
-response); they go to a strategy that reads them (``RolloutRewards.token_rewards_for``).
+response), and a ``reward: {kind: prm}`` model gives its step scores as step spans; they go
+to a strategy that reads them (``RolloutRewards.token_rewards_for``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from adapters.config import build_reward_signals
 from adapters.direction import DirectionModel, RewardOutput
 from adapters.grad_path import HandedExpectedEmbeddings, with_grad_path
 from adapters.policy import lm_head_of
-from adapters.scorers import CallableScorer, ModelScorer, RewardSignals
+from adapters.scorers import CallableScorer, ModelScorer, PRMScorer, RewardSignals
 from backends.common.data import Prompt, load_jsonl
 from backends.common.errors import ConfigError
 from backends.common.tasks import get_task
@@ -57,11 +58,12 @@ class RolloutRewards:
         without)."""
         name = strategy.name
         scorer = self.signals.scorer
-        source = (
-            f"the reward function {scorer.name!r}"
-            if isinstance(scorer, CallableScorer)
-            else "the reward (not a reward.reward of kind callable)"
-        )
+        if isinstance(scorer, CallableScorer):
+            source = f"the reward function {scorer.name!r}"
+        elif isinstance(scorer, PRMScorer):
+            source = "the process reward model (reward.reward of kind prm)"
+        else:
+            source = "the reward (not a reward.reward of kind callable or prm)"
         if type(strategy).reads_token_rewards:
             if token_rewards is None:
                 raise ConfigError(

@@ -182,6 +182,13 @@ def test_resolved_config_round_trips(tmp_path: Path) -> None:
             "direction_model": {"kind": "module", "factory": "pkg.mod:build"},
             "reward": {"kind": "callable", "function": "pkg.mod:score"},
         },
+        {
+            "reward": {
+                "kind": "prm",
+                "model": {"kind": "module", "factory": "pkg.mod:build"},
+                "step_separator": "\n",
+            }
+        },
     ],
 )
 def test_a_resolved_reward_section_round_trips(tmp_path: Path, reward: dict[str, object]) -> None:
@@ -195,6 +202,11 @@ def test_a_resolved_reward_section_round_trips(tmp_path: Path, reward: dict[str,
         load_config(
             write(tmp_path, BASE),
             ["reward.direction_model={kind: encoder_similarity, target_text: t, factory: a:b}"],
+        )
+    with pytest.raises(ConfigError, match=r"reward\.reward: .*step_separator: required for kind"):
+        load_config(
+            write(tmp_path, BASE),
+            ["reward.reward={kind: prm, model: {kind: module, factory: a:b}}"],
         )
 
 

@@ -2,7 +2,8 @@
 callable}``; docs/design.md, "User-given token rewards (process supervision)"): the spans
 reach ``process`` as the token-rewards signal and the token advantages the update reads are
 the hand formula on the step's batch; a mismatch between the function and the strategy is
-one ``ConfigError``."""
+one ``ConfigError``. A process reward model (``reward: {kind: prm}``) trains ``process`` on
+its step scores the same way."""
 
 from __future__ import annotations
 
@@ -12,20 +13,29 @@ from typing import Any
 import pytest
 import torch
 
-from adapters.scorers import CallableScorer, RewardSignals
+from adapters.scorers import CallableScorer, PRMScorer, RewardSignals
+from adapters.tiny import train_bpe_tokenizer
 from backends.common.errors import ConfigError
 from backends.torch.config import config_from_dict
 from backends.torch.credit import CreditPath
 from backends.torch.rollout_rewards import RolloutRewards
 from backends.torch.step import StepSignals
 from backends.torch.trainer import GRPORecipe, train
-from credit_core import get_strategy
+from credit_core import TokenRewards, get_strategy
 from tests.helpers.torch_tiny import tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
 STEP_REWARD = "tests.backends.torch.test_token_rewards:step_reward"
 EPS = 1e-6
+#: The positional task's reward model as a PRM (a ``kind: module`` factory), a step ending at
+#: each token whose text holds a space (most of the tiny BPE's word tokens).
+PRM_MODEL = {
+    "kind": "module",
+    "factory": "tests.backends.torch.test_credit_run:weak_direction",
+    "factory_kwargs": {"seed": 0},
+}
+PRM = {"kind": "prm", "model": PRM_MODEL, "step_separator": " "}
 
 
 def spans_of(ids: list[int]) -> list[tuple[int, int, float]]:
@@ -102,6 +112,44 @@ def test_per_step_rewards_train_two_steps_with_the_hand_formula_s_token_advantag
         assert bool((token_adv != A[:, :1].float()).any())  # not one advantage per response
 
 
+def test_a_prm_s_step_scores_train_process_with_advantages_that_change_at_step_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``reward: {kind: prm}``: R is the PRM's score of the whole response; ``process``'s
+    token advantages are finite, vary within responses and change only after a step's end
+    (the sum to go of the normalised step scores, outcome weight 0)."""
+    from tests.backends.torch.test_credit_run import weak_direction
+
+    seen: list[StepSignals] = []
+    real = CreditPath.signals
+
+    def spy(self: CreditPath, *args: Any, **kwargs: Any) -> StepSignals:
+        out = real(self, *args, **kwargs)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(CreditPath, "signals", spy)
+    cfg = tiny_config(tmp_path / "run", steps=2, credit="process", reward={"reward": PRM})
+    result = train(config_from_dict(cfg))
+    assert [int(r["step"]) for r in result.history if "reward/mean" in r] == [1, 2]
+    prm = PRMScorer(weak_direction(0), train_bpe_tokenizer(vocab_size=512), " ")
+    varies = 0
+    for signals in seen:
+        b = signals.batch
+        whole = prm.model.score(
+            b.prompt_ids, b.prompt_mask, b.response_ids, b.response_mask, with_grad=False
+        )
+        torch.testing.assert_close(signals.rewards, whole.rewards.float())
+        A = signals.credit.token_advantages
+        assert bool(torch.isfinite(A).all())
+        for row, ends in enumerate(prm.step_ends(b.response_ids, b.response_mask)):
+            n = ends[-1] + 1
+            changes = torch.nonzero(A[row, 1:n] != A[row, : n - 1]).flatten().tolist()
+            assert set(changes) <= set(ends), (row, changes, ends)
+            varies += bool(changes)
+    assert varies > 0  # advantages that vary within some responses
+
+
 def test_under_gae_the_critic_reads_the_step_rewards_as_given(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -141,3 +189,13 @@ def test_process_with_a_function_that_returns_numbers_is_a_config_error() -> Non
     with pytest.raises(ConfigError, match=r"'process' reads token rewards, but the reward "):
         side.token_rewards_for(get_strategy("process"), None)
     assert side.token_rewards_for(get_strategy("uniform"), None) is None
+
+
+def test_a_prm_with_a_strategy_that_does_not_read_token_rewards_is_a_config_error() -> None:
+    from tests.backends.torch.test_credit_run import weak_direction
+
+    side = RolloutRewards(RewardSignals(PRMScorer(weak_direction(0), None, "\n")))
+    given = TokenRewards.from_spans([[(0, 1, 1.0)]], torch.ones(1, 1, dtype=torch.bool))
+    with pytest.raises(ConfigError, match=r"'uniform' does not read .* the process reward model"):
+        side.token_rewards_for(get_strategy("uniform"), given)
+    assert side.token_rewards_for(get_strategy("process"), given) is given
