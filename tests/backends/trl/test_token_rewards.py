@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from trl import GRPOTrainer
 
 from backends.trl import CreditGRPOTrainer
 from backends.trl.tasks import TaskData
@@ -75,7 +76,15 @@ def test_step_rewards_reach_trls_loss_as_the_hand_formula(
         batches.append(out)
         return out
 
+    seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    loss = GRPOTrainer._compute_loss
+
+    def loss_spy(self: Any, model: Any, inputs: dict[str, Any]) -> Any:
+        seen.append((inputs["prompt_ids"], inputs["completion_ids"], inputs["advantages"]))
+        return loss(self, model, inputs)
+
     monkeypatch.setattr(CreditGRPOTrainer, "_generate_and_score_completions", spy)
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", loss_spy)
     credit = {"name": "process", "outcome_weight": 0.5}
     trainer = make_trainer(
         task,
@@ -96,6 +105,14 @@ def test_step_rewards_reach_trls_loss_as_the_hand_formula(
     torch.testing.assert_close(out["advantages"].double(), expected, atol=1e-5, rtol=1e-5)
     assert bool((out["advantages"][~mask] == 0).all())
     assert float(expected.abs().sum()) > 0 and bool((expected * mask < 0).any())
+    # TRL's loss read those rows' token advantages (its micro-batches shuffle the rows)
+    rows = [
+        (p, c, a) for prompts, ids, adv in seen for p, c, a in zip(prompts, ids, adv, strict=True)
+    ]
+    assert len(rows) == mask.shape[0]
+    for p, c, a in rows:
+        same = (out["prompt_ids"] == p).all(dim=1) & (out["completion_ids"] == c).all(dim=1)
+        assert any(torch.equal(a, out["advantages"][i]) for i in torch.nonzero(same).flatten())
     # TRL took the outcome (the sum of each completion's step rewards) as its reward
     outcome = [
         sum(r for _, _, r in spans_of(ids[m].tolist()))
