@@ -221,9 +221,9 @@ class PRMScorer(Scorer):
     its last valid token. Step j's reward is ``model``'s score of the prompt with the
     response's prefix through step j's last token, given at that token (a span over the
     step's tokens, ``TokenRewards.from_spans``). The response's reward R is its last step's
-    score: the model's score of the whole response (the PRM literature aggregates by the
-    last or the min step score; this is the last). An empty response has no step and R =
-    the model's score of the prompt alone.
+    score: the model's score of the whole response (the PRM literature aggregates step
+    scores by their product, Lightman et al., their min, Math-Shepherd, or the last; this is
+    the last). An empty response has no step and R = the model's score of the prompt alone.
 
     Cost: one no-grad ``model.score`` pass per chunk of at most B prefix rows (B the rows of
     the batch passed in: the caller's micro-batch), rows of similar length together; a batch
