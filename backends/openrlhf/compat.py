@@ -11,7 +11,9 @@ with gamma 1, and no KL penalty inside the reward (use ``--algo.kl.use_loss`` or
 token rewards (``backends.openrlhf.credit``; any KL penalty in the reward stays), which
 needs a ``critic_reward_form`` and >= 2 samples per prompt. A strategy that reads the
 step's rewards and groups (``reads_groups``: ``ktae``, the paper forms) gets them under
-either, each prompt's ``--rollout.n_samples_per_prompt`` (>= 2) samples a group. Signals
+either, each prompt's ``--rollout.n_samples_per_prompt`` (>= 2) samples a group; one that
+reads the reward function's token rewards (``process``) needs a reward function
+(``--reward.remote_url`` or ``--train.agent_func_path``), whose ``extra_logs`` carry them. Signals
 reduced from the policy's logits (policy statistics, DATC's W0, the token entropy) are read
 per sample from the logits of OpenRLHF's forward, packed (``--ds.packing_samples``,
 ``--train.dynamic_batch_enable``) or not; a truncated rollout (``--rollout.top_p`` < 1,
@@ -68,15 +70,17 @@ GRADIENT_SIGNALS = frozenset({"reward_grad", "reward_attribution"})
 WIDE_SIGNALS = frozenset({"reward_grad", "policy_stats"})
 
 #: What the OpenRLHF backend provides: the signals of the policy's logits and of one scoring
-#: call of the direction model (P2T's attribution included), and the step's rewards and
-#: groups (the token-credit maker holds the whole step); not a second trained model's
-#: log-probs or the policy's own answer-span gradient; no answer span reaches its credit step.
+#: call of the direction model (P2T's attribution included), the step's rewards and groups
+#: (the token-credit maker holds the whole step) and the token rewards the reward function
+#: gives in its ``extra_logs`` (``backends.openrlhf.given_rewards``); not a second trained
+#: model's log-probs or the policy's own answer-span gradient; no answer span reaches its
+#: credit step.
 #: Whether the reward gradient comes first depends on the placement (``resolve_credit``).
 BACKEND = Backend(
     "OpenRLHF",
     "--credit",
     SIGNALS - TRAINED_MODEL_SIGNALS - {"answer_saliency"},
-    frozenset({"gather", "path_gradient", "groups"}),
+    frozenset({"gather", "path_gradient", "groups", "token_rewards"}),
     work_first=False,
     path_work=False,
     hint="use the native or TRL backend (docs/backends.md)",
@@ -242,12 +246,17 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
             "--algo.kl.use_loss (GRPO style) or --algo.kl.init_coef 0"
         )
     wide = sorted(requires & WIDE_SIGNALS)
-    if (strategy.gathers or strategy.reads_groups) and wide:
-        why = (
-            "selects tokens across the step's batch (CreditStrategy.gathers)"
-            if strategy.gathers
-            else "reads the step's rewards and groups (CreditStrategy.reads_groups)"
-        )
+    whole_step = {
+        "selects tokens across the step's batch (CreditStrategy.gathers)": strategy.gathers,
+        "reads the step's rewards and groups (CreditStrategy.reads_groups)": (
+            strategy.reads_groups
+        ),
+        "reads the reward function's token rewards (CreditStrategy.reads_token_rewards)": (
+            strategy.reads_token_rewards
+        ),
+    }
+    why = next((reason for reason, on in whole_step.items() if on), None)
+    if why is not None and wide:
         problems.append(
             f"strategy {name!r} {why} and reads the (B, A, d) signals {wide}; this backend "
             "gives a strategy the whole step as one batch only when its signals are per "
@@ -303,6 +312,15 @@ def resolve_credit(args: Any, cfg: OpenRLHFCreditConfig) -> ResolvedCredit:
                     "--credit.direction.path (or a 'direction' section in --credit.config), or "
                     "a local --reward.model_name_or_path"
                 )
+    if plan.reads_token_rewards and not (
+        _get(args, "reward.remote_url") or _get(args, "train.agent_func_path")
+    ):
+        problems.append(
+            f"strategy {name!r} reads the token rewards of the reward function: give "
+            "--reward.remote_url (a reward server, or a .py file with reward_func) or "
+            "--train.agent_func_path whose extra_logs carry 'token_rewards' or 'step_rewards' "
+            "(docs/openrlhf.md, 'Token rewards from the reward function')"
+        )
     if problems:
         raise CreditError(
             f"credit strategy {name!r} does not fit these OpenRLHF settings:\n  - "

@@ -15,9 +15,12 @@ strategy on the rows with an action token and leaves 0 elsewhere. A part is the 
 one batch (``step_batch``: action columns left-aligned, zero-padded) for a strategy that
 selects tokens across the step (``gathers``) or reads its rewards and groups
 (``reads_groups``), with R_i and each prompt's ``--rollout.n_samples_per_prompt`` samples a
-group (``Experience.index`` // n); it is one micro-batch otherwise, the signals taken one
-micro-batch at a time, so that the step's (B, A, d) signals of the DATC family are never in
-one process at once (``compat.resolve_credit`` refuses a whole-step strategy reading them).
+group (``Experience.index`` // n), or reads the reward function's token rewards
+(``reads_token_rewards``: ``process``; ``given_rewards.step_token_rewards`` of the
+``extra_logs`` they rode in, aligned to the step's action masks); it is one micro-batch
+otherwise, the signals taken one micro-batch at a time, so that the step's (B, A, d)
+signals of the DATC family are never in one process at once (``compat.resolve_credit``
+refuses a whole-step strategy reading them).
 
 - ``grpo_credit``: under a response-level estimator, each response's advantage A_i (read from
   OpenRLHF's token advantages, ``response_advantages``) split over its action tokens and
@@ -51,7 +54,7 @@ trainer, and OpenRLHF's checkpoint has no place for the EMA (a resume would rest
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -59,6 +62,7 @@ import torch
 from backends.common.credit import AgreementMetrics, CreditRun
 from backends.openrlhf.actor_side import ActorSignals
 from backends.openrlhf.compat import ResolvedCredit
+from backends.openrlhf.given_rewards import step_token_rewards
 from backends.openrlhf.layout import action_token_ids
 from backends.openrlhf.step_batch import (
     StepBatch,
@@ -68,7 +72,13 @@ from backends.openrlhf.step_batch import (
     step_batch,
     step_groups,
 )
-from credit_core import CreditDiagnostics, CreditError, CreditResult, CreditSignals
+from credit_core import (
+    CreditDiagnostics,
+    CreditError,
+    CreditResult,
+    CreditSignals,
+    TokenRewards,
+)
 from credit_core.advantages import group_advantages
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
 from credit_core.strategy import CreditStrategy
@@ -157,8 +167,10 @@ class OpenRLHFCredit:
 
     @property
     def whole_step(self) -> bool:
-        """Whether the strategy sees the step as one batch (``gathers`` or ``reads_groups``)."""
-        return self.strategy.gathers or self.strategy.reads_groups
+        """Whether the strategy sees the step as one batch (``gathers``, ``reads_groups``
+        or ``reads_token_rewards``)."""
+        s = self.strategy
+        return s.gathers or s.reads_groups or s.reads_token_rewards
 
     @property
     def reads_rewards(self) -> bool:
@@ -252,7 +264,11 @@ class OpenRLHFCredit:
         scores: list[torch.Tensor | None] = []
         results: list[CreditResult] = []
         diagnostics: list[CreditDiagnostics] = []
-        for part in self._parts(experiences, step, signals, advantages, rewards, groups, scores):
+        given = None
+        if self.strategy.reads_token_rewards:
+            given = step_token_rewards(experiences, step.mask)
+        parts = self._parts(experiences, step, signals, advantages, rewards, groups, given, scores)
+        for part in parts:
             result = self.run.apply(
                 part.advantages,
                 part.mask,
@@ -278,16 +294,19 @@ class OpenRLHFCredit:
         advantages: torch.Tensor,
         rewards: torch.Tensor | None,
         groups: torch.Tensor | None,
+        given: TokenRewards | None,
         scores: list[torch.Tensor | None],
     ) -> Iterator[_Part]:
         """The step as one part (a whole-step strategy: the micro-batches' per-token signals
         stacked, ``stacked_signals``) or one part per micro-batch, each micro-batch's
-        signals taken when its part is credited; appends each micro-batch's direction
-        scores to ``scores`` as its signals are taken."""
+        signals taken when its part is credited; the reward function's token rewards
+        ``given`` (N, W) go with the step (a strategy that reads them sees the whole step).
+        Appends each micro-batch's direction scores to ``scores`` as its signals are taken."""
         if self.whole_step:
             taken = list(signals)
             scores += [signal.direction_reward for signal in taken]
             credits = stacked_signals([signal.credit() for signal in taken], step.width)
+            credits = replace(credits, token_rewards=given)
             yield _Part(advantages, step.mask, step.token_ids, credits, rewards, groups)
             return
         parts = zip(experiences, torch.split(advantages, step.sizes), signals, strict=True)

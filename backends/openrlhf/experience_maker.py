@@ -43,6 +43,11 @@ Everything happens inside this one call on whole micro-batches, before OpenRLHF 
 rebalances them, so nothing relies on extra ``Experience`` attributes (those are dropped on
 a split); the credit lives in the standard ``advantages`` and ``info`` fields.
 
+A strategy that reads the reward function's token rewards (``process``) gets them from the
+``extra_logs`` of each sample (``backends.openrlhf.given_rewards``): ``split_rollout_samples``
+takes them out of each single sample's ``info`` before OpenRLHF concatenates the rollout
+into micro-batches, and the credit reads them against the step's action masks.
+
 With the ``uniform`` strategy nothing is gathered and the advantages are OpenRLHF's own,
 untouched: training is stock OpenRLHF bit for bit (only ``credit/*`` constants are logged).
 
@@ -84,6 +89,7 @@ from backends.openrlhf.compat import (
 )
 from backends.openrlhf.credit import OpenRLHFCredit, StepCredit
 from backends.openrlhf.dispatch import run_method_per_item
+from backends.openrlhf.given_rewards import take_reward_items
 from credit_core import CreditError
 from credit_core.allocation import UNIFORM_DIAGNOSTICS
 
@@ -188,6 +194,16 @@ class TokenCreditExperienceMaker(RemoteExperienceMaker):  # type: ignore[misc]
         ``uniform``: the credit enters as a shift of the token rewards
         (``OpenRLHFCredit.critic_credit``), not as token advantages."""
         return self.advantage_estimator == "gae" and self.credit_strategy.name != "uniform"
+
+    def split_rollout_samples(self, rollout_samples: list[Experience]) -> list[Experience]:
+        """OpenRLHF's split of the rollout into micro-batches; for a strategy that reads the
+        reward function's token rewards, each sample's ``extra_logs`` entries of them are
+        first taken out of its ``info`` into one item that the concatenation keeps per row
+        (``given_rewards.take_reward_items``)."""
+        if self.credit_strategy.reads_token_rewards:
+            take_reward_items(rollout_samples)
+        batches: list[Experience] = super().split_rollout_samples(rollout_samples)
+        return batches
 
     @torch.no_grad()
     def compute_advantages_and_returns(self, experiences: list[Experience]) -> list[Experience]:
