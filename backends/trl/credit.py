@@ -151,9 +151,16 @@ class TrlCredit:
     def groups(self, rows: int, group_size: int) -> torch.Tensor:
         """The groups (rows,) int64 of this process's ``rows`` rows of a generation batch:
         TRL's groups are consecutive blocks of ``group_size`` (``num_generations``) over
-        every process's rows in process order. ``CreditError`` when they would straddle
-        processes (``rows`` not a multiple of ``group_size`` with several processes): a
-        group's statistics would then need the other processes' rows."""
+        every process's rows in process order (``check_whole_groups`` first)."""
+        self.check_whole_groups(rows, group_size)
+        start = self.accelerator.process_index * rows
+        index = torch.arange(start, start + rows, device=self.accelerator.device)
+        return index // group_size
+
+    def check_whole_groups(self, rows: int, group_size: int) -> None:
+        """``CreditError`` when TRL's groups of ``group_size`` would straddle processes
+        whose generation batches hold ``rows`` rows each (not a multiple, with several
+        processes): a group's statistics would then need the other processes' rows."""
         if self.accelerator.num_processes > 1 and rows % group_size != 0:
             raise CreditError(
                 f"credit: strategy {self.run.plan.name!r} reads the step's groups, but each "
@@ -162,9 +169,6 @@ class TrlCredit:
                 f"num_generations ({group_size}), so TRL's groups straddle processes; make it "
                 "a multiple"
             )
-        start = self.accelerator.process_index * rows
-        index = torch.arange(start, start + rows, device=self.accelerator.device)
-        return index // group_size
 
     def measure(
         self,

@@ -236,6 +236,11 @@ class CreditGRPOTrainer(GRPOTrainer):
             self.accelerator,
             direction_is_reward=self.direction_column is not None and len(self.reward_funcs) == 1,
         )
+        if self.plan.reads_groups:  # refused at start-up rather than at the first step
+            steps = args.steps_per_generation
+            assert steps is not None  # GRPOConfig.__post_init__ sets it
+            rows = args.per_device_train_batch_size * steps
+            self.credit.check_whole_groups(rows, int(self.num_generations or 1))
         #: the direction model's own pass gives the scores its agreement is measured by
         self.own_scores = (
             self.credit.run.measures

@@ -13,6 +13,7 @@ import torch
 from scipy.stats import spearmanr
 
 from backends.trl.credit import BACKEND, TrlCredit
+from credit_core import CreditError
 from credit_core.agreement_gate import GateConfig
 from credit_core.plan import CreditPlan
 
@@ -72,3 +73,13 @@ def test_apply_mixes_a_batchs_credit_at_the_alpha_its_measure_left() -> None:
     want = gate_token_advantages(plain.token_advantages, batch["advantages"], mask, 0.5)
     assert torch.equal(mixed, want) and not torch.equal(mixed, plain.token_advantages)
     assert credit.run.gate.ema == 0.4
+
+
+def test_groups_are_trls_blocks_over_every_process_and_never_straddle_processes() -> None:
+    second: Any = type("Rank1", (), {"num_processes": 2, "process_index": 1, "device": "cpu"})()
+    credit = TrlCredit(
+        CreditPlan.build("process", BACKEND), None, [], second, direction_is_reward=False
+    )
+    assert credit.groups(8, 4).tolist() == [2, 2, 2, 2, 3, 3, 3, 3]
+    with pytest.raises(CreditError, match=r"\(6 rows: .* not a multiple of num_generations \(4\)"):
+        credit.groups(6, 4)
