@@ -44,7 +44,9 @@ def compared_strategies(
     """(label, plan) of each compared credit (its label and its plan, built once from
     ``credit_samples_compare.<i>``) but the run's own (``run_label``, shown as the run's
     row); ``CreditError`` naming ``credit_samples_compare.<i>`` when it needs a signal the
-    run's plan does not compute, or takes the reward gradient elsewhere."""
+    run's plan does not compute, takes the reward gradient elsewhere, or reads the step's
+    groups or the token rewards and the run's strategy does not (TRL's credit gets them
+    only for a run that reads them)."""
     have = run.signals
     out = []
     for i, (label, plan) in enumerate(compare):
@@ -58,6 +60,13 @@ def compared_strategies(
                 f"{run.name!r} computes {sorted(have) or 'no signal'}; compare strategies "
                 "that read what the run computes"
             )
+        lacking = sorted((plan.features & {"groups", "token_rewards"}) - run.features)
+        if lacking:
+            raise CreditError(
+                f"{key}: {plan.name!r} reads {lacking}, which the run's strategy {run.name!r} "
+                "does not read, so the run's credit does not get them; compare strategies "
+                "that read what the run reads"
+            )
         if needs and plan.reward_grad_points != run.reward_grad_points:
             raise CreditError(
                 f"{key}: {plan.name!r} takes the reward gradient at other points than "
@@ -69,8 +78,12 @@ def compared_strategies(
 
 
 def compared_signals(plan: CreditPlan, signals: CreditSignals) -> CreditSignals:
-    """The part of the run's ``signals`` that the compared ``plan`` reads."""
-    return CreditSignals(**{name: getattr(signals, name) for name in plan.signals})
+    """The part of the run's ``signals`` that the compared ``plan`` reads (the token
+    rewards included, where it reads them)."""
+    found = {name: getattr(signals, name) for name in plan.signals}
+    if plan.reads_token_rewards:
+        found["token_rewards"] = signals.token_rewards
+    return CreditSignals(**found)
 
 
 class TrlSampleRecorder:

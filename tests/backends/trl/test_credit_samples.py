@@ -65,6 +65,9 @@ def test_off_and_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     err = capsys.readouterr().err
     assert "credit_samples_compare.0: 'datc' reads ['unsigned_work']" in err
     assert "'uniform' computes no signal" in err
+    status = run(tmp_path / "g", "--credit", "uniform", "--credit_samples_compare", "ktae")
+    assert status == 2
+    assert "credit_samples_compare.0: 'ktae' reads ['groups'], which" in capsys.readouterr().err
 
 
 def test_entropy_top_beside_its_random_control(tmp_path: Path) -> None:
