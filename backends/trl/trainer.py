@@ -33,7 +33,11 @@ path gradient (``adapters.grad_path.path_reward_grad``: ``points`` RM forward + 
 passes, no RM forward at the samples, whose reward TRL's reward functions give), at
 generation time or in each loss step, with no policy forward of its own.
 
-Strategies that read no policy-side signal get their token advantages at generation time.
+Strategies that read no policy-side signal get their token advantages at generation time;
+so do those that read the step's rewards and groups (``step_groups``: TRL's consecutive
+blocks of ``num_generations``, known before the loss phase shuffles the rows), ``process``
+among them, whose token rewards TRL's own reward functions return
+(``backends.trl.token_rewards``: TRL gets each completion's outcome, the credit the rest).
 A strategy that selects tokens batch-wide (``entropy_top``, ``random_top``) takes its
 quantile over the batch the advantages are formed for, joined over every process
 (``backends.trl.credit.process_gather``). The credit diagnostics go to TRL's metrics as
