@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -75,7 +76,8 @@ def reward_func(queries, prompts, labels):
         totals.append(sum(r for _, _, r in spans))
     key = "token_rewards" if labels[0].startswith("tokens") else "step_rewards"
     rewards = torch.tensor(totals)
-    return {"rewards": rewards, "scores": rewards, "extra_logs": {key: entries}}
+    given = entries[0] if labels[0] == "steps:flat" else entries  # flat: not one per query
+    return {"rewards": rewards, "scores": rewards, "extra_logs": {key: given}}
 """
 
 
@@ -142,18 +144,23 @@ def process_maker(args: Any, **params: Any) -> Any:
 DYNAMIC = ["--train.dynamic_batch_enable", "--rollout.max_tokens_per_gpu", "16"]
 
 
+#: PPO with OpenRLHF's critic (its KL estimate is 0 below, so no KL term in the rewards).
+GAE = ["--algo.advantage.estimator", "gae", *FLAGS[2:6]]
+
+
 def credited(
-    tmp_path: Path, labels: list[str], flags: tuple[str, ...] = (), **params: Any
+    tmp_path: Path, labels: list[str], flags: Sequence[str] = FLAGS, **params: Any
 ) -> list[Any]:
     """The step's micro-batches after the maker's ``compute_advantages_and_returns``."""
     reward_file = tmp_path / "reward.py"
     reward_file.write_text(REWARD_FUNC)
-    args = openrlhf_args([*FLAGS, *flags, "--reward.remote_url", str(reward_file)])
+    args = openrlhf_args([*flags, "--reward.remote_url", str(reward_file)])
     maker = process_maker(args, **params)
     batches = maker.split_rollout_samples(rollout(reward_file, labels))
-    for batch in batches:  # what make_experience adds (no KL in the reward: use_loss)
+    for batch in batches:  # what make_experience adds: log-probs, KL, the critic's values
         batch.action_log_probs = torch.zeros(batch.action_mask.shape)
         batch.kl = torch.zeros(batch.action_mask.shape)
+        batch.values = torch.zeros(batch.action_mask.shape)
     out: list[Any] = maker.compute_advantages_and_returns(batches)
     return out
 
@@ -188,15 +195,16 @@ def hand_formula(outcome_weight: float) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("flags", [(), tuple(DYNAMIC)], ids=["micro_batches", "dynamic"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["micro_batches", "dynamic"])
 def test_step_rewards_of_openrlhfs_reward_func_give_the_hand_formula(
-    tmp_path: Path, flags: tuple[str, ...]
+    tmp_path: Path, dynamic: bool
 ) -> None:
+    flags = [*FLAGS, *DYNAMIC] if dynamic else FLAGS
     batches = credited(tmp_path, ["steps", "steps"], flags, outcome_weight=0.5)
     expected = hand_formula(0.5)
     order = [i for batch in batches for i in batch.index]
     assert sorted(order) == list(range(len(RESPONSES)))
-    assert (order == sorted(order)) == (not flags)  # dynamic batches: rows out of order
+    assert (order == sorted(order)) != dynamic  # dynamic batches: rows out of rollout order
     for batch in batches:
         assert "credit/given_rewards" not in batch.info  # not logged by OpenRLHF
         rows = zip(batch.index, batch.advantages, batch.action_mask.bool(), strict=True)
@@ -205,6 +213,35 @@ def test_step_rewards_of_openrlhfs_reward_func_give_the_hand_formula(
             assert bool((advantages[~mask] == 0).all())
     first = batches[0].advantages[0][batches[0].action_mask[0].bool()]
     assert bool((first != first[0]).any())  # not one advantage per response
+
+
+def test_under_gae_openrlhfs_critic_reads_the_step_rewards_as_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/design.md, "Credit under a critic": with ``process``'s defaults the token rewards
+    OpenRLHF's own GAE receives are the function's step rewards, each at its step's last
+    token, in place of the outcome at the response's last."""
+    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
+
+    handed: list[torch.Tensor] = []
+    original = RemoteExperienceMaker.get_advantages_and_returns
+
+    def spy(self: Any, values: Any, rewards: torch.Tensor, *args: Any) -> Any:
+        handed.append(rewards.clone())
+        return original(self, values, rewards, *args)
+
+    monkeypatch.setattr(RemoteExperienceMaker, "get_advantages_and_returns", spy)
+    batches = credited(tmp_path, ["steps", "steps"], GAE)
+    namespace: dict[str, Any] = {}
+    exec(REWARD_FUNC, namespace)
+    assert len(handed) == len(batches)
+    for batch, rewards in zip(batches, handed, strict=True):
+        for i, row, mask in zip(batch.index, rewards, batch.action_mask.bool(), strict=True):
+            expected = torch.zeros(len(RESPONSES[i]))
+            for _, end, r in namespace["steps"](RESPONSES[i]):
+                expected[end - 1] = r
+            assert torch.equal(row[mask], expected)
+            assert bool((row[~mask] == 0).all())
 
 
 @pytest.mark.parametrize(
@@ -220,8 +257,14 @@ def test_step_rewards_of_openrlhfs_reward_func_give_the_hand_formula(
             r"^the reward function's extra_logs: response 4: step_rewards\[0\]: reward: "
             r"expected a finite number, got nan$",
         ),
+        (
+            ["steps:flat", "steps"],
+            r"^the reward function's extra_logs: response 0: step_rewards: expected a list with "
+            r"one entry per query of the reward function's batch \(OpenRLHF calls it with one: "
+            r"\[\[\.\.\.\]\]\), got 2 entries$",
+        ),
     ],
-    ids=["length", "nan"],
+    ids=["length", "nan", "not_one_per_query"],
 )
 def test_a_bad_token_reward_is_one_error_naming_the_sample(
     tmp_path: Path, labels: list[str], message: str
