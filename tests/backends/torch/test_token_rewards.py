@@ -22,6 +22,7 @@ from backends.torch.rollout_rewards import RolloutRewards
 from backends.torch.step import StepSignals
 from backends.torch.trainer import GRPORecipe, train
 from credit_core import TokenRewards, get_strategy
+from tests.helpers.process_formula import process_advantages
 from tests.helpers.torch_tiny import tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -58,25 +59,16 @@ def step_reward(
 def hand_formula(
     ids: torch.Tensor, mask: torch.Tensor, group_size: int, outcome_weight: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(R (B,), A (B, T)) written out with loops: R_i the sum of response i's step rewards;
-    A_t = w A_i + sum over the steps ending at or after t of (r - mean_g) / (std_g + eps),
-    mean and std (Bessel) over the group's step rewards, A_i GRPO's advantage of R."""
+    """(R (B,), A (B, T)): R_i the sum of response i's step rewards, A ``process`` written
+    out (tests/helpers/process_formula.py) on the native trainer's GRPO advantage of R."""
     B, T = mask.shape
     steps = [spans_of(ids[b][mask[b]].tolist()) for b in range(B)]
     R = [sum(r for _, _, r in s) for s in steps]
+    lengths = [int(m.sum()) for m in mask]
+    rows = process_advantages(steps, R, lengths, group_size, outcome_weight, outcome_eps=EPS)
     A = torch.zeros(B, T, dtype=torch.float64)
-    for g in range(0, B, group_size):
-        rows = range(g, g + group_size)
-        given = [r for b in rows for _, _, r in steps[b]]
-        mean = sum(given) / len(given)
-        std = (sum((r - mean) ** 2 for r in given) / (len(given) - 1)) ** 0.5
-        outcome_mean = sum(R[b] for b in rows) / group_size
-        outcome_std = (sum((R[b] - outcome_mean) ** 2 for b in rows) / (group_size - 1)) ** 0.5
-        for b in rows:
-            a_i = (R[b] - outcome_mean) / (outcome_std + EPS)
-            for t in range(int(mask[b].sum())):
-                process = sum((r - mean) / (std + EPS) for _, end, r in steps[b] if end - 1 >= t)
-                A[b, t] = outcome_weight * a_i + (process if std > 0 else 0.0)
+    for b, row in enumerate(rows):
+        A[b, : len(row)] = torch.tensor(row, dtype=torch.float64)
     return torch.tensor(R), A
 
 

@@ -18,9 +18,10 @@ from backends.trl.tasks import TaskData
 from backends.trl.token_rewards import completion_mask
 from credit_core import CreditError
 from tests.backends.trl.conftest import make_trainer
+from tests.helpers.process_formula import process_advantages
 
-#: GRPO's std floor in TRL's advantage, and ``process``'s default for the step rewards.
-TRL_EPS, EPS = 1e-4, 1e-6
+#: GRPO's std floor in TRL's advantage.
+TRL_EPS = 1e-4
 GROUP = 4
 
 
@@ -43,25 +44,16 @@ def step_reward(completion_ids: list[list[int]], **kwargs: Any) -> list[Any]:
 
 
 def hand_formula(ids: torch.Tensor, mask: torch.Tensor, weight: float) -> torch.Tensor:
-    """A (B, T) written out with loops: A_t = weight A_i + sum over the steps ending at or
-    after t of (r - mean_g) / (std_g + EPS), mean and std (Bessel) over the group's step
-    rewards; A_i TRL's GRPO advantage of R_i = the sum of response i's step rewards."""
+    """A (B, T): ``process`` written out (tests/helpers/process_formula.py) on TRL's GRPO
+    advantage of R_i = the sum of response i's step rewards."""
     B, T = mask.shape
     steps = [spans_of(ids[b][mask[b]].tolist()) for b in range(B)]
     R = [sum(r for _, _, r in s) for s in steps]
+    lengths = [int(m.sum()) for m in mask]
+    rows = process_advantages(steps, R, lengths, GROUP, weight, outcome_eps=TRL_EPS)
     A = torch.zeros(B, T, dtype=torch.float64)
-    for g in range(0, B, GROUP):
-        rows = range(g, g + GROUP)
-        given = [r for b in rows for _, _, r in steps[b]]
-        mean = sum(given) / len(given)
-        std = (sum((r - mean) ** 2 for r in given) / (len(given) - 1)) ** 0.5
-        r_mean = sum(R[b] for b in rows) / GROUP
-        r_std = (sum((R[b] - r_mean) ** 2 for b in rows) / (GROUP - 1)) ** 0.5
-        for b in rows:
-            a_i = (R[b] - r_mean) / (r_std + TRL_EPS)
-            for t in range(int(mask[b].sum())):
-                process = sum((r - mean) / (std + EPS) for _, end, r in steps[b] if end - 1 >= t)
-                A[b, t] = weight * a_i + (process if std > 0 else 0.0)
+    for b, row in enumerate(rows):
+        A[b, : len(row)] = torch.tensor(row, dtype=torch.float64)
     return A
 
 

@@ -49,6 +49,7 @@ from tests.backends.verl.engines import (
 )
 from tests.backends.verl.layouts import nested, v1_batch, verl_grpo
 from tests.backends.verl.test_gpu_smoke import settings
+from tests.helpers.process_formula import process_advantages
 
 
 def smoke_config(*extra: str):
@@ -429,29 +430,13 @@ def scored_rows(rows: TensorDict, scores: torch.Tensor) -> TensorDict:
 def process_hand_formula(
     ids: list[torch.Tensor], scores: torch.Tensor, group: int, outcome_weight: float
 ) -> list[torch.Tensor]:
-    """docs/design.md, "User-given token rewards (process supervision)", written out: A_t =
-    w A_i + sum over the steps ending at or after t of (r - mean_g) / (std_g + eps), mean
-    and std (Bessel) over the group's step rewards, A_i verl's GRPO advantage of the
-    scores (eps 1e-6 both)."""
-    eps = 1e-6
+    """``process`` written out (tests/helpers/process_formula.py) on verl's GRPO advantage of
+    the scores (eps 1e-6)."""
     steps = [step_spans(row.tolist()) for row in ids]
-    out = []
-    for g in range(0, len(ids), group):
-        rows = range(g, g + group)
-        given = [r for b in rows for _, _, r in steps[b]]
-        mean = sum(given) / len(given)
-        std = (sum((r - mean) ** 2 for r in given) / (len(given) - 1)) ** 0.5
-        s_mean = sum(float(scores[b]) for b in rows) / group
-        s_std = (sum((float(scores[b]) - s_mean) ** 2 for b in rows) / (group - 1)) ** 0.5
-        for b in rows:
-            a_i = (float(scores[b]) - s_mean) / (s_std + eps)
-            row = [
-                outcome_weight * a_i
-                + sum((r - mean) / (std + eps) for _, end, r in steps[b] if end - 1 >= t)
-                for t in range(len(ids[b]))
-            ]
-            out.append(torch.tensor(row, dtype=torch.float32))
-    return out
+    rows = process_advantages(
+        steps, scores.tolist(), [len(r) for r in ids], group, outcome_weight, outcome_eps=1e-6
+    )
+    return [torch.tensor(row, dtype=torch.float32) for row in rows]
 
 
 def test_process_reads_a_compute_scores_step_rewards_as_verl_stores_them(
