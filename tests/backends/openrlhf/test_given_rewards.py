@@ -77,7 +77,8 @@ def reward_func(queries, prompts, labels):
     key = "token_rewards" if labels[0].startswith("tokens") else "step_rewards"
     rewards = torch.tensor(totals)
     given = entries[0] if labels[0] == "steps:flat" else entries  # flat: not one per query
-    return {"rewards": rewards, "scores": rewards, "extra_logs": {key: given}}
+    logs = {} if labels[0] == "none" else {key: given}
+    return {"rewards": rewards, "scores": rewards, "extra_logs": logs}
 """
 
 
@@ -263,8 +264,13 @@ def test_under_gae_openrlhfs_critic_reads_the_step_rewards_as_given(
             r"one entry per query of the reward function's batch \(OpenRLHF calls it with one: "
             r"\[\[\.\.\.\]\]\), got 2 entries$",
         ),
+        (
+            ["none", "none"],
+            r"^--credit: the strategy reads token rewards, but the reward function's "
+            r"extra_logs of no sample has 'token_rewards' or 'step_rewards'",
+        ),
     ],
-    ids=["length", "nan", "not_one_per_query"],
+    ids=["length", "nan", "not_one_per_query", "none_given"],
 )
 def test_a_bad_token_reward_is_one_error_naming_the_sample(
     tmp_path: Path, labels: list[str], message: str
