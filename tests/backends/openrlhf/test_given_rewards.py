@@ -9,7 +9,6 @@ a NaN is one ``CreditError`` naming the sample."""
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +21,7 @@ from backends.openrlhf.compat import resolve_credit
 from backends.openrlhf.settings import OpenRLHFCreditConfig
 from credit_core import CreditConfig, CreditError
 from tests.helpers.openrlhf import openrlhf_args
+from tests.helpers.process_formula import process_advantages
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
 
@@ -46,7 +46,6 @@ FLAGS = [
     "3",
     "--algo.kl.use_loss",
 ]
-EPS = 1e-6  # ProcessParams.eps
 OPENRLHF_EPS = 1e-9  # OpenRLHF's group_norm
 
 #: A user's reward function file, as ``--reward.remote_url`` names it: the label picks what
@@ -167,33 +166,15 @@ def credited(
 
 
 def hand_formula(outcome_weight: float) -> list[torch.Tensor]:
-    """Each response's token advantages (n_i,) written out with loops: A_t = w A_i + sum
-    over its steps ending at or after t of (r - mean_g) / (std_g + eps), mean and std
-    (Bessel) over the group's step rewards, A_i OpenRLHF's group_norm of R (the sum of the
-    response's step rewards)."""
+    """Each response's token advantages (n_i,): ``process_advantages`` written out with
+    loops, R_i the sum of the response's step rewards, A_i OpenRLHF's group_norm of R."""
     namespace: dict[str, Any] = {}
     exec(REWARD_FUNC, namespace)
     steps = [namespace["steps"](ids) for ids in RESPONSES]
-    R = [sum(r for _, _, r in s) for s in steps]
-    out = []
-    for b, ids in enumerate(RESPONSES):
-        rows = range(b // G * G, b // G * G + G)
-        given = [r for k in rows for _, _, r in steps[k]]
-        mean = sum(given) / len(given)
-        std = math.sqrt(sum((r - mean) ** 2 for r in given) / (len(given) - 1))
-        r_mean = sum(R[k] for k in rows) / G
-        r_std = math.sqrt(sum((R[k] - r_mean) ** 2 for k in rows) / (G - 1))
-        a_i = (R[b] - r_mean) / (r_std + OPENRLHF_EPS)
-        out.append(
-            torch.tensor(
-                [
-                    outcome_weight * a_i
-                    + sum((r - mean) / (std + EPS) for _, end, r in steps[b] if end > t)
-                    for t in range(len(ids))
-                ]
-            )
-        )
-    return out
+    outcomes = [sum(r for _, _, r in s) for s in steps]
+    lengths = [len(ids) for ids in RESPONSES]
+    rows = process_advantages(steps, outcomes, lengths, G, outcome_weight, outcome_eps=OPENRLHF_EPS)
+    return [torch.tensor(row) for row in rows]
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["micro_batches", "dynamic"])
