@@ -99,7 +99,34 @@ class Scorer(ABC):
         return rewards, None
 
 
-class CallableScorer(Scorer):
+class ScoreFirst(Scorer):
+    """A scorer whose ``score`` is what it computes (rewards and, where it has them, token
+    rewards); its rewards (B,) are ``score``'s first part."""
+
+    def __call__(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        *,
+        labels: Sequence[Any] | None = None,
+    ) -> torch.Tensor:
+        return self.score(prompt_ids, prompt_mask, response_ids, response_mask, labels=labels)[0]
+
+    @abstractmethod
+    def score(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        response_ids: torch.Tensor,
+        response_mask: torch.Tensor,
+        *,
+        labels: Sequence[Any] | None = None,
+    ) -> tuple[torch.Tensor, TokenRewards | None]: ...
+
+
+class CallableScorer(ScoreFirst):
     """A ``TextScorer`` on the decoded prompt and response texts (and the rows' labels, when
     ``fn`` takes ``labels``: then a call without labels is an error, not a silent None; and
     each response's token ids, a list of ints over its valid tokens, when ``fn`` has a
@@ -115,19 +142,6 @@ class CallableScorer(Scorer):
         self.takes_response_ids = accepts_keyword(fn, "response_ids")
         self.policy_tokenizer = policy_tokenizer
         self.name = name
-
-    def __call__(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        response_ids: torch.Tensor,
-        response_mask: torch.Tensor,
-        *,
-        labels: Sequence[Any] | None = None,
-    ) -> torch.Tensor:
-        """The rewards (B,): the function's numbers, or each response's outcome where it
-        returned token rewards (``score``)."""
-        return self.score(prompt_ids, prompt_mask, response_ids, response_mask, labels=labels)[0]
 
     def score(
         self,
@@ -212,7 +226,7 @@ class ModelScorer(Scorer):
         return out.rewards.float()
 
 
-class PRMScorer(Scorer):
+class PRMScorer(ScoreFirst):
     """A process reward model (PRM) as step scorer: Lightman et al. 2023 ("Let's Verify
     Step by Step", arXiv 2305.20050), Math-Shepherd (Wang et al. 2024, arXiv 2312.08935).
 
@@ -243,18 +257,6 @@ class PRMScorer(Scorer):
         self.policy_tokenizer = policy_tokenizer
         self.step_separator = step_separator
         self._ends_step: dict[int, bool] = {}  # token id -> its text holds the separator
-
-    def __call__(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        response_ids: torch.Tensor,
-        response_mask: torch.Tensor,
-        *,
-        labels: Sequence[Any] | None = None,
-    ) -> torch.Tensor:
-        """The rewards (B,): each response's last step score (``score``)."""
-        return self.score(prompt_ids, prompt_mask, response_ids, response_mask, labels=labels)[0]
 
     def step_ends(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[list[int]]:
         """Per row of ``response_ids`` (B, R) under the right-padded ``response_mask`` (B,
