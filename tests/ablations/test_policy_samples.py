@@ -124,7 +124,9 @@ def test_sample_fit_of_a_uniform_policy_on_its_own_rows(models: tuple[Path, Path
     groups = b.group.tolist()
     assert fit.rm_pair_accuracy == pytest.approx(brute_pair_accuracy(rm_scores, exact, groups))
     x, y = torch.tensor(rm_scores, dtype=torch.float64), torch.tensor(exact, dtype=torch.float64)
-    assert fit.rm_corr == pytest.approx(float(torch.corrcoef(torch.stack([x, y]))[0, 1]), abs=1e-5)
+    # the batched pass pads, the brute force does not: float32 differences of the scores,
+    # enlarged by their small spread on a uniform policy's samples (corr near 0)
+    assert fit.rm_corr == pytest.approx(float(torch.corrcoef(torch.stack([x, y]))[0, 1]), abs=1e-4)
     assert sample_fit(policy, reward, target_count, PROMPTS, **kw) == fit
 
 

@@ -84,6 +84,8 @@ def _openrlhf_start(name: str, tmp: Path) -> CreditPlan:
 
     flags = ["--algo.advantage.estimator", "group_norm", "--algo.kl.use_loss"]
     flags += ["--rollout.n_samples_per_prompt", "2"]  # GRPO's groups (read by ktae)
+    if name == "process":  # its token rewards come from a reward function's extra_logs
+        flags += ["--reward.remote_url", str(tmp / "reward_func.py")]
     args = openrlhf_args([*flags, "--reward.model_name_or_path", "/models/rm"])
     return resolve_credit(args, OpenRLHFCreditConfig(credit=CreditConfig.parse(name))).plan
 

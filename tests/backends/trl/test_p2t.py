@@ -2,7 +2,8 @@
 attribution (P2T)"): the credit reads ``reward_attribution`` alone, computed from the reward
 gradient of the direction model's one scoring pass as r_t = (E[y_t] - e_null) . g_t; no
 policy statistics are reduced; a null the direction model lacks is refused when the trainer
-is built, naming it."""
+is built, naming it. The paper form (token rewards turned into advantages within the
+step's groups) trains too: TRL forms a group-reading strategy's credit at generation time."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from credit_core import CreditError
 from tests.backends.trl.conftest import make_trainer
 
 
-@pytest.mark.parametrize("credit", ["p2t", {"name": "p2t", "null": "zero"}])
+@pytest.mark.parametrize(
+    "credit", ["p2t", {"name": "p2t", "null": "zero"}, {"name": "p2t", "mode": "paper"}]
+)
 def test_p2t_trains_on_the_attribution_of_the_reward_gradient(
     task: TaskData, tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, credit: Any
 ) -> None:
@@ -68,12 +71,3 @@ def test_a_null_the_direction_model_lacks_is_refused_when_built(
         CreditError, match=r"^credit: strategy 'p2t' reads reward_attribution: null: 'unk'"
     ):
         make_trainer(task, tokenizer, tmp_path, credit={"name": "p2t", "null": "unk"})
-
-
-def test_the_paper_form_is_refused_at_start_up(
-    task: TaskData, tokenizer: Any, tmp_path: Path
-) -> None:
-    with pytest.raises(
-        CreditError, match=r"^credit: strategy 'p2t' is not served: it reads the response rewards"
-    ):
-        make_trainer(task, tokenizer, tmp_path, credit={"name": "p2t", "mode": "paper"})
