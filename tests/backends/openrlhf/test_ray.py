@@ -2,8 +2,10 @@
 installed in a live trainer actor (another process), binds its signal methods onto the
 actors of OpenRLHF's ``RayActorGroup``, moves the direction model's embedding table from the
 reward role to the policy role and gathers the signals through OpenRLHF's own
-``async_run_method_batch`` dispatch. CPU only: Ray is given one fake GPU resource, and one
-model actor plays both the policy and the reward-model group (to keep to two workers)."""
+``async_run_method_batch`` dispatch (the policy-placed one-pass path runs in OpenRLHF's own
+order in test_train_ppo_ray.py, its forwards counted in test_forward_capture.py). CPU only:
+Ray is given one fake GPU resource, and one model actor plays both the policy and the
+reward-model group (to keep to two workers)."""
 
 from __future__ import annotations
 
@@ -17,12 +19,11 @@ import torch
 
 from adapters.tiny import tiny_causal_lm
 from backends.openrlhf.actor_side import ActorSignals, reduce_policy_stats, reward_grad_for_actions
-from backends.openrlhf.compat import BACKEND, ResolvedCredit, resolve_credit
+from backends.openrlhf.compat import resolve_credit
 from backends.openrlhf.experience_maker import TokenCreditExperienceMaker
 from backends.openrlhf.injection import TrainerWithCredit
 from backends.openrlhf.settings import OpenRLHFCreditConfig
 from credit_core import CreditConfig
-from credit_core.plan import CreditPlan
 from tests.helpers.openrlhf import (
     TinyDirectionModel,
     openrlhf_args,
@@ -32,8 +33,6 @@ from tests.helpers.openrlhf import (
 from tests.helpers.paths import TESTS
 
 pytestmark = pytest.mark.slow
-
-DATC_CLASSIC = frozenset({"reward_grad", "policy_stats"})
 
 VOCAB, DIM, POLICY_SEED, RM_SEED = 61, 5, 31, 32
 PROMPTS = [[3, 4, 5], [3, 4, 5], [6, 7], [6, 7]]
@@ -157,60 +156,3 @@ def test_credit_maker_is_installed_in_the_trainer_actor_and_reaches_the_model_ac
         agreement = info["credit/direction_agreement"]
         assert bool(agreement.isfinite().all())
         torch.testing.assert_close(agreement, want.info["credit/direction_agreement"])
-
-
-def test_a_datc_step_through_ray_runs_no_policy_forward_beyond_openrlhfs_own(
-    ray_cluster: Any,
-) -> None:
-    """OpenRLHF's real ``make_experience`` (its log-prob forward dispatched to the policy
-    actor) then ``compute_advantages_and_returns``, with the direction model on the policy
-    actor: W0 comes from that forward, and the advantages equal the previous path's."""
-    from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
-    from openrlhf.trainer.ppo_utils.kl_controller import FixedKLController
-    from openrlhf.trainer.ray.launcher import RayActorGroup
-
-    ray = ray_cluster
-    TinyTrainer, TinyModelActor = ray_test_classes()
-    group = RayActorGroup(1, 1, TinyModelActor, num_gpus_per_actor=1)
-    ray.get(group.async_run_method("init_model", VOCAB, POLICY_SEED))
-    args = openrlhf_args(FLAGS[:-2])  # no reward-model actors: the direction model on the policy
-    cfg = OpenRLHFCreditConfig(
-        credit=CreditConfig.parse({"name": "datc", "beta": 2.0}),
-        direction={
-            "kind": "module",
-            "factory": "tests.helpers.openrlhf:tiny_direction_model",
-            "factory_kwargs": {"vocab": VOCAB, "dim": DIM, "seed": RM_SEED},
-        },
-    )
-    credit = resolve_credit(args, cfg)
-    assert credit.placement == "policy" and credit.requires == frozenset({"unsigned_work"})
-    strategy = type("Strategy", (), {"args": args})()
-    tokenizer = type("Tokenizer", (), {"pad_token_id": 0})()
-    trainer = TrainerWithCredit(TinyTrainer, cfg, on_install=lambda _: None).remote(
-        strategy, group, None, tokenizer
-    )
-    stock = RemoteExperienceMaker(
-        None, None, None, None, FixedKLController(0.0), strategy, tokenizer
-    )
-    batches = stock.split_rollout_samples(rollout_samples(PROMPTS, RESPONSES, REWARDS))
-    result = ray.get(trainer.experience_round.remote(copy.deepcopy(batches)))
-    [forwards] = ray.get(group.async_run_method("forward_count"))
-    assert forwards == len(batches)  # stock OpenRLHF's one log-prob forward per micro-batch
-    for info in result["info"]:
-        assert info["credit/extra_policy_forwards"].tolist() == [0.0, 0.0]
-
-    for exp in batches:
-        exp.kl = torch.zeros(exp.action_mask.shape)
-    previous = TokenCreditExperienceMaker(
-        None,
-        None,
-        None,
-        None,
-        FixedKLController(0.0),
-        strategy,
-        tokenizer,
-        credit=ResolvedCredit(cfg, CreditPlan.build(cfg.credit, BACKEND), "policy", {}, 1, False),
-        gather_signals=in_process_gatherer(),
-    ).compute_advantages_and_returns(copy.deepcopy(batches))
-    for got, want in zip(result["advantages"], previous, strict=True):  # same numbers
-        torch.testing.assert_close(got, want.advantages, rtol=1e-5, atol=1e-6)
