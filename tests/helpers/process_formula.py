@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 #: ``ProcessParams.eps``: the floor of the step rewards' std.
 PROCESS_EPS = 1e-6
 
@@ -47,3 +49,31 @@ def process_advantages(
             ]
         )
     return out
+
+
+def halves(ids: Sequence[int]) -> list[tuple[int, int, float]]:
+    """A response's two steps, its halves, scored by a rule on their end tokens (one step for
+    a single token, none for an empty response)."""
+    n = len(ids)
+    half = max(n // 2, 1)
+    spans = [(0, half, float(ids[half - 1] % 2))]
+    if half < n:
+        spans.append((half, n, float(ids[-1] % 3 == 0)))
+    return spans if n else []
+
+
+def halves_process(
+    ids: torch.Tensor, mask: torch.Tensor, group_size: int, outcome_weight: float, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R (B,), A (B, T) float64, 0 at padding) of ``halves`` on the right-padded ``ids``
+    under ``mask``: R_i the sum of response i's step rewards, A ``process_advantages`` with
+    the backend's GRPO std floor ``eps``."""
+    B, T = mask.shape
+    steps = [halves(ids[b][mask[b]].tolist()) for b in range(B)]
+    R = [sum(r for _, _, r in s) for s in steps]
+    lengths = [int(m.sum()) for m in mask]
+    rows = process_advantages(steps, R, lengths, group_size, outcome_weight, outcome_eps=eps)
+    A = torch.zeros(B, T, dtype=torch.float64)
+    for b, row in enumerate(rows):
+        A[b, : len(row)] = torch.tensor(row, dtype=torch.float64)
+    return torch.tensor(R, dtype=torch.float64), A

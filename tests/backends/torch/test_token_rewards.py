@@ -22,7 +22,7 @@ from backends.torch.rollout_rewards import RolloutRewards
 from backends.torch.step import StepSignals
 from backends.torch.trainer import GRPORecipe, train
 from credit_core import TokenRewards, get_strategy
-from tests.helpers.process_formula import process_advantages
+from tests.helpers.process_formula import halves, halves_process
 from tests.helpers.torch_tiny import tiny_config
 
 pytestmark = pytest.mark.usefixtures("single_torch_thread")
@@ -39,14 +39,7 @@ PRM_MODEL = {
 PRM = {"kind": "prm", "model": PRM_MODEL, "step_separator": " "}
 
 
-def spans_of(ids: list[int]) -> list[tuple[int, int, float]]:
-    """Two steps, the halves of the response, scored by a rule on their end tokens."""
-    n = len(ids)
-    half = max(n // 2, 1)
-    spans = [(0, half, float(ids[half - 1] % 2))]
-    if half < n:
-        spans.append((half, n, float(ids[-1] % 3 == 0)))
-    return spans if n else []
+spans_of = halves
 
 
 def step_reward(
@@ -59,17 +52,8 @@ def step_reward(
 def hand_formula(
     ids: torch.Tensor, mask: torch.Tensor, group_size: int, outcome_weight: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(R (B,), A (B, T)): R_i the sum of response i's step rewards, A ``process`` written
-    out (tests/helpers/process_formula.py) on the native trainer's GRPO advantage of R."""
-    B, T = mask.shape
-    steps = [spans_of(ids[b][mask[b]].tolist()) for b in range(B)]
-    R = [sum(r for _, _, r in s) for s in steps]
-    lengths = [int(m.sum()) for m in mask]
-    rows = process_advantages(steps, R, lengths, group_size, outcome_weight, outcome_eps=EPS)
-    A = torch.zeros(B, T, dtype=torch.float64)
-    for b, row in enumerate(rows):
-        A[b, : len(row)] = torch.tensor(row, dtype=torch.float64)
-    return torch.tensor(R), A
+    """(R, A): ``process`` on the native GRPO advantage (tests/helpers/process_formula.py)."""
+    return halves_process(ids, mask, group_size, outcome_weight, EPS)
 
 
 def test_per_step_rewards_train_two_steps_with_the_hand_formula_s_token_advantages(

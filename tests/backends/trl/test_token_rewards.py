@@ -18,21 +18,14 @@ from backends.trl.tasks import TaskData
 from backends.trl.token_rewards import completion_mask
 from credit_core import CreditError
 from tests.backends.trl.conftest import make_trainer
-from tests.helpers.process_formula import process_advantages
+from tests.helpers.process_formula import halves, halves_process
 
 #: GRPO's std floor in TRL's advantage.
 TRL_EPS = 1e-4
 GROUP = 4
 
 
-def spans_of(ids: list[int]) -> list[tuple[int, int, float]]:
-    """Two steps, the halves of the completion, scored by a rule on their end tokens."""
-    n = len(ids)
-    half = max(n // 2, 1)
-    spans = [(0, half, float(ids[half - 1] % 2))]
-    if half < n:
-        spans.append((half, n, float(ids[-1] % 3 == 0)))
-    return spans
+spans_of = halves
 
 
 def step_reward(completion_ids: list[list[int]], **kwargs: Any) -> list[Any]:
@@ -44,17 +37,8 @@ def step_reward(completion_ids: list[list[int]], **kwargs: Any) -> list[Any]:
 
 
 def hand_formula(ids: torch.Tensor, mask: torch.Tensor, weight: float) -> torch.Tensor:
-    """A (B, T): ``process`` written out (tests/helpers/process_formula.py) on TRL's GRPO
-    advantage of R_i = the sum of response i's step rewards."""
-    B, T = mask.shape
-    steps = [spans_of(ids[b][mask[b]].tolist()) for b in range(B)]
-    R = [sum(r for _, _, r in s) for s in steps]
-    lengths = [int(m.sum()) for m in mask]
-    rows = process_advantages(steps, R, lengths, GROUP, weight, outcome_eps=TRL_EPS)
-    A = torch.zeros(B, T, dtype=torch.float64)
-    for b, row in enumerate(rows):
-        A[b, : len(row)] = torch.tensor(row, dtype=torch.float64)
-    return A
+    """A (B, T): ``process`` on TRL's GRPO advantage (tests/helpers/process_formula.py)."""
+    return halves_process(ids, mask, GROUP, weight, TRL_EPS)[1]
 
 
 def test_step_rewards_reach_trls_loss_as_the_hand_formula(
