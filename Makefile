@@ -9,6 +9,8 @@ export DS_BUILD_OPS := 0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
+# GGUF models dequantized once per checkout (adapters/gguf.py), not in the user's home
+export CREDIT_CACHE_DIR := $(CURDIR)/.cache/credit
 
 # The verl backend's own environment (verl 0.9.1 needs transformers < 5.11, OpenRLHF 0.11.2
 # needs 5.15): .venv-verl, CPU torch first, then verl and the imports it forgets

@@ -38,9 +38,10 @@ from typing import Any
 import torch
 from pydantic import ConfigDict, Field, model_validator
 
-from ablations.cache import SpecModel, cached_dir
+from ablations.cache import SpecModel
 from ablations.policy_samples import draw_samples, pair_accuracy, pearson
 from ablations.pretrain import TOKENIZER_DIR
+from adapters.folder_cache import cached_dir
 from adapters.gguf import GGUFError, GGUFSpec, load_gguf
 from adapters.scorers import decode_rows
 from backends.common.arithmetic import ArithmeticParams, arithmetic_prompts, exact_answer

@@ -34,7 +34,6 @@ import yaml
 from ablations import figures as figs
 from ablations.ablation_config import AblateConfig, deep_merge
 from ablations.bank import deposit, withdraw
-from ablations.cache import spec_hash
 from ablations.contrasts import judge
 from ablations.head_to_head import (
     STRONGEST_FILE,
@@ -62,6 +61,7 @@ from ablations.sample_fidelity import SettingFidelity, fidelity_markdown, settin
 from ablations.settings import SettingAssets
 from ablations.summary import SettingSpec, SummarySpec, group_runs, summarize
 from ablations.sweeps import Sweep, find_sweeps, measured_sweep, sweep_markdown, sweep_table
+from adapters.folder_cache import spec_hash
 from backends.common.cli import CommandError
 from backends.common.errors import ConfigError
 from backends.common.preemption import PreemptionWatch, signal_name

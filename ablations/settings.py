@@ -73,11 +73,12 @@ from ablations import (
     sparse_tasks,
     word_tasks,
 )
-from ablations.cache import SpecModel, cached_dir
+from ablations.cache import SpecModel
 from ablations.corpus import docstring_sentences
 from ablations.policy_samples import TextScorer, sample_fit
 from ablations.pretrain import PretrainConfig, pretrain_policy
 from ablations.rm_train import RMTrainConfig, train_preference_model, train_reward_model
+from adapters.folder_cache import cached_dir
 
 TRAIN_FILE, EVAL_FILE = "train.jsonl", "eval.jsonl"
 

