@@ -6,7 +6,9 @@ one JSON document (``<script type="application/json">``, read with ``JSON.parse`
 ``textContent`` only: nothing read from a run folder is ever executed or parsed as HTML.
 
 The page shows one recorded step at a time (a selector; ``#step=N`` in the URL chooses
-it): for each run, its responses with the prompt, the reward r and the advantage A, and
+it): for each run, the step's agreement of its direction model with the reward where the
+record has one (``StepAgreement.describe``), its responses with the prompt, the reward r
+and the advantage A, and
 one row of tokens per strategy (the run's own first, the compared ones under it). A token's
 background is its weight w_t = A_t / A on a diverging scale centred at 1 (GRPO's uniform
 share, white): ``lo`` -> blue rgb(33, 102, 172), 1 -> white, ``hi`` -> red rgb(178, 24,
@@ -65,6 +67,7 @@ def page_data(runs: Sequence[RunSamples], title: str) -> dict[str, object]:
         steps = {
             str(r.step): {
                 "l": r.labels,
+                "g": None if r.agreement is None else r.agreement.describe(),
                 "n": [
                     {
                         "p": s.prompt,
@@ -133,6 +136,7 @@ h3{font-size:14px;margin:0 0 6px}main{padding:0 16px 24px}
 .bar{display:inline-block;width:180px;height:12px;vertical-align:middle;margin:0 6px;
 background:linear-gradient(to right,rgb(33,102,172),#fff,rgb(178,24,43))}
 .empty{color:#888;font-style:italic}
+.agreement{font-size:12px;color:#333;background:#f3f3f3;padding:2px 6px;margin:0 0 8px}
 """
 
 _SCRIPT = r"""
@@ -193,7 +197,10 @@ function render(step) {
       col.appendChild(el("h3", null, r.name));
       const rec = r.steps[String(step)];
       if (!rec) col.appendChild(el("p", "empty", "no samples recorded at this step"));
-      else rec.n.forEach(s => col.appendChild(sampleBlock(s, rec.l)));
+      else {
+        if (rec.g !== null) col.appendChild(el("p", "agreement", rec.g));
+        rec.n.forEach(s => col.appendChild(sampleBlock(s, rec.l)));
+      }
       runs.appendChild(col);
     }
     view.appendChild(runs);

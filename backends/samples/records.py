@@ -8,7 +8,10 @@ A record::
 
 ``strategy`` labels the run's own credit, ``compare`` the other strategies computed for the
 same responses at the same policy (in that order); ``token_advantages`` holds one value
-A_t per token for each of them. The token weight shown everywhere is w_t = A_t / A (1 is
+A_t per token for each of them. A strategy that reads a direction model adds the step's
+``agreement`` of that model with the reward (``StepAgreement``: docs/design.md, "Trusting
+the direction model"), e.g. ``{"direction_is_reward": false, "agreement": 0.41, "groups": 4,
+"skipped": 0}``. The token weight shown everywhere is w_t = A_t / A (1 is
 GRPO's uniform share; undefined where A = 0). Values are stored to 6 significant digits.
 
 The file is append-only and read like ``metrics.jsonl``: a last line cut short by a kill
@@ -25,6 +28,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from backends.common.credit import AgreementMetrics
 from backends.common.jsonl import read_jsonl, truncate_jsonl
 
 SAMPLES_FILE = "credit_samples.jsonl"
@@ -59,6 +63,54 @@ class ResponseSample(BaseModel):
         return [None if a == 0 else v / a for v in self.token_advantages[label]]
 
 
+class StepAgreement(BaseModel):
+    """The direction model against the reward on a recorded step (``AgreementMetrics``):
+    the reward is the model's own (``direction_is_reward``), or the mean within-group
+    Spearman ``agreement`` (None before any group with varying reward) over ``groups``
+    groups, ``skipped`` with constant reward; with a gate its ``ema`` and ``alpha``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    direction_is_reward: bool
+    agreement: float | None = Field(default=None, ge=-1.0, le=1.0)
+    groups: int = Field(default=0, ge=0)
+    skipped: int = Field(default=0, ge=0)
+    ema: float | None = Field(default=None, ge=-1.0, le=1.0)
+    alpha: float | None = Field(default=None, ge=0.0, le=1.0)
+
+    @classmethod
+    def of(cls, measured: AgreementMetrics) -> StepAgreement:
+        """The record of one step's ``AgreementMetrics`` (NaN becomes None)."""
+        if measured.direction_is_reward:
+            return cls(direction_is_reward=True)
+        finite = None if math.isnan(measured.value) else _round(measured.value)
+        return cls(
+            direction_is_reward=False,
+            agreement=finite,
+            groups=measured.groups,
+            skipped=measured.skipped,
+            ema=None if measured.ema is None else _round(measured.ema),
+            alpha=None if measured.alpha is None else _round(measured.alpha),
+        )
+
+    def describe(self) -> str:
+        """One line for a reader, e.g. "direction model vs reward: rho = 0.412 over 4 groups
+        (1 skipped: constant reward); gate EMA 0.380, alpha 0.450"."""
+        if self.direction_is_reward:
+            return "the direction model is the reward (agreement 1 by construction)"
+        text = "direction model vs reward: "
+        if self.agreement is None:
+            text += f"no group with varying reward ({self.skipped} skipped)"
+        else:
+            text += f"rho = {self.agreement:.3f} over {self.groups} groups"
+            if self.skipped:
+                text += f" ({self.skipped} skipped: constant reward)"
+        if self.alpha is not None:
+            ema = "none yet" if self.ema is None else f"{self.ema:.3f}"
+            text += f"; gate EMA {ema}, alpha {self.alpha:.3f}"
+        return text
+
+
 class StepSamples(BaseModel):
     """The samples of one recorded step (see the module docstring)."""
 
@@ -68,6 +120,7 @@ class StepSamples(BaseModel):
     strategy: str
     compare: list[str] = Field(default_factory=list)
     samples: list[ResponseSample]
+    agreement: StepAgreement | None = None
 
     @property
     def labels(self) -> list[str]:
@@ -173,6 +226,6 @@ class SamplesWriter:
     def write(self, record: StepSamples) -> None:
         if not self.enabled:
             return
-        line = json.dumps(record.model_dump(mode="json"), ensure_ascii=False)
+        line = json.dumps(record.model_dump(mode="json", exclude_none=True), ensure_ascii=False)
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")

@@ -27,7 +27,13 @@ from transformers import PreTrainedTokenizerBase
 from backends.common.data import Prompt
 from backends.common.errors import ConfigError
 from backends.samples.heatmap import samples_figure
-from backends.samples.records import SamplesWriter, StepSamples, pick_rows, response_samples
+from backends.samples.records import (
+    SamplesWriter,
+    StepAgreement,
+    StepSamples,
+    pick_rows,
+    response_samples,
+)
 from backends.torch.compare import CompareCredit, compare_credit
 from backends.torch.config import TrainConfig
 from backends.torch.metrics import MetricsLogger
@@ -101,6 +107,7 @@ class CreditSampleRecorder:
                 token_advantages=token_adv,
                 mask=batch.response_mask[rows],
             ),
+            agreement=None if signals.agreement is None else StepAgreement.of(signals.agreement),
         )
         self.writer.write(record)
         if self.logger.draws_figures:

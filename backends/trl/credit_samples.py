@@ -27,7 +27,14 @@ from typing import Any
 
 import torch
 
-from backends.samples.records import SamplesWriter, StepSamples, pick_rows, response_samples
+from backends.common.credit import AgreementMetrics
+from backends.samples.records import (
+    SamplesWriter,
+    StepAgreement,
+    StepSamples,
+    pick_rows,
+    response_samples,
+)
 from credit_core import CreditError, CreditSignals
 from credit_core.plan import CreditPlan
 
@@ -129,6 +136,7 @@ class TrlSampleRecorder:
         credits: dict[str, torch.Tensor],
         mask: torch.Tensor,
         group_size: int,
+        agreement: AgreementMetrics | None = None,
     ) -> None:
         """Record ``step`` from ``batch`` (TRL's, with ``advantages`` (B,), ``prompt_ids``/
         ``prompt_mask``, ``completion_ids`` and the rewards under ``REWARDS_KEY``), the
@@ -163,6 +171,7 @@ class TrlSampleRecorder:
                 token_advantages={k: v.float().cpu() for k, v in token_adv.items()},
                 mask=mask[index].cpu(),
             ),
+            agreement=None if agreement is None else StepAgreement.of(agreement),
         )
         if self._writer is None:  # records after the step a resumed run starts at are dropped
             self._writer = SamplesWriter(self.output_dir, start_step=step - 1, enabled=self.enabled)

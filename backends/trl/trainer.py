@@ -65,6 +65,7 @@ from adapters.direction import AgreeCount, DirectionModel, EmbeddingDirectionMod
 from adapters.grad_path import path_alphas, path_model, path_reward_grad
 from adapters.partitioned import holds_zero3_params
 from adapters.reward_models import SeqClassificationRM
+from backends.common.credit import AgreementMetrics
 from backends.trl.capture import HiddenCapture, lm_head
 from backends.trl.config import CreditGRPOConfig
 from backends.trl.credit import TrlCredit
@@ -254,6 +255,8 @@ class CreditGRPOTrainer(GRPOTrainer):
         #: the step's rewards (every process's rows) as TRL's ``_calculate_rewards`` gave
         #: them, and the direction model's column among them, until the step takes them
         self._step_rewards: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        #: the last training generation batch's agreement (None: the strategy reads none)
+        self._agreement: AgreementMetrics | None = None
 
     # ------------------------------------------------------------------------------ setup
 
@@ -728,6 +731,8 @@ class CreditGRPOTrainer(GRPOTrainer):
             advance=training,
         )
         self.credit.log_agreement(self._metrics["train" if training else "eval"], agreement)
+        if training:
+            self._agreement = agreement  # the recorded credit samples show it
 
     def reward_side(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The reward-side signals of ``batch`` (TRL's generation output), plus P2T's
@@ -843,5 +848,5 @@ class CreditGRPOTrainer(GRPOTrainer):
                 credits[label] = compared.token_advantages
             shuffled = self.credit_phase == "loss"  # TRL shuffled the rows: one group
             group = mask.shape[0] if shuffled else int(self.num_generations or 1)
-            self.samples.record(step, batch, credits, mask, group)
+            self.samples.record(step, batch, credits, mask, group, self._agreement)
         return token_adv

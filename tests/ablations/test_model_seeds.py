@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from ablations.ablation_config import AblateConfig
-from adapters.folder_cache import SPEC_FILE
 from ablations.results import RunKey
 from ablations.runner import asset_key, build_assets
 from ablations.settings import SettingAssets
+from adapters.folder_cache import SPEC_FILE
 
 TINY_TASK = {
     "num_train": 16,

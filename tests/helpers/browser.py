@@ -57,11 +57,13 @@ class Token:
 @dataclass
 class Shown:
     """What a dumped credit-view page shows: the body's data attributes, per run column
-    the token rows as (label, tokens), and how many elements sit inside token texts."""
+    the token rows as (label, tokens) and its agreement line, and how many elements sit
+    inside token texts."""
 
     body: dict[str, str] = field(default_factory=dict)
     runs: dict[str, list[tuple[str, list[Token]]]] = field(default_factory=dict)
     tags_in_tokens: int = 0
+    agreements: list[str] = field(default_factory=list)  # each run's agreement line
 
 
 class _Reader(HTMLParser):
@@ -84,6 +86,8 @@ class _Reader(HTMLParser):
             self._in, self._text = "h3", ""
         elif cls == "label":
             self._in, self._text = "label", ""
+        elif cls == "agreement":
+            self._in, self._text = "agreement", ""
         elif cls == "tok":
             self._in, self._text = "tok", ""
             self._token = Token("", a.get("title", ""), a.get("style", ""), a.get("data-w", ""))
@@ -99,6 +103,8 @@ class _Reader(HTMLParser):
         elif self._in == "label" and tag == "span":
             assert self._run is not None
             self.shown.runs[self._run].append((self._text, []))
+        elif self._in == "agreement" and tag == "p":
+            self.shown.agreements.append(self._text)
         elif self._in == "tok" and tag == "span":
             assert self._run is not None and self._token is not None
             self._token.text = self._text

@@ -37,7 +37,9 @@ def _write_run(folder: Path) -> Path:
         {"step": 2, "strategy": "datc", "compare": ["uniform"],
          "samples": [_sample(["zero", "one", "</script><b>x</b>", "half"], 2.0,
                              [0.0, 2.0, 4.0, 3.0]),
-                     _sample(["flat"], 0.0, [0.0])]},
+                     _sample(["flat"], 0.0, [0.0])],
+         "agreement": {"direction_is_reward": False, "agreement": 0.25, "groups": 2,
+                       "skipped": 0}},
     ]  # fmt: skip
     (folder / SAMPLES_FILE).write_text("".join(json.dumps(s) + "\n" for s in steps))
     return folder
@@ -70,12 +72,14 @@ def test_tokens_are_coloured_by_their_weight_with_exact_values_on_hover(page: Pa
     assert [t.title for t in flat] == ["w undefined (A = 0), A_t = +0.000, token 0"]
     assert GREY in flat[0].style and GREY in flat_uniform[0].style
     assert float(shown.body["data-render-ms"]) >= 0
+    assert shown.agreements == ["direction model vs reward: rho = 0.250 over 2 groups"]
 
 
 def test_the_step_in_the_url_is_the_step_shown(page: Path) -> None:
     shown = read_page(dump_dom(page, "#step=1"))
     assert shown.body["data-step"] == "1"
     assert [t.text for t in shown.runs["datc"][0][1]] == ["first", "step"]
+    assert read_page(dump_dom(page, "#step=1")).agreements == []  # step 1's record has none
     assert read_page(dump_dom(page, "#step=7")).body["data-step"] == "2"  # not recorded
 
 

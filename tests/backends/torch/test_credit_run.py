@@ -26,6 +26,7 @@ from adapters.tiny import train_bpe_tokenizer
 from backends.common.errors import ConfigError
 from backends.common.jsonl import read_jsonl
 from backends.common.tasks import PositionalParams, positional_task
+from backends.samples.records import SAMPLES_FILE, read_samples
 from backends.torch.__main__ import main
 from backends.torch.checkpoint import TRAIN_STATE_FILE, checkpoint_folders
 from backends.torch.config import config_from_dict as train_config
@@ -168,6 +169,38 @@ def test_the_gate_s_alpha_follows_the_ema_of_the_logged_agreement(tmp_path: Path
             assert record["credit/direction_agreement_ema"] == pytest.approx(ema, abs=1e-12)
             assert record["credit/gate_alpha"] == pytest.approx((ema + 1) / 2, abs=1e-12)
     assert ema is not None
+
+
+def test_the_credit_samples_carry_the_step_s_agreement_as_logged(tmp_path: Path) -> None:
+    """credit-view shows the agreement of each recorded step: the record holds the step's
+    logged values (``StepAgreement``)."""
+    run = tmp_path / "run"
+    cfg = tiny_config(run, steps=4, credit=gated(), reward=SEPARATE, credit_samples={"interval": 2})
+    logged = {r["step"]: r for r in train(cfg).history}
+    records = read_samples(run / SAMPLES_FILE)
+    assert [r.step for r in records] == [2, 4]
+    for record in records:
+        step, agreement = logged[record.step], record.agreement
+        assert agreement is not None and not agreement.direction_is_reward
+        assert agreement.groups == step["credit/agreement_groups"]
+        assert agreement.skipped == step["credit/agreement_skipped"]
+        for key, value in [
+            ("credit/direction_agreement", agreement.agreement),
+            ("credit/direction_agreement_ema", agreement.ema),
+        ]:
+            if math.isnan(step[key]):
+                assert value is None
+            else:
+                assert value == pytest.approx(step[key], rel=1e-5)
+        assert agreement.alpha == pytest.approx(step["credit/gate_alpha"], rel=1e-5)
+    is_reward = tmp_path / "is_reward"
+    train(tiny_config(is_reward, steps=2, credit="datc", credit_samples={"interval": 2}))
+    (record,) = read_samples(is_reward / SAMPLES_FILE)
+    assert record.agreement is not None and record.agreement.direction_is_reward
+    plain = tmp_path / "uniform"
+    train(tiny_config(plain, steps=2, credit_samples={"interval": 2}))
+    assert read_samples(plain / SAMPLES_FILE)[0].agreement is None
+    assert "agreement" not in (plain / SAMPLES_FILE).read_text()  # absent, not null
 
 
 def test_the_trainer_mixes_the_strategy_s_token_advantages_by_alpha(

@@ -40,6 +40,8 @@ def test_each_recorded_step_holds_the_runs_and_the_compared_credits(
     for record in records:
         assert record.strategy == "datc(beta=1.0, lam=0.5)"
         assert record.compare == ["uniform", "datc_shuffled(seed=1)"]
+        # the config's reward model is DATC's direction model: credit-view says so
+        assert record.agreement is not None and record.agreement.direction_is_reward
         assert 1 <= len(record.samples) <= 4
         assert any(s.advantage != 0 for s in record.samples)
         for s in record.samples:

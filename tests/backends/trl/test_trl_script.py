@@ -34,6 +34,7 @@ import yaml
 
 from adapters.reward_models import SeqClassificationRM
 from adapters.tiny import tiny_causal_lm, tiny_seq_classifier, train_bpe_tokenizer
+from backends.samples.records import SAMPLES_FILE, read_samples
 from backends.trl import CreditGRPOConfig, CreditGRPOTrainer
 from backends.trl.reward_pass import GradientRewardModel
 from credit_core.registry import strategy_class
@@ -172,7 +173,9 @@ def test_a_bf16_direction_model_of_its_own_takes_the_path_gradient(
     (``direction.dtype: bfloat16``) with ``datc_ig`` (2 points) reaches step 2."""
     direction = {"kind": "seq_classification", "path": str(saved["rm"]), "dtype": "bfloat16"}
     credit = {"name": "datc_ig", "points": 2}
-    config = script_config(saved, tmp_path / "out", credit=credit, direction=direction)
+    config = script_config(
+        saved, tmp_path / "out", credit=credit, direction=direction, credit_samples_steps=2
+    )
     trainer, history = run_trl_grpo_script(config, tmp_path, monkeypatch)
     assert isinstance(trainer.direction, SeqClassificationRM)
     assert trainer.direction.model.dtype == torch.bfloat16
@@ -185,3 +188,11 @@ def test_a_bf16_direction_model_of_its_own_takes_the_path_gradient(
         assert entry["credit/agreement_groups"] + entry["credit/agreement_skipped"] == 1
         assert entry["credit/agreement_groups"] == 1
         assert -1.0 <= entry["credit/direction_agreement"] <= 1.0
+    # the step-2 credit samples carry that step's agreement (credit-view shows it)
+    (record,) = read_samples(tmp_path / "out" / SAMPLES_FILE)
+    logged = next(e for e in history if "credit/weight_max" in e and e["step"] == 2)
+    assert record.step == 2 and record.agreement is not None
+    assert record.agreement.groups == 1 and not record.agreement.direction_is_reward
+    assert record.agreement.agreement == pytest.approx(
+        logged["credit/direction_agreement"], rel=1e-5
+    )
