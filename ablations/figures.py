@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ablations.agreement_gain import SPLIT, AgreementGain
 from ablations.head_to_head import ALL_FAMILIES, SettingHeadToHead
 from ablations.stats import mean_interval
 from ablations.sweeps import SweepTable
@@ -315,6 +316,49 @@ def plot_sweep(path: Path, table: SweepTable) -> Path:
         f"{head}: {table.metric_label} against {sweep.param}\n"
         "paired difference over (family, seed) pairs, 95% interval (unadjusted)",
         fontsize=10,
+    )
+    return _save(fig, path)
+
+
+def plot_agreement(path: Path, tables: Sequence[AgreementGain]) -> Path:
+    """Write the agreement-and-gain figure to ``path`` (PNG): a panel per strategy, each
+    (family, seed) pair a point (early agreement, gain over GRPO trained the same way),
+    coloured by setting; the split at ``SPLIT`` and zero gain dashed."""
+    plt = pyplot()
+    strategies = list(dict.fromkeys(t.strategy for t in tables))
+    settings = list(dict.fromkeys(t.setting for t in tables))
+    fig, axes = plt.subplots(
+        1,
+        len(strategies),
+        figsize=(3.6 * len(strategies), 3.6),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",
+    )
+    colors = plt.get_cmap("tab10")
+    for ax, strategy in zip(axes[0], strategies, strict=True):
+        for t in (t for t in tables if t.strategy == strategy):
+            ax.scatter(
+                [p.agreement for p in t.points],
+                [p.gain for p in t.points],
+                s=18,
+                color=colors(settings.index(t.setting) % 10),
+                label=t.setting,
+            )
+        ax.axvline(SPLIT, color="grey", linestyle="--", linewidth=0.8)
+        ax.axhline(0.0, color="black", linestyle="--", linewidth=0.8)
+        ax.set_title(strategy, fontsize=9)
+        ax.set_xlabel("early agreement (first steps)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("gain over GRPO, held-out")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    seen = dict(zip(labels, handles, strict=True))
+    for ax in axes[0][1:]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, handle)
+    fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=7, frameon=False)
+    fig.suptitle(
+        "Early direction-model agreement against the gain, per (family, seed)", fontsize=10
     )
     return _save(fig, path)
 

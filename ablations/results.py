@@ -51,6 +51,7 @@ TRAINER_METRICS: dict[str, str] = {
     "clip_frac": "ppo/clip_frac",
     "credit_weight_max": "credit/weight_max",
     "credit_weight_entropy": "credit/weight_entropy",
+    "credit_direction_agreement": "credit/direction_agreement",
     "time_step": "time/step",
     "time_rollout": "time/rollout",
     "time_signals": "time/signals",

@@ -33,6 +33,7 @@ import yaml
 
 from ablations import figures as figs
 from ablations.ablation_config import AblateConfig, deep_merge
+from ablations.agreement_gain import agreement_gains, agreement_markdown
 from ablations.bank import deposit, withdraw
 from ablations.contrasts import judge
 from ablations.head_to_head import (
@@ -805,6 +806,11 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
             )
         )
         by_setting.setdefault("", []).extend(paths)
+    agreement = agreement_gains(rows, spec, cfg)
+    if agreement:
+        path = figs.plot_agreement(fig_dir / "agreement_gain.png", agreement)
+        sections.append(agreement_markdown(agreement, path.relative_to(out).as_posix()))
+        by_setting.setdefault("", []).append(path)
     sections.append(provenance_markdown(rows, code_version()))
     report = render_report(
         title=cfg.name,
