@@ -11,6 +11,9 @@ export TRANSFORMERS_OFFLINE := 1
 export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 # GGUF models dequantized once per checkout (adapters/gguf.py), not in the user's home
 export CREDIT_CACHE_DIR := $(CURDIR)/.cache/credit
+# Ray starts its workers at nice 15: beside other work on the machine, the actors a test
+# waits on would get a few percent of a core (measured: 4% each beside two busy cores)
+export RAY_worker_niceness := 0
 
 # The verl backend's own environment (verl 0.9.1 needs transformers < 5.11, OpenRLHF 0.11.2
 # needs 5.15): .venv-verl, CPU torch first, then verl and the imports it forgets
