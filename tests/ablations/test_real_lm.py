@@ -239,9 +239,10 @@ def test_the_shipped_config_declares_the_primary_family() -> None:
         "random_top",
     }
     assert [tuple(p) for p in family.pairs] == [("datc_mid", "p2t_matched")]
-    assert len(family.baseline_best_of) == 3
+    grid = family.baseline_best_of  # GRPO at every rate of the pilot's grid
+    assert len(grid) == 4 and {cfg.strategy(g).credit.name for g in grid} == {"uniform"}
     matched = cfg.strategy("p2t_matched").credit.model_dump()
     datc = cfg.strategy("datc").credit.model_dump()
     assert matched["allocation"] == "softmax_floor"
     assert (matched["beta"], matched["lam"]) == (datc["beta"], datc["lam"])
-    assert len(plan_runs(cfg)) == 8 * len(cfg.seeds)
+    assert len(plan_runs(cfg)) == (len(grid) + 5) * len(cfg.seeds)
