@@ -26,7 +26,7 @@ from typing import Any
 from scipy import stats
 
 from ablations.ablation_config import AblateConfig
-from ablations.head_to_head import primary_values
+from ablations.head_to_head import Pair, primary_values
 from ablations.summary import SummarySpec, fmt, group_runs
 
 #: Logged steps whose agreement is averaged: about the gate's EMA horizon at decay 0.9.
@@ -34,8 +34,6 @@ EARLY_STEPS = 10
 #: The agreement that splits the pairs: the gate's pre-registered ``low``.
 SPLIT = 0.2
 AGREEMENT_COLUMN = "credit_direction_agreement"
-
-Pair = tuple[str, int]
 
 
 @dataclass(frozen=True)
