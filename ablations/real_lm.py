@@ -1,10 +1,10 @@
 """Setting 10, ``real_lm``: a real pretrained chat model on a verifiable task (issue 49).
 
 The policy is SmolLM2-135M-Instruct read from the GGUF file a package ships
-(``adapters.gguf``), written once as a Hugging Face folder into the cache (the runner's
-``policy.path``). The task is ``backends.common.arithmetic`` ("What is a + b? Answer with
-the number only.", asked through the model's chat template; held-out prompts ask operand
-pairs no training prompt asks); the exact checker ``exact_answer`` sets the advantage and
+(``adapters.gguf``); the runner's ``policy.path`` is the Hugging Face folder the loader
+writes it to (``gguf_folder``). The task is ``backends.common.arithmetic`` ("What is a + b?
+Answer with the number only.", asked through the model's chat template; held-out prompts ask
+operand pairs no training prompt asks); the exact checker ``exact_answer`` sets the advantage and
 is the held-out metric.
 
 Every strategy gets the same cost cut: only the top ``trainable_blocks`` decoder blocks, the
@@ -40,9 +40,8 @@ from pydantic import ConfigDict, Field, model_validator
 
 from ablations.cache import SpecModel
 from ablations.policy_samples import draw_samples, pair_accuracy, pearson
-from ablations.pretrain import TOKENIZER_DIR
 from adapters.folder_cache import cached_dir
-from adapters.gguf import GGUFError, GGUFSpec, load_gguf
+from adapters.gguf import GGUFError, GGUFSpec
 from adapters.scorers import decode_rows
 from backends.common.arithmetic import ArithmeticParams, arithmetic_prompts, exact_answer
 
@@ -120,19 +119,6 @@ def question_sum(prompt: str) -> int:
 def truth(prompts: list[str], responses: list[str]) -> list[float]:
     """``exact_answer`` with each row's label read off its prompt text."""
     return exact_answer(prompts, responses, [question_sum(p) for p in prompts])
-
-
-def policy_folder(cache: Path, gguf: dict[str, str]) -> Path:
-    """The GGUF model written once as a Hugging Face folder (tokenizer, with its chat
-    template, pad and eos, in ``TOKENIZER_DIR``), cached by the file's spec."""
-    spec = GGUFSpec.model_validate(gguf)
-
-    def build(folder: Path) -> None:
-        model, tokenizer = load_gguf(spec)
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder / TOKENIZER_DIR)
-
-    return cached_dir(cache, "policy", {"real_lm": 1, "gguf": spec.model_dump()}, build)
 
 
 def freeze_lower_stack(model: torch.nn.Module, trainable_blocks: int) -> None:

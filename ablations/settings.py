@@ -79,6 +79,7 @@ from ablations.policy_samples import TextScorer, sample_fit
 from ablations.pretrain import PretrainConfig, pretrain_policy
 from ablations.rm_train import RMTrainConfig, train_preference_model, train_reward_model
 from adapters.folder_cache import cached_dir
+from adapters.gguf import gguf_folder
 
 TRAIN_FILE, EVAL_FILE = "train.jsonl", "eval.jsonl"
 
@@ -734,7 +735,7 @@ def build_real_lm(p: real_lm.RealLMParams, family: str, cache: Path) -> SettingA
             f"families: setting kind 'real_lm' trains SmolLM2, a llama model; got family "
             f"{family!r} (set families: [llama])"
         )
-    policy_dir = real_lm.policy_folder(cache, p.gguf)
+    policy_dir = gguf_folder(p.gguf)
     train, held = real_lm.task_prompts(p)
     rm_dir, fit = real_lm.cached_outcome_rm(
         cache, policy_dir, [r["prompt"] for r in train], p.response_len, p.rm

@@ -49,6 +49,7 @@ __all__ = [
     "clear_gguf_cache",
     "gguf_cache_root",
     "gguf_cache_size",
+    "gguf_folder",
     "load_gguf",
 ]
 
@@ -207,9 +208,9 @@ def _read_folder(folder: Path, file: Path) -> _Loaded:
     return _with_the_files_special_tokens(model, tokenizer, file)
 
 
-def _through_disk(file: Path, stat: os.stat_result) -> _Loaded:
-    """``file`` dequantized: from its folder under ``gguf_cache_root()``, or read with
-    ``_read`` and written there first."""
+def _through_disk(file: Path, stat: os.stat_result) -> tuple[Path, _Loaded | None]:
+    """The folder under ``gguf_cache_root()`` that holds ``file`` dequantized, and the model
+    read to write it when this call wrote it (None when the folder was there)."""
     import transformers
 
     spec = {
@@ -234,7 +235,28 @@ def _through_disk(file: Path, stat: os.stat_result) -> _Loaded:
             f"{CACHE_ENV}: cannot write the dequantized GGUF model under {root} ({exc}); "
             f"set {CACHE_ENV} to a writable folder"
         ) from exc
-    return built[0] if built else _read_folder(folder, file)
+    return folder, (built[0] if built else None)
+
+
+def _resolved(spec: GGUFSpec | dict[str, Any]) -> Path:
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError(
+            "GGUF models need the 'gguf' package (pip install gguf==0.19.0, or the "
+            "project's 'real' extra)"
+        )
+    parsed = spec if isinstance(spec, GGUFSpec) else GGUFSpec.model_validate(spec)
+    return parsed.resolve()
+
+
+def gguf_folder(spec: GGUFSpec | dict[str, Any]) -> Path:
+    """The Hugging Face folder that holds the GGUF file ``spec`` names, dequantized: float32
+    safetensors and generation config (eos and pad as the file names them) at the top, the
+    tokenizer (chat template, eos, pad) in ``tokenizer/``; the folder ``load_gguf`` reads,
+    written first where missing. For what loads a model by path (``from_pretrained``). Errors
+    as ``load_gguf``'s."""
+    file = _resolved(spec)
+    folder, _ = _through_disk(file, file.stat())
+    return folder
 
 
 def load_gguf(
@@ -255,19 +277,14 @@ def load_gguf(
     ``ImportError`` when the ``gguf`` package is not installed; ``CreditError`` naming
     ``CREDIT_CACHE_DIR`` when the cache folder cannot be written.
     """
-    if importlib.util.find_spec("gguf") is None:
-        raise ImportError(
-            "GGUF models need the 'gguf' package (pip install gguf==0.19.0, or the "
-            "project's 'real' extra)"
-        )
-    parsed = spec if isinstance(spec, GGUFSpec) else GGUFSpec.model_validate(spec)
-    file = parsed.resolve()
+    file = _resolved(spec)
     stat = file.stat()
     key = (str(file), stat.st_size, stat.st_mtime_ns)
     with _LOCK:
         loaded = _CACHE.get(key)
         if loaded is None:
-            loaded = _CACHE[key] = _through_disk(file, stat)
+            folder, built = _through_disk(file, stat)
+            loaded = _CACHE[key] = built or _read_folder(folder, file)
     model = copy.deepcopy(loaded.model).requires_grad_(True)
     if _DTYPES[dtype] != torch.float32:
         model = model.to(_DTYPES[dtype])

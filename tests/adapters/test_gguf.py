@@ -22,6 +22,7 @@ from adapters.gguf import (
     clear_gguf_cache,
     gguf_cache_root,
     gguf_cache_size,
+    gguf_folder,
     load_gguf,
 )
 from credit_core import CreditError
@@ -137,6 +138,33 @@ def test_a_new_process_reads_the_dequantized_folder_not_the_file(
     chat = [{"role": "user", "content": "What is 3 + 4?"}]
     assert again_tokenizer.apply_chat_template(chat, tokenize=False) == (
         tokenizer.apply_chat_template(chat, tokenize=False)
+    )
+
+
+@needs_smollm2
+def test_the_folder_loads_by_path_as_the_same_model_and_tokenizer(
+    smollm2: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tokenizer = smollm2
+
+    def no_read(file: Path) -> Any:
+        raise AssertionError(f"{file} dequantized again")
+
+    monkeypatch.setattr(gguf_module, "_read", no_read)
+    folder = gguf_folder(SMOLLM2)
+    assert folder.parent == gguf_cache_root() / "gguf"
+    by_path = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    for (name, a), b in zip(model.named_parameters(), by_path.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert by_path.generation_config.eos_token_id == model.generation_config.eos_token_id
+    assert by_path.generation_config.pad_token_id == model.generation_config.pad_token_id
+    tok = AutoTokenizer.from_pretrained(folder / "tokenizer", local_files_only=True)
+    assert (tok.eos_token, tok.pad_token) == (tokenizer.eos_token, tokenizer.pad_token)
+    chat = [{"role": "user", "content": "What is 3 + 4?"}]
+    assert tok.apply_chat_template(chat, tokenize=False) == tokenizer.apply_chat_template(
+        chat, tokenize=False
     )
 
 
