@@ -163,6 +163,29 @@ class SweepConfig(Section):
         return value
 
 
+class GateCriteriaConfig(Section):
+    """A gate's two pre-registered criteria (``gate_criteria``; docs/design.md, "Trusting
+    the direction model"), named before the runs: where the direction model is weak the
+    gated strategy is no worse than GRPO (its paired interval's lower bound above
+    ``floor``); where it is good the gated strategy keeps at least ``keep`` of the ungated
+    strategy's gain over GRPO."""
+
+    gated: str = Field(description="label of the gated strategy, e.g. datc_gated")
+    ungated: str = Field(description="label of the same strategy without the gate, e.g. datc")
+    weak: list[str] = Field(
+        min_length=1, description="settings whose direction model is weak (the floor criterion)"
+    )
+    floor: float = Field(
+        lt=0.0, description="the lower bound of gated - GRPO that the weak settings must beat"
+    )
+    good: list[str] = Field(
+        min_length=1, description="settings whose direction model is good (the keep criterion)"
+    )
+    keep: float = Field(
+        gt=0.0, le=1.0, description="the fraction of the ungated gain over GRPO to keep"
+    )
+
+
 class ReportConfig(Section):
     """How runs are summarized."""
 
@@ -197,6 +220,11 @@ class ReportConfig(Section):
         description="the pre-registered primary family (its verdicts: exact sign-flip test, "
         "Holm over the family; the rest is secondary); null: every contrast is decided by the "
         "paired t-test, Holm-corrected per setting",
+    )
+    gate_criteria: GateCriteriaConfig | None = Field(
+        default=None,
+        description="a gate's pre-registered criteria (judged against the config's baseline); "
+        "null: none",
     )
     sweeps: list[SweepConfig] = Field(
         default_factory=list,
@@ -343,6 +371,8 @@ class AblateConfig(Section):
         if self.report.primary_family is not None:
             self._check_primary_family(self.report.primary_family)
         self._check_sweeps()
+        if self.report.gate_criteria is not None:
+            self._check_gate_criteria(self.report.gate_criteria)
         for name, spec in self.settings.items():
             recorded = self.setting_kind(name).metrics()
             if spec.primary is not None and spec.primary not in recorded:
@@ -424,6 +454,32 @@ class AblateConfig(Section):
                 raise FieldError(
                     f"{where}.{key}", f"[{contender}, {against}]: no setting runs both"
                 )
+
+    def _check_gate_criteria(self, gate: GateCriteriaConfig) -> None:
+        """Both labels strategies of this config that run in every named setting, the
+        settings this config's; else a ``FieldError`` naming the key."""
+        where = "report.gate_criteria"
+        labels = [s.label for s in self.strategies]
+        for key in ("gated", "ungated"):
+            label = getattr(gate, key)
+            if label not in labels:
+                raise FieldError(
+                    f"{where}.{key}", f"{label!r} is not one of the strategies {labels}"
+                )
+        if gate.gated == gate.ungated:
+            raise FieldError(f"{where}.ungated", "expected another label than 'gated'")
+        for key in ("weak", "good"):
+            named: list[str] = getattr(gate, key)
+            unknown = [n for n in named if n not in self.settings]
+            if unknown:
+                raise FieldError(
+                    f"{where}.{key}",
+                    f"{unknown} are not settings of this config {list(self.settings)}",
+                )
+            for label in (gate.gated, gate.ungated, self.baseline):
+                missing = [n for n in named if not self.strategy(label).runs_in(n)]
+                if missing:
+                    raise FieldError(f"{where}.{key}", f"{label!r} does not run in {missing}")
 
     def _check_sweeps(self) -> None:
         """Each declared sweep's name once and no setting kind's (the automatic sweeps' file

@@ -36,6 +36,7 @@ from ablations.ablation_config import AblateConfig, deep_merge
 from ablations.agreement_gain import agreement_gains, agreement_markdown
 from ablations.bank import deposit, withdraw
 from ablations.contrasts import judge
+from ablations.gate_criteria import gate_criteria, gate_criteria_markdown
 from ablations.head_to_head import (
     STRONGEST_FILE,
     head_to_head,
@@ -806,6 +807,9 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
             )
         )
         by_setting.setdefault("", []).extend(paths)
+    if cfg.report.gate_criteria is not None:
+        judged = gate_criteria(rows, spec, cfg.report.gate_criteria)
+        sections.append(gate_criteria_markdown(judged, spec.confidence))
     agreement = agreement_gains(rows, spec, cfg)
     if agreement:
         path = figs.plot_agreement(fig_dir / "agreement_gain.png", agreement)
