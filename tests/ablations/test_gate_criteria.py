@@ -13,6 +13,7 @@ import yaml
 
 from ablations.ablation_config import AblateConfig, GateCriteriaConfig, load_ablate_config
 from ablations.gate_criteria import gate_criteria, gate_criteria_markdown
+from ablations.results import RunKey, result_rows
 from ablations.runner import summary_spec
 from ablations.stats import mean_interval
 from credit_core.errors import FieldError
@@ -124,3 +125,10 @@ def test_a_bad_criterion_is_named(key: str, value: Any, message: str) -> None:
     raw["report"]["gate_criteria"][key] = value
     with pytest.raises((FieldError, ValueError), match=re.escape(message)):
         AblateConfig.model_validate(raw)
+
+
+def test_each_steps_agreement_and_gate_alpha_are_results_columns() -> None:
+    history = [{"step": 0, "credit/direction_agreement": 0.4, "credit/gate_alpha": 0.5}]
+    result = {"history": history, "code": "abc1234", "wall_s": 1.0, "peak_rss_mb": 2.0}
+    (row,) = result_rows(RunKey("binary", "llama", "datc_gated", 0), result)
+    assert (row["credit_direction_agreement"], row["credit_gate_alpha"]) == (0.4, 0.5)
