@@ -9,6 +9,14 @@ bank does not hold yet, so each session adds one file. ``withdraw`` writes the b
 whose fingerprint is the current config's into the output folder where it has none: from then
 on the runner treats them as its own (not trained again, in the report). A banked result made
 with another config is never used. Nothing read from a bank runs code (JSON only).
+
+A banked run is paired with runs of later sessions only on the same build of its models: a
+later session rebuilds the pretrained policy and reward model from the same spec, and on
+another machine or code version float rounding can make them other models (seen: a reward
+model's held-out correlation 0.55 in one session, 0.86 in the next). The runner compares each
+run's recorded ``info`` (the build's own losses and fits) with its pair's and with the cache's
+build, and trains again what differs (``runner.mixed_builds``, ``runner._other_build``); the
+report refuses pairs of mixed builds.
 """
 
 from __future__ import annotations

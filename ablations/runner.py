@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -321,6 +321,21 @@ def _pending(cfg: AblateConfig, runs: Sequence[RunKey]) -> list[RunKey]:
     return [r for r in runs if read_result(r.folder(out), run_fingerprint(cfg, r)) is None]
 
 
+def _other_build(
+    cfg: AblateConfig, finished: Sequence[RunKey], key: AssetKey, assets: SettingAssets
+) -> list[RunKey]:
+    """The runs of ``finished`` that use ``key``'s models and were trained on a build of
+    them other than ``assets`` (``build_text``)."""
+    out, build = Path(cfg.output_dir), build_text(json.loads(build_text(assets.info)))
+    stale = []
+    for run in finished:
+        if asset_key(cfg, run) == key:
+            result = read_result(run.folder(out), run_fingerprint(cfg, run))
+            if result is not None and build_text(result.get("info", {})) != build:
+                stale.append(run)
+    return stale
+
+
 AssetKey = tuple[str, str, int | None]
 
 
@@ -328,6 +343,32 @@ def asset_key(cfg: AblateConfig, run: RunKey) -> AssetKey:
     """Which assets ``run`` uses: its setting's and family's, and with ``model_seeds`` its
     seed's (None: shared by every seed)."""
     return (run.setting, run.family, run.seed if cfg.model_seeds else None)
+
+
+def build_text(info: Mapping[str, Any]) -> str:
+    """The build of a run's models as its result records it: the assets' ``info`` (the
+    pretraining's and the reward model's own losses and fits, to full float precision),
+    canonical JSON. Two builds of the same spec on other machines or code versions can
+    differ (float rounding compounds through training); runs compared as a pair must share
+    one build."""
+    return json.dumps(info, sort_keys=True, default=str)
+
+
+def mixed_builds(
+    cfg: AblateConfig, found: Mapping[RunKey, dict[str, Any]]
+) -> dict[AssetKey, list[list[RunKey]]]:
+    """The asset keys whose finished runs in ``found`` were trained on different builds of
+    their models (``build_text`` differs), with the runs of each build."""
+    by_key: dict[AssetKey, dict[str, list[RunKey]]] = {}
+    for run, result in found.items():
+        builds = by_key.setdefault(asset_key(cfg, run), {})
+        builds.setdefault(build_text(result.get("info", {})), []).append(run)
+    return {key: list(b.values()) for key, b in by_key.items() if len(b) > 1}
+
+
+def _mixed_line(key: AssetKey, builds: list[list[RunKey]]) -> str:
+    groups = " | ".join(", ".join(r.strategy for r in runs) for runs in builds)
+    return f"{'/'.join(str(k) for k in key if k is not None)} ({groups})"
 
 
 def build_assets(cfg: AblateConfig, key: AssetKey, log: Log) -> SettingAssets:
@@ -396,11 +437,31 @@ def run_ablation(
     assets: dict[AssetKey, SettingAssets] = {}
     method = cfg.method_label
     t0 = time.perf_counter()
-    for i, run in enumerate(pending, start=1):
-        key = asset_key(cfg, run)
+    queued = set(pending)
+
+    def assets_of(key: AssetKey) -> SettingAssets:
+        """``key``'s assets, built once; the finished runs of ``key`` trained on another
+        build of them join ``pending`` (a pair is compared on one build of its models)."""
         if key not in assets:
             _set_status(out, shard_index, f"assets of {'/'.join(map(str, key))}")
             assets[key] = build_assets(cfg, key, log)
+            rebuilt = _other_build(cfg, [r for r in mine if r not in queued], key, assets[key])
+            if rebuilt:
+                log(
+                    f"[ablate] {len(rebuilt)} finished runs of {'/'.join(map(str, key))} were "
+                    "trained on another build of its models (their info differs from the "
+                    "cache's); they are trained again: " + ", ".join(r.strategy for r in rebuilt)
+                )
+                pending.extend(rebuilt)  # the loop below iterates the growing list
+                queued.update(rebuilt)
+        return assets[key]
+
+    finished = {r: read_result(r.folder(out), run_fingerprint(cfg, r)) for r in mine}
+    for key in mixed_builds(cfg, {r: f for r, f in finished.items() if f is not None}):
+        assets_of(key)  # finished runs of two builds: retrain those not of the cache's
+    for i, run in enumerate(pending, start=1):
+        key = asset_key(cfg, run)
+        assets_of(key)
         _set_status(
             out, shard_index, f"run {run.relpath}", run.folder(out) / TRAIN_DIR / "metrics.jsonl"
         )
@@ -672,6 +733,14 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
     out = Path(cfg.output_dir)
     plan = plan_runs(cfg)
     found, missing = collect(plan, out, fingerprints(cfg, plan))
+    mixed = [_mixed_line(k, b) for k, b in mixed_builds(cfg, found).items()]
+    if mixed:
+        raise ConfigError(
+            f"{len(mixed)} pairs of runs were trained on different builds of their models "
+            f"(their recorded info differs: rebuilt on another machine or code version): "
+            f"{'; '.join(mixed[:5])}{' ...' if len(mixed) > 5 else ''}; run the config "
+            "again (it retrains the runs whose build is not the cache's), then report"
+        )
     adopted: dict[RunKey, list[dict[str, Any]]] = {}
     if missing and earlier:
         earlier_rows = group_runs(row for path in earlier for row in read_csv(path))

@@ -31,8 +31,16 @@ from ablations.__main__ import main
 from ablations.ablation_config import load_ablate_config
 from ablations.figures import is_png
 from ablations.results import RESULT_FILE, TIMING_COLUMNS, read_csv
-from ablations.runner import CSV_FILE, REPORT_FILE, merge, plan_runs, run_ablation
+from ablations.runner import (
+    CSV_FILE,
+    REPORT_FILE,
+    merge,
+    plan_runs,
+    run_ablation,
+    write_outputs,
+)
 from ablations.settings import SETTINGS
+from backends.common.errors import ConfigError
 from backends.common.preemption import PREEMPTED_EXIT
 from tests.helpers.paths import REPO
 
@@ -155,6 +163,33 @@ def test_resume_redoes_only_the_deleted_run(
     logs.clear()
     run_ablation(cfg, command="test", log=logs.append)
     assert any(" 0 to run" in line for line in logs), logs
+
+
+def test_a_run_of_another_build_of_its_models_is_trained_again_not_paired(
+    quick_run: tuple[Path, list[str], list[str]], tmp_path: Path
+) -> None:
+    """A pair is compared on one build of its models: a finished run whose recorded info
+    differs from its pair's (its models rebuilt on another machine or code version, e.g.
+    from a bank) stops the report, and the next pass trains it again on the cache's build."""
+    src, overrides, _ = quick_run
+    out = tmp_path / "copy"
+    shutil.copytree(src, out)
+    cfg = load_ablate_config(QUICK, [*overrides, f"output_dir={out}", "workers=1"])
+    victim = plan_runs(cfg)[5]
+    file = victim.folder(out) / RESULT_FILE
+    original, measured = json.loads(file.read_text()), _measured(file)
+    elsewhere = {**original, "info": {**original["info"], "rebuilt": "elsewhere"}}
+    file.write_text(json.dumps(elsewhere))
+    with pytest.raises(ConfigError, match="1 pairs of runs were trained on different builds"):
+        write_outputs(cfg, command="test")
+    logs: list[str] = []
+    run_ablation(cfg, command="test", log=logs.append)
+    assert any(
+        "1 finished runs of" in line and line.endswith(f"trained again: {victim.strategy}")
+        for line in logs
+    ), logs
+    assert json.loads(file.read_text())["info"] == original["info"]
+    assert _measured(file) == measured  # trained again on the cache's build: the same run
 
 
 def test_a_bank_carries_the_finished_runs_to_another_output_folder(
