@@ -322,18 +322,21 @@ def _pending(cfg: AblateConfig, runs: Sequence[RunKey]) -> list[RunKey]:
 
 
 def _other_build(
-    cfg: AblateConfig, finished: Sequence[RunKey], key: AssetKey, assets: SettingAssets
+    cfg: AblateConfig,
+    finished: Mapping[RunKey, dict[str, Any] | None],
+    key: AssetKey,
+    assets: SettingAssets,
 ) -> list[RunKey]:
-    """The runs of ``finished`` that use ``key``'s models and were trained on a build of
-    them other than ``assets`` (``build_text``)."""
-    out, build = Path(cfg.output_dir), build_text(json.loads(build_text(assets.info)))
-    stale = []
-    for run in finished:
-        if asset_key(cfg, run) == key:
-            result = read_result(run.folder(out), run_fingerprint(cfg, run))
-            if result is not None and build_text(result.get("info", {})) != build:
-                stale.append(run)
-    return stale
+    """The runs of ``finished`` (run -> its result, None where it has none) that use
+    ``key``'s models and were trained on a build of them other than ``assets``."""
+    build = build_text(json.loads(build_text(assets.info)))  # as a result.json holds it
+    return [
+        run
+        for run, result in finished.items()
+        if result is not None
+        and asset_key(cfg, run) == key
+        and build_text(result.get("info", {})) != build
+    ]
 
 
 AssetKey = tuple[str, str, int | None]
@@ -427,7 +430,8 @@ def run_ablation(
             build_assets(cfg, key, log)
         return None
     mine = shard_runs(runs_now(cfg, plan), shard_index, shard_count)
-    pending = _pending(cfg, mine)
+    finished = {r: read_result(r.folder(out), run_fingerprint(cfg, r)) for r in mine}
+    pending = [r for r in mine if finished[r] is None]
     stale = sum((r.folder(out) / RESULT_FILE).is_file() for r in pending)
     log(
         f"[ablate] {len(plan)} runs planned; this shard ({shard_index}/{shard_count}) has "
@@ -445,7 +449,9 @@ def run_ablation(
         if key not in assets:
             _set_status(out, shard_index, f"assets of {'/'.join(map(str, key))}")
             assets[key] = build_assets(cfg, key, log)
-            rebuilt = _other_build(cfg, [r for r in mine if r not in queued], key, assets[key])
+            rebuilt = _other_build(
+                cfg, {r: f for r, f in finished.items() if r not in queued}, key, assets[key]
+            )
             if rebuilt:
                 log(
                     f"[ablate] {len(rebuilt)} finished runs of {'/'.join(map(str, key))} were "
@@ -456,7 +462,6 @@ def run_ablation(
                 queued.update(rebuilt)
         return assets[key]
 
-    finished = {r: read_result(r.folder(out), run_fingerprint(cfg, r)) for r in mine}
     for key in mixed_builds(cfg, {r: f for r, f in finished.items() if f is not None}):
         assets_of(key)  # finished runs of two builds: retrain those not of the cache's
     for i, run in enumerate(pending, start=1):
