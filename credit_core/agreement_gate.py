@@ -17,10 +17,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 from credit_core.errors import CreditError
 from credit_core.tensor_checks import check_tensor
@@ -150,9 +157,17 @@ class AgreementGate:
         self.ema = ema
 
 
+#: What the gate's agreement ranks against the reward: the direction model's ``score`` of each
+#: response, or its ``attribution``, the sum over the response's tokens of the first-order
+#: attribution (e_t - e_null) . g_t of the reward gradient g that the strategy reads.
+GateMeasure = Literal["score", "attribution"]
+
+
 class GateConfig(BaseModel):
-    """The ``gate`` key of a credit setting: ``{agreement: [low, high], decay: 0.9}``
-    (docs/design.md, "Trusting the direction model"); ``build()`` makes the run's gate."""
+    """The ``gate`` key of a credit setting: ``{agreement: [low, high], decay: 0.9,
+    measure: score}`` (docs/design.md, "Trusting the direction model"); ``build()`` makes the
+    run's gate. ``measure: score`` (the default) is left out of the dump, so a config without
+    the key has the dump (and the run fingerprints) it had before the key existed."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -160,6 +175,11 @@ class GateConfig(BaseModel):
         description="[low, high]: alpha is 0 at or below low, 1 at or above high"
     )
     decay: float = Field(DEFAULT_DECAY, ge=0.0, lt=1.0, description="the EMA's weight on its past")
+    measure: GateMeasure = Field(
+        "score",
+        description="what is ranked against the reward: the direction model's score of each "
+        "response, or the summed attribution of its reward gradient (reads reward_attribution)",
+    )
 
     @field_validator("agreement")
     @classmethod
@@ -168,6 +188,19 @@ class GateConfig(BaseModel):
         if not -1.0 <= low < high <= 1.0:
             raise ValueError(f"expected -1 <= low < high <= 1, got [{low}, {high}]")
         return value
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.measure == "score":
+            data.pop("measure", None)
+        return data
+
+    @property
+    def signals(self) -> frozenset[str]:
+        """The signals the gate reads beside the strategy's: ``reward_attribution`` with
+        ``measure: attribution``, none with ``measure: score`` (scores come with rewards)."""
+        return frozenset({"reward_attribution"}) if self.measure == "attribution" else frozenset()
 
     def build(self) -> AgreementGate:
         """A fresh gate (no EMA yet) of this setting."""

@@ -166,12 +166,16 @@ class CreditPlan:
     - ``reward_grad_first``: whether the reward gradient precedes the policy pass (W0
       streamed); False for a path-gradient strategy on a backend without ``path_work``.
     - ``backend``: the ``Backend`` it was checked against.
+    - ``gate_signals``: the signals within ``signals`` that only the credit's gate reads
+      (``GateConfig.signals`` less the strategy's own); the backend computes them and the
+      run takes them out before ``assign_credit`` (``backends.common.credit.CreditRun``).
     """
 
     strategy: CreditStrategy
     signals: frozenset[str]
     reward_grad_first: bool
     backend: Backend
+    gate_signals: frozenset[str] = frozenset()
 
     @classmethod
     def build(
@@ -206,7 +210,9 @@ class CreditPlan:
         path = bool(strategy.reward_grad_points)
         grad_first = first and (not path or backend.path_work)
         signals = type(strategy).signals_to_compute(reward_grad_first=grad_first)
-        return cls(strategy, signals, grad_first, backend)
+        gate = credit.gate if isinstance(credit, CreditConfig) else None
+        gate_signals = (gate.signals - signals) if gate is not None else frozenset()
+        return cls(strategy, signals | gate_signals, grad_first, backend, gate_signals)
 
     # ------------------------------------------------------------------ what it reads
 

@@ -6,8 +6,10 @@ the signals it computes) and, where the credit setting has a ``gate``, the ``Agr
 model, the direction model's within-group agreement with the reward on the step's responses
 (from the scores its pass gave anyway: no extra forward) and, with a gate, the mix of the
 token advantages toward GRPO by the gate's alpha (docs/design.md, "Trusting the direction
-model"). The gate's EMA is the run's only credit state beside the strategy's own
-(``state_dict`` / ``load_state_dict``).
+model"). Where the backend computes the reward gradient's attribution (P2T's
+``reward_attribution``, or a gate ``measure: attribution``, whose plan asks for it), the step also
+reports the agreement of each response's summed attribution with the reward. The gate's EMA is
+the run's only credit state beside the strategy's own (``state_dict`` / ``load_state_dict``).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from credit_core.agreement_gate import (
     Agreement,
     AgreementGate,
     GateConfig,
+    GateMeasure,
     direction_agreement,
     gate_token_advantages,
 )
 from credit_core.batch import Gather
 from credit_core.plan import Backend, CreditPlan
 from credit_core.strategy import CreditStrategy
+from credit_core.tensor_checks import check_tensor
 
 #: Sums a float64 tensor over the step's processes (every process gets the sum).
 ReduceSum = Callable[[torch.Tensor], torch.Tensor]
@@ -46,6 +50,9 @@ class AgreementMetrics:
     - ``groups`` / ``skipped``: groups with varying / constant reward.
     - ``ema`` (None before any used group) and ``alpha``: the gate's, after this step's
       update; both None without a gate.
+    - ``attribution``: the same agreement of each response's summed reward attribution,
+      sum_t (e_t - e_null) . g_t, where the step computed it; None where it did not.
+    - ``gate_measure``: what the gate's EMA is of (``GateConfig.measure``).
     """
 
     direction_is_reward: bool
@@ -54,21 +61,24 @@ class AgreementMetrics:
     skipped: int = 0
     ema: float | None = None
     alpha: float | None = None
+    attribution: float | None = None
+    gate_measure: GateMeasure = "score"
 
     def to_dict(self, prefix: str = "credit/") -> dict[str, float]:
-        """The step's metrics: ``direction_is_reward`` (1 or 0), and where it is 0 the
-        agreement, its groups and skipped groups, and with a gate its EMA (NaN before any
-        measure) and alpha."""
-        if self.direction_is_reward:
-            return {f"{prefix}direction_is_reward": 1.0}
-        out = {
-            f"{prefix}direction_is_reward": 0.0,
-            f"{prefix}direction_agreement": self.value,
-            f"{prefix}agreement_groups": float(self.groups),
-            f"{prefix}agreement_skipped": float(self.skipped),
-        }
+        """The step's metrics: ``direction_is_reward`` (1 or 0), where it is 0 the
+        agreement, its groups and skipped groups; the attribution agreement where measured;
+        with a gate its EMA (``direction_agreement_ema`` or ``attribution_agreement_ema``,
+        after ``gate_measure``; NaN before any measure) and alpha."""
+        out = {f"{prefix}direction_is_reward": float(self.direction_is_reward)}
+        if not self.direction_is_reward:
+            out[f"{prefix}direction_agreement"] = self.value
+            out[f"{prefix}agreement_groups"] = float(self.groups)
+            out[f"{prefix}agreement_skipped"] = float(self.skipped)
+        if self.attribution is not None:
+            out[f"{prefix}attribution_agreement"] = self.attribution
         if self.alpha is not None:
-            out[f"{prefix}direction_agreement_ema"] = math.nan if self.ema is None else self.ema
+            of = "direction" if self.gate_measure == "score" else "attribution"
+            out[f"{prefix}{of}_agreement_ema"] = math.nan if self.ema is None else self.ema
             out[f"{prefix}gate_alpha"] = self.alpha
         return out
 
@@ -88,9 +98,13 @@ class CreditRun:
     """The credit of one process: ``plan`` (strategy and signals), the optional ``gate``.
 
     ``direction_is_reward``: the run's reward is the direction model's own (one model for
-    both); a gate is then refused, as there is nothing to measure it by. A gate on a strategy
-    that is no mean-preserving weight form is refused too (``CreditConfig`` refuses it first
-    for a config; this guards a plan built from an instance).
+    both); a gate ``measure: score`` is then refused, as there is nothing to measure it by (its
+    score agrees by construction; its gradient's attribution does not, so ``measure:
+    attribution`` is served). A gate on a strategy that is no mean-preserving weight form is
+    refused too (``CreditConfig`` refuses it first for a config; this guards a plan built
+    from an instance). ``measures_apart``: the backend measures the step with ``measure``
+    before the signals exist (``apply(measured=True)``); a gate ``measure: attribution``, which
+    needs the step's attributions, is then refused.
     """
 
     def __init__(
@@ -99,12 +113,25 @@ class CreditRun:
         gate: GateConfig | None = None,
         *,
         direction_is_reward: bool = False,
+        measures_apart: bool = False,
     ) -> None:
         self.plan = plan
         self.direction_is_reward = direction_is_reward
         self.gate: AgreementGate | None = None
+        self.gate_measure: GateMeasure = "score" if gate is None else gate.measure
         if gate is None:
             return
+        if gate.measure == "attribution" and "reward_attribution" not in plan.signals:
+            raise CreditError(
+                "credit.gate.measure: 'attribution' reads reward_attribution, which the plan does "
+                "not compute (build the plan from the credit config that holds the gate)"
+            )
+        if gate.measure == "attribution" and measures_apart:
+            raise CreditError(
+                "credit.gate.measure: 'attribution' ranks the step's summed attributions, which "
+                "this backend does not have where it measures the step (before its "
+                "micro-batches' signals); use measure: score here, or the native trainer or verl"
+            )
         if not self.measures:
             raise CreditError(f"credit.gate: strategy {plan.name!r} reads no direction model")
         if plan.strategy.critic_reward_form != "weights":
@@ -112,21 +139,30 @@ class CreditRun:
                 f"credit.gate: strategy {plan.name!r} gives no mean-preserving weights; the "
                 "gate's mix is defined on them"
             )
-        if direction_is_reward:
+        if direction_is_reward and gate.measure == "score":
             raise CreditError(
                 f"credit.gate: the reward is the direction model's own score, so its agreement "
                 f"with the reward is 1 by construction and the gate would never act; give "
-                f"{plan.name!r} a separate reward (a scorer) or drop the gate"
+                f"{plan.name!r} a separate reward (a scorer), gate measure: attribution, or drop "
+                "the gate"
             )
         self.gate = gate.build()
 
     @classmethod
     def build(
-        cls, credit: CreditConfig, backend: Backend, *, direction_is_reward: bool = False
+        cls,
+        credit: CreditConfig,
+        backend: Backend,
+        *,
+        direction_is_reward: bool = False,
+        measures_apart: bool = False,
     ) -> CreditRun:
         """The run of a parsed credit setting on ``backend`` (``CreditPlan.build``)."""
         return cls(
-            CreditPlan.build(credit, backend), credit.gate, direction_is_reward=direction_is_reward
+            CreditPlan.build(credit, backend),
+            credit.gate,
+            direction_is_reward=direction_is_reward,
+            measures_apart=measures_apart,
         )
 
     @property
@@ -172,7 +208,16 @@ class CreditRun:
         step's agreement with ``measure`` itself (where it still knows the step's groups,
         e.g. before its rows were shuffled into micro-batches); ``apply`` then measures
         nothing, mixes at the gate's current alpha and returns no ``AgreementMetrics``.
+
+        ``signals.reward_attribution`` (B, T), where given, also gives the attribution
+        agreement (``summed_attribution``); the signals only the gate reads
+        (``plan.gate_signals``) are taken out before ``assign_credit``.
         """
+        attributions = None
+        if signals is not None and signals.reward_attribution is not None and not measured:
+            attributions = summed_attribution(signals.reward_attribution, mask)
+        if signals is not None and self.plan.gate_signals:
+            signals = replace(signals, **dict.fromkeys(self.plan.gate_signals))
         result = assign_credit(
             self.strategy,
             advantages,
@@ -187,7 +232,12 @@ class CreditRun:
         agreement = None
         if not measured:
             agreement = self.measure(
-                direction_scores, rewards, groups, reduce_sum=reduce_sum, advance=advance
+                direction_scores,
+                rewards,
+                groups,
+                attributions=attributions,
+                reduce_sum=reduce_sum,
+                advance=advance,
             )
         if self.gate is None:
             return CreditStep(result, agreement)
@@ -200,33 +250,60 @@ class CreditRun:
         rewards: torch.Tensor | None,
         groups: torch.Tensor | None,
         *,
+        attributions: torch.Tensor | None = None,
         reduce_sum: ReduceSum | None = None,
         advance: bool = True,
     ) -> AgreementMetrics | None:
         """The step's ``AgreementMetrics`` (None for a strategy that reads no direction
-        model; ``direction_is_reward`` where the run's reward is the direction model's):
-        ``direction_agreement`` of ``direction_scores`` (B,) with ``rewards`` (B,) in
-        ``groups`` (B,) int64, summed over processes by ``reduce_sum`` (as in ``apply``),
-        and, with a gate, its EMA folded in (unless ``advance`` is False) and its alpha.
-        ``CreditError`` when one of the three is missing. Call it once per training step:
-        each call with ``advance`` moves the gate's EMA."""
+        model): ``direction_agreement`` of ``direction_scores`` (B,) with ``rewards`` (B,) in
+        ``groups`` (B,) int64 (not where the run's reward is the direction model's own:
+        ``direction_is_reward``), the same of ``attributions`` (B,) where given, each summed
+        over processes by ``reduce_sum`` (as in ``apply``), and, with a gate, the EMA of the
+        one it measures folded in (unless ``advance`` is False) and its alpha.
+        ``CreditError`` when an input the step needs is missing. Call it once per training
+        step: each call with ``advance`` moves the gate's EMA."""
         if not self.measures:
             return None
-        if self.direction_is_reward:
+        partial = attributions is None or rewards is None or groups is None
+        if self.direction_is_reward and self.gate is None and partial:
             return AgreementMetrics(direction_is_reward=True)
-        if direction_scores is None or rewards is None or groups is None:
+        needs_scores = not self.direction_is_reward
+        if rewards is None or groups is None or (needs_scores and direction_scores is None):
             raise CreditError(
                 f"CreditRun.apply: strategy {self.plan.name!r} reads a direction model; its "
-                "agreement needs direction_scores, rewards and groups"
+                "agreement needs "
+                + ("direction_scores, " if needs_scores else "")
+                + "rewards and groups"
             )
-        agreement = _step_agreement(
-            direction_agreement(direction_scores, rewards, groups), reduce_sum
-        )
-        if self.gate is None:
-            return AgreementMetrics(False, agreement.value, agreement.groups, agreement.skipped)
-        alpha = self.gate.update(agreement) if advance else self.gate.alpha
+        if self.gate_measure == "attribution" and attributions is None:
+            raise CreditError(
+                "CreditRun.apply: the gate is on the attribution agreement; it needs "
+                "signals.reward_attribution"
+            )
+        score = attribution = None
+        if direction_scores is not None and needs_scores:
+            score = _step_agreement(
+                direction_agreement(direction_scores, rewards, groups), reduce_sum
+            )
+        if attributions is not None:
+            attribution = _step_agreement(
+                direction_agreement(attributions, rewards, groups), reduce_sum
+            )
+        ema = alpha = None
+        if self.gate is not None:
+            keyed = attribution if self.gate_measure == "attribution" else score
+            assert keyed is not None  # checked above
+            alpha = self.gate.update(keyed) if advance else self.gate.alpha
+            ema = self.gate.ema
         return AgreementMetrics(
-            False, agreement.value, agreement.groups, agreement.skipped, self.gate.ema, alpha
+            self.direction_is_reward,
+            score.value if score is not None else math.nan,
+            score.groups if score is not None else 0,
+            score.skipped if score is not None else 0,
+            ema,
+            alpha,
+            attribution.value if attribution is not None else None,
+            self.gate_measure,
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -242,6 +319,19 @@ class CreditRun:
             )
         if self.gate is not None:
             self.gate.load_state_dict(state["gate"])
+
+
+def summed_attribution(attribution: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each response's summed reward attribution (B,) float64: sum over its valid tokens
+    (``mask`` (B, T) bool) of ``attribution`` (B, T), the first-order account
+    sum_t (e_t - e_null) . g_t of its reward (docs/design.md, "Trusting the direction
+    model"). ``CreditError`` naming ``reward_attribution`` where a valid token's value is
+    not finite."""
+    a = check_tensor("reward_attribution", attribution, (None, None), floating=True).detach()
+    m = check_tensor("mask", mask, tuple(a.shape), dtype=torch.bool, device=a.device)
+    if not bool(torch.isfinite(a[m]).all()):
+        raise CreditError("reward_attribution: expected finite values at valid tokens")
+    return torch.where(m, a.double(), 0.0).sum(dim=1)
 
 
 def _step_agreement(local: Agreement, reduce_sum: ReduceSum | None) -> Agreement:

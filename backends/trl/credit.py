@@ -114,7 +114,9 @@ class TrlCredit:
         *,
         direction_is_reward: bool,
     ) -> None:
-        self.run = CreditRun(plan, gate, direction_is_reward=direction_is_reward)
+        self.run = CreditRun(
+            plan, gate, direction_is_reward=direction_is_reward, measures_apart=True
+        )
         self.compare = [(label, CreditRun(theirs)) for label, theirs in compare]
         self.accelerator = accelerator
         self.gather = process_gather(accelerator)

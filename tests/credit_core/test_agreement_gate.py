@@ -17,6 +17,7 @@ from credit_core import CreditError
 from credit_core.agreement_gate import (
     Agreement,
     AgreementGate,
+    GateConfig,
     direction_agreement,
     gate_token_advantages,
 )
@@ -137,3 +138,17 @@ def test_alpha_follows_the_ema_between_low_and_high() -> None:
 def test_a_bad_gate_is_refused_naming_the_field(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(CreditError, match=message):
         AgreementGate(**kwargs)
+
+
+def test_the_gate_measures_the_score_unless_told_attribution_and_dumps_only_a_change() -> None:
+    """``measure: score`` (the default) reads no signal and is left out of the dump, so the
+    configs (and run fingerprints) written before the key existed stay as they were;
+    ``measure: attribution`` asks the backend for ``reward_attribution``."""
+    score = GateConfig(agreement=(0.2, 0.6))
+    assert score.measure == "score" and score.signals == frozenset()
+    assert score.model_dump(mode="json") == {"agreement": [0.2, 0.6], "decay": 0.9}
+    on = GateConfig(agreement=(0.05, 0.4), measure="attribution")
+    assert on.signals == {"reward_attribution"}
+    assert on.model_dump(mode="json")["measure"] == "attribution"
+    with pytest.raises(ValueError, match="measure"):
+        GateConfig(agreement=(0.2, 0.6), measure="gradient")  # type: ignore[arg-type]

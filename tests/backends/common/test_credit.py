@@ -177,3 +177,117 @@ def test_no_group_measured_leaves_the_alpha_at_zero() -> None:
         out.result.token_advantages,
         gate_token_advantages(plain_credit(run, s), s["advantages"], s["mask"], 0.0),
     )
+
+
+ON_ATTRIBUTION = GateConfig(agreement=(-0.5, 0.8), decay=0.7, measure="attribution")
+
+
+def attribution_step(seed: int) -> dict[str, torch.Tensor]:
+    """``step`` with a reward attribution (B, T) whose padding holds junk, which must not
+    count."""
+    s = step(seed)
+    gen = torch.Generator().manual_seed(100 + seed)
+    attribution = torch.randn(s["mask"].shape, generator=gen)
+    s["attribution"] = torch.where(s["mask"], attribution, torch.tensor(1e6))
+    return s
+
+
+def apply_attributed(run: CreditRun, s: dict[str, torch.Tensor], **kwargs: Any) -> CreditStep:
+    return run.apply(
+        s["advantages"],
+        s["mask"],
+        s["ids"],
+        CreditSignals(prefix_rewards=s["prefix"], reward_attribution=s["attribution"]),
+        rewards=s["rewards"],
+        groups=s["groups"],
+        direction_scores=s["scores"],
+        **kwargs,
+    )
+
+
+def brute_spearman(values: torch.Tensor, rewards: torch.Tensor, groups: torch.Tensor) -> float:
+    """Mean over groups with varying reward of scipy's Spearman rho, one group at a time."""
+    from scipy.stats import spearmanr
+
+    rhos = []
+    for g in groups.unique():
+        v, r = values[groups == g].numpy(), rewards[groups == g].numpy()
+        if len(set(r.tolist())) > 1:
+            rhos.append(0.0 if len(set(v.tolist())) == 1 else float(spearmanr(v, r).statistic))
+    return sum(rhos) / len(rhos)
+
+
+def test_a_gate_on_attribution_asks_the_backend_for_it_and_keeps_it_from_the_strategy() -> None:
+    plan = CreditPlan.build(CreditConfig.parse({"name": "red", "gate": ON_ATTRIBUTION}), BACKEND)
+    assert plan.gate_signals == {"reward_attribution"}
+    assert plan.signals == {"prefix_rewards", "reward_attribution"}
+    p2t = {"name": "p2t", "gate": ON_ATTRIBUTION}  # reads it itself: nothing only the gate reads
+    assert CreditPlan.build(CreditConfig.parse(p2t), BACKEND).gate_signals == frozenset()
+    scored = CreditPlan.build(CreditConfig.parse({"name": "red", "gate": GATE}), BACKEND)
+    assert scored.signals == {"prefix_rewards"} and scored.gate_signals == frozenset()
+
+
+def test_the_attribution_agreement_is_spearman_of_the_summed_attribution_per_group() -> None:
+    run = CreditRun.build(CreditConfig.parse("p2t"), BACKEND)  # reads the attribution itself
+    for seed in range(3):
+        s = attribution_step(seed)
+        out = run.apply(
+            s["advantages"],
+            s["mask"],
+            s["ids"],
+            CreditSignals(reward_attribution=s["attribution"]),
+            rewards=s["rewards"],
+            groups=s["groups"],
+            direction_scores=s["scores"],
+        )
+        summed = torch.where(s["mask"], s["attribution"], 0.0).sum(1)
+        assert out.agreement is not None and out.agreement.attribution is not None
+        want = brute_spearman(summed, s["rewards"], s["groups"])
+        assert out.agreement.attribution == pytest.approx(want, abs=1e-12)
+        assert out.agreement.to_dict()["credit/attribution_agreement"] == out.agreement.attribution
+
+
+def test_the_gate_on_attribution_mixes_by_the_ema_of_the_attribution_agreement() -> None:
+    run = red_run(ON_ATTRIBUTION)
+    ema = None
+    for seed in range(5):
+        s = attribution_step(seed)
+        out = apply_attributed(run, s)
+        summed = torch.where(s["mask"], s["attribution"], 0.0).sum(1)
+        value = direction_agreement(summed, s["rewards"], s["groups"]).value
+        ema = value if ema is None else 0.7 * ema + (1 - 0.7) * value
+        alpha = min(1.0, max(0.0, (ema + 0.5) / 1.3))
+        assert out.agreement is not None
+        assert (out.agreement.ema, out.agreement.alpha) == (ema, alpha)
+        score = direction_agreement(s["scores"], s["rewards"], s["groups"]).value
+        assert out.agreement.value == score  # the score agreement is still reported
+        want = gate_token_advantages(plain_credit(run, s), s["advantages"], s["mask"], alpha)
+        assert torch.equal(out.result.token_advantages, want)
+        metrics = out.agreement.to_dict()
+        assert metrics["credit/attribution_agreement_ema"] == ema
+        assert "credit/direction_agreement_ema" not in metrics
+
+
+def test_a_gate_on_attribution_serves_a_direction_model_that_is_the_reward() -> None:
+    run = red_run(ON_ATTRIBUTION, direction_is_reward=True)
+    out = apply_attributed(run, attribution_step(0))
+    assert out.agreement is not None and out.agreement.direction_is_reward
+    metrics = out.agreement.to_dict()
+    assert "credit/direction_agreement" not in metrics
+    assert metrics["credit/gate_alpha"] == out.agreement.alpha
+    assert math.isfinite(metrics["credit/attribution_agreement"])
+
+
+def test_a_gate_on_attribution_is_refused_where_it_cannot_be_measured() -> None:
+    s = step(0)
+    with pytest.raises(CreditError, match=r"needs signals\.reward_attribution"):
+        apply(red_run(ON_ATTRIBUTION), s)
+    with pytest.raises(CreditError, match=r"credit\.gate\.measure: 'attribution' ranks the step"):
+        red_run(ON_ATTRIBUTION, measures_apart=True)
+    plain_plan = CreditPlan.build(CreditConfig.parse("red"), BACKEND)
+    with pytest.raises(CreditError, match="which the plan does not compute"):
+        CreditRun(plain_plan, ON_ATTRIBUTION)
+    bad = attribution_step(0)
+    bad["attribution"][0, 0] = math.nan
+    with pytest.raises(CreditError, match="reward_attribution: expected finite values"):
+        apply_attributed(red_run(ON_ATTRIBUTION), bad)

@@ -229,6 +229,67 @@ def test_the_trainer_mixes_the_strategy_s_token_advantages_by_alpha(
     assert [plain.history[0][k] for k in keys] == [gate.history[0][k] for k in keys]
 
 
+def test_a_gate_on_attribution_mixes_by_the_logged_attribution_agreement_s_ema(
+    tmp_path: Path, step_signals: list[StepSignals]
+) -> None:
+    """DATC with ``gate: {measure: attribution}``: the trainer computes the reward attribution from
+    the gradient it takes anyway, logs its agreement each step (scipy's Spearman of the summed
+    attribution, group by group), and alpha follows its EMA; the score agreement is still
+    logged beside it. The direction model may then be the reward itself."""
+    on = {**GATE, "measure": "attribution"}
+    history = train(
+        tiny_config(tmp_path / "run", steps=3, credit=gated(gate=on), reward=SEPARATE)
+    ).history
+    ema = None
+    for record, signals in zip(history, step_signals, strict=True):
+        assert signals.credit.token_advantages is not None
+        assert "credit/direction_agreement" in record
+        value = record["credit/attribution_agreement"]
+        if not math.isnan(value):
+            ema = value if ema is None else 0.5 * ema + 0.5 * value
+        assert record["credit/attribution_agreement_ema"] == pytest.approx(
+            ema if ema is not None else math.nan, abs=1e-12, nan_ok=True
+        )
+        want_alpha = 0.0 if ema is None else (ema + 1) / 2
+        assert record["credit/gate_alpha"] == pytest.approx(want_alpha, abs=1e-12)
+        assert "credit/direction_agreement_ema" not in record
+    assert ema is not None and -1 < ema < 1
+    same = train(tiny_config(tmp_path / "same", steps=1, credit=gated(gate=on))).history[0]
+    assert same["credit/direction_is_reward"] == 1.0
+    assert math.isfinite(same["credit/attribution_agreement"])
+
+
+def test_the_logged_attribution_agreement_is_the_spearman_of_the_summed_attribution(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    scored: list[tuple[RolloutBatch, RewardOutput]],
+) -> None:
+    from backends.common import credit as common_credit
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    real = common_credit.summed_attribution
+
+    def spy(attribution: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        seen.append((attribution.detach().clone(), mask.clone()))
+        return real(attribution, mask)
+
+    monkeypatch.setattr(common_credit, "summed_attribution", spy)
+    on = {**GATE, "measure": "attribution"}
+    history = train(
+        tiny_config(tmp_path / "run", steps=3, credit=gated(gate=on), reward=SEPARATE)
+    ).history
+    assert len(seen) == len(scored) == len(history) == 3
+    measured = 0
+    for record, (attribution, mask), (_, out) in zip(history, seen, scored, strict=True):
+        summed = (attribution.double() * mask).sum(dim=1)
+        want, groups = brute_force_agreement(summed, out.rewards)
+        assert record["credit/agreement_groups"] == groups
+        if groups:
+            measured += 1
+            assert record["credit/attribution_agreement"] == pytest.approx(want, abs=1e-12)
+    assert measured
+
+
 RESUME = {
     "steps": 4,
     "credit": gated(),
