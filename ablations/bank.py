@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ablations.results import RunKey, read_result, write_result
+from ablations.results import RunKey, build_text, read_result, write_result
 
 SUFFIX = ".jsonl.gz"
 
@@ -57,14 +57,16 @@ def banked_results(folder: Path) -> Iterator[tuple[RunKey, dict[str, Any]]]:
 def withdraw(folder: Path, output: Path, fingerprints: Mapping[RunKey, str]) -> int:
     """Write into ``output`` each banked result of a planned run (``fingerprints``: run ->
     its current fingerprint) made with the current config, where ``output`` holds no current
-    result of that run; the number written."""
-    written = 0
+    result of that run; the number written. Where the bank holds a run on several builds of
+    its models (``build_text``), the latest deposit's is taken."""
+    latest: dict[RunKey, dict[str, Any]] = {}
     for run, result in banked_results(folder):
-        want = fingerprints.get(run)
-        if want is None or result["fingerprint"] != want:
-            continue
+        if fingerprints.get(run) == result["fingerprint"]:
+            latest[run] = result  # files in name (deposit time) order: the last one stays
+    written = 0
+    for run, result in latest.items():
         dest = run.folder(output)
-        if read_result(dest, want) is not None:
+        if read_result(dest, result["fingerprint"]) is not None:
             continue
         dest.mkdir(parents=True, exist_ok=True)
         write_result(dest, result)
@@ -79,15 +81,20 @@ def deposit(
     fingerprints: Mapping[RunKey, str],
 ) -> Path | None:
     """A new bank file in ``folders[0]`` with the current results in ``output`` of the
-    planned runs that none of the banks ``folders`` holds with that fingerprint; None when
-    there is none to add."""
+    planned runs that none of the banks ``folders`` holds with that fingerprint on that
+    build of its models (``build_text``: a run trained again on a new build is added, the
+    older build's stays); None when there is none to add."""
     held = {
-        (run, result["fingerprint"]) for folder in folders for run, result in banked_results(folder)
+        (run, result["fingerprint"], build_text(result.get("info", {})))
+        for folder in folders
+        for run, result in banked_results(folder)
     }
     entries = []
     for run in plan:
         result = read_result(run.folder(output), fingerprints[run])
-        if result is not None and (run, fingerprints[run]) not in held:
+        if result is None:
+            continue
+        if (run, fingerprints[run], build_text(result.get("info", {}))) not in held:
             entries.append(
                 {"run": [run.setting, run.family, run.strategy, run.seed], "result": result}
             )
@@ -95,7 +102,9 @@ def deposit(
         return None
     folder = folders[0]
     folder.mkdir(parents=True, exist_ok=True)
-    file = folder / f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{os.getpid()}{SUFFIX}"
+    now = time.time_ns()  # to the nanosecond: two deposits of one second stay two files
+    stamp = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now // 10**9))}.{now % 10**9:09d}"
+    file = folder / f"{stamp}-{os.getpid()}{SUFFIX}"
     tmp = file.with_name(file.name + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as fh:
         for entry in entries:

@@ -207,3 +207,12 @@ def read_csv(path: str | Path) -> list[dict[str, Any]]:
             row.setdefault(COMMIT_COLUMN, UNKNOWN)
             rows.append(row)
     return rows
+
+
+def build_text(info: Mapping[str, Any]) -> str:
+    """The build of a run's models as its result records it: the assets' ``info`` (the
+    pretraining's and the reward model's own losses and fits, to full float precision),
+    canonical JSON. Two builds of the same spec on other machines or code versions can
+    differ (float rounding compounds through training); runs compared as a pair must share
+    one build."""
+    return json.dumps(info, sort_keys=True, default=str)

@@ -51,6 +51,7 @@ from ablations.report import render_report
 from ablations.results import (
     RESULT_FILE,
     RunKey,
+    build_text,
     collect,
     read_csv,
     read_result,
@@ -346,15 +347,6 @@ def asset_key(cfg: AblateConfig, run: RunKey) -> AssetKey:
     """Which assets ``run`` uses: its setting's and family's, and with ``model_seeds`` its
     seed's (None: shared by every seed)."""
     return (run.setting, run.family, run.seed if cfg.model_seeds else None)
-
-
-def build_text(info: Mapping[str, Any]) -> str:
-    """The build of a run's models as its result records it: the assets' ``info`` (the
-    pretraining's and the reward model's own losses and fits, to full float precision),
-    canonical JSON. Two builds of the same spec on other machines or code versions can
-    differ (float rounding compounds through training); runs compared as a pair must share
-    one build."""
-    return json.dumps(info, sort_keys=True, default=str)
 
 
 def mixed_builds(

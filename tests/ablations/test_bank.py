@@ -46,3 +46,25 @@ def test_a_damaged_bank_names_the_file_and_line(tmp_path: Path) -> None:
         fh.write('{"run": ["s", "llama"], "result": {}}\n')
     with pytest.raises(ValueError, match=r"a\.jsonl\.gz, line 2"):
         list(banked_results(bank))
+
+
+def test_a_run_trained_again_on_a_new_build_is_banked_and_comes_back_first(
+    tmp_path: Path,
+) -> None:
+    """A run the bank holds on one build of its models, trained again on another (the
+    runner's build guard), is deposited beside it; a withdrawal takes the latest deposit's."""
+    prints = {run: f"fp-{run.strategy}" for run in RUNS}
+    bank, out = tmp_path / "bank", tmp_path / "out"
+    for run, fingerprint in prints.items():
+        run.folder(out).mkdir(parents=True)
+        write_result(run.folder(out), {"fingerprint": fingerprint, "info": {"rm_loss": 0.5}})
+    first = deposit([bank], out, RUNS, prints)
+    rebuilt = {"fingerprint": prints[RUNS[0]], "info": {"rm_loss": 0.25}}
+    write_result(RUNS[0].folder(out), rebuilt)
+    second = deposit([bank], out, RUNS, prints)
+    assert first is not None and second is not None and first.name < second.name
+    assert [run for run, _ in banked_results(bank)] == [*RUNS, RUNS[0]]
+    assert deposit([bank], out, RUNS, prints) is None  # that build is banked now
+    assert withdraw(bank, tmp_path / "fresh", prints) == 2
+    got = read_result(RUNS[0].folder(tmp_path / "fresh"), prints[RUNS[0]])
+    assert got is not None and got["info"] == {"rm_loss": 0.25}

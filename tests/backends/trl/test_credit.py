@@ -83,3 +83,14 @@ def test_groups_are_trls_blocks_over_every_process_and_never_straddle_processes(
     assert credit.groups(8, 4).tolist() == [2, 2, 2, 2, 3, 3, 3, 3]
     with pytest.raises(CreditError, match=r"\(6 rows: .* not a multiple of num_generations \(4\)"):
         credit.groups(6, 4)
+
+
+def test_a_gate_on_the_attribution_is_refused_at_start_up_naming_the_key() -> None:
+    """TRL measures a generation batch before its micro-batches' signals exist, so it has no
+    summed attribution to rank: the gate's ``measure: attribution`` is refused, not ignored."""
+    from credit_core import CreditConfig
+
+    gate = GateConfig(agreement=(0.2, 0.6), measure="attribution")
+    plan = CreditPlan.build(CreditConfig.parse({"name": "red", "gate": gate}), BACKEND)
+    with pytest.raises(CreditError, match=r"credit\.gate\.measure: 'attribution' ranks the step"):
+        TrlCredit(plan, gate, [], ONE, direction_is_reward=False)
