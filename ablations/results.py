@@ -52,6 +52,7 @@ TRAINER_METRICS: dict[str, str] = {
     "credit_weight_max": "credit/weight_max",
     "credit_weight_entropy": "credit/weight_entropy",
     "credit_direction_agreement": "credit/direction_agreement",
+    "credit_attribution_agreement": "credit/attribution_agreement",
     "credit_gate_alpha": "credit/gate_alpha",
     "time_step": "time/step",
     "time_rollout": "time/rollout",

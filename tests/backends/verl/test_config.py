@@ -159,6 +159,23 @@ def test_a_gate_is_applied_and_the_engine_asked_for_the_direction_models_scores(
     assert not credit_settings(plain_config("entropy_top")).measures
 
 
+def test_a_gate_on_the_attribution_asks_the_engine_for_it_beside_the_strategy_s_signals() -> None:
+    """``gate.measure: attribution``: the engine computes ``reward_attribution`` (at the
+    strategy's null) from the reward gradient DATC's W0 takes anyway, and ships the scores
+    too (both agreements are logged)."""
+    gate = {"name": "datc", "gate": {"agreement": [0.05, 0.4], "measure": "attribution"}}
+    settings = credit_settings(plain_config(gate))
+    assert settings.run.gate_measure == "attribution"
+    assert settings.plan.gate_signals == {"reward_attribution"}
+    request = work_request(settings)
+    assert request is not None
+    sent = json.loads(request)
+    assert "reward_attribution" in sent["signals"] and "null" in sent
+    assert sent["scores"] is True
+    plain = json.loads(work_request(credit_settings(plain_config("datc"))) or "{}")
+    assert "reward_attribution" not in plain["signals"]
+
+
 @pytest.mark.parametrize(
     "server",
     [
