@@ -12,8 +12,12 @@ rate; ``same_training_grpo``) on the same pair. Per (setting, strategy): Spearma
 gain on early agreement across the pairs, and the mean gain of the pairs whose early
 agreement is below ``SPLIT`` and of those at or above it. Secondary: no verdict is drawn.
 
-``SPLIT`` is the agreement gate's ``low`` as configs/ablate/gate.yaml pre-registered it
-(0.2, above what an unrelated model gives over a step's groups), chosen before any run.
+Two measures (``AgreementMeasure``): ``SCORE``, the agreement of the direction model's scores,
+split at 0.2 (the score gate's ``low`` as configs/ablate/gate.yaml pre-registered it, above what
+an unrelated model gives over a step's groups); and ``ATTRIBUTION``, the agreement of each
+response's summed reward attribution (``credit/attribution_agreement``, logged where a step
+computes the attribution), split at 0.05 (the attribution gate's ``low``,
+configs/ablate/gate_attribution.yaml). Each gets its section where runs logged it.
 """
 
 from __future__ import annotations
@@ -31,9 +35,36 @@ from ablations.summary import SummarySpec, fmt, group_runs
 
 #: Logged steps whose agreement is averaged: about the gate's EMA horizon at decay 0.9.
 EARLY_STEPS = 10
-#: The agreement that splits the pairs: the gate's pre-registered ``low``.
-SPLIT = 0.2
-AGREEMENT_COLUMN = "credit_direction_agreement"
+
+
+@dataclass(frozen=True)
+class AgreementMeasure:
+    """One logged agreement: its results.csv ``column`` and trainer ``metric``, what it
+    ``ranks`` against the reward (the report's words), the ``split`` of the pairs (the
+    pre-registered ``low`` of the gate on it) and the ``figure`` file's stem."""
+
+    column: str
+    metric: str
+    ranks: str
+    split: float
+    figure: str
+
+
+SCORE = AgreementMeasure(
+    "credit_direction_agreement",
+    "credit/direction_agreement",
+    "the direction model's scores",
+    0.2,
+    "agreement_gain",
+)
+ATTRIBUTION = AgreementMeasure(
+    "credit_attribution_agreement",
+    "credit/attribution_agreement",
+    "each response's summed reward attribution, sum_t (e_t - e_null) . g_t,",
+    0.05,
+    "attribution_gain",
+)
+MEASURES = (SCORE, ATTRIBUTION)
 
 
 @dataclass(frozen=True)
@@ -48,13 +79,14 @@ class AgreementPoint:
 @dataclass(frozen=True)
 class AgreementGain:
     """The points of one strategy in one setting against ``baseline`` (GRPO trained the same
-    way), Spearman's ``rho`` across them (NaN under 3 points or a constant side), and the
-    mean gain below and at or above ``SPLIT`` (NaN where no pair is)."""
+    way) on one ``measure``, Spearman's ``rho`` across them (NaN under 3 points or a constant
+    side), and the mean gain below and at or above ``measure.split`` (NaN where no pair is)."""
 
     setting: str
     strategy: str
     baseline: str
     points: tuple[AgreementPoint, ...]
+    measure: AgreementMeasure = SCORE
 
     @property
     def rho(self) -> float:
@@ -67,8 +99,9 @@ class AgreementGain:
         return float(stats.spearmanr(agreement, gain).statistic)
 
     def split(self, below: bool) -> tuple[float, int]:
-        """(mean gain, pairs) of the points below ``SPLIT`` (``below``) or at or above it."""
-        gains = [p.gain for p in self.points if (p.agreement < SPLIT) == below]
+        """(mean gain, pairs) of the points below ``measure.split`` (``below``) or at or
+        above it."""
+        gains = [p.gain for p in self.points if (p.agreement < self.measure.split) == below]
         return (math.fsum(gains) / len(gains) if gains else math.nan), len(gains)
 
 
@@ -86,26 +119,32 @@ def same_training_grpo(cfg: AblateConfig) -> dict[str, str]:
     return out
 
 
-def early_agreement(rows: Sequence[Mapping[str, Any]]) -> float | None:
-    """Mean of the first ``EARLY_STEPS`` finite agreements of one run's rows (by step);
-    None when the run logged none."""
-    logged = (r.get(AGREEMENT_COLUMN) for r in sorted(rows, key=lambda r: int(r["step"])))
+def early_agreement(
+    rows: Sequence[Mapping[str, Any]], measure: AgreementMeasure = SCORE
+) -> float | None:
+    """Mean of the first ``EARLY_STEPS`` finite values of ``measure`` in one run's rows (by
+    step); None when the run logged none."""
+    ordered = sorted(rows, key=lambda r: int(r["step"]))
+    logged = (r.get(measure.column) for r in ordered)
     values = [float(v) for v in logged if v not in (None, "") and not math.isnan(float(v))]
     values = values[:EARLY_STEPS]
     return math.fsum(values) / len(values) if values else None
 
 
 def agreement_gains(
-    rows: Iterable[dict[str, Any]], spec: SummarySpec, cfg: AblateConfig
+    rows: Iterable[dict[str, Any]],
+    spec: SummarySpec,
+    cfg: AblateConfig,
+    measure: AgreementMeasure = SCORE,
 ) -> list[AgreementGain]:
-    """Each (setting, strategy) whose runs logged an agreement, in the config's order."""
+    """Each (setting, strategy) whose runs logged ``measure``, in the config's order."""
     rows = list(rows)
     baselines = same_training_grpo(cfg)
     primary = primary_values(rows, spec, spec.strategies)
     early = {
         (key.setting, key.strategy, (key.family, key.seed)): value
         for key, run_rows in group_runs(rows).items()
-        if (value := early_agreement(run_rows)) is not None
+        if (value := early_agreement(run_rows, measure)) is not None
     }
     out = []
     for setting in (s.name for s in spec.settings):
@@ -119,24 +158,28 @@ def agreement_gains(
                 if agreement is not None and not math.isnan(gain):
                     points.append(AgreementPoint(pair, agreement, gain))
             if points:
-                out.append(AgreementGain(setting, strategy, baseline, tuple(points)))
+                out.append(AgreementGain(setting, strategy, baseline, tuple(points), measure))
     return out
 
 
 def agreement_markdown(tables: Sequence[AgreementGain], figure: str | None) -> str:
-    """The report's section on agreement and gain (module docstring), with its figure."""
+    """The report's section on agreement and gain (module docstring) for the measure of
+    ``tables`` (all of one), with its figure."""
+    m = tables[0].measure
+    what = "direction model's agreement" if m is SCORE else "attribution agreement"
+    split = m.split
     parts = [
-        "## Does the direction model's agreement predict the gain? (secondary)",
+        f"## Does the {what} predict the gain? (secondary)",
         "",
         "Per (setting, strategy): each (family, seed) pair's early agreement (the mean of the "
-        f"first {EARLY_STEPS} logged `credit/direction_agreement` values: the within-group "
-        "rank correlation of the direction model's scores with the reward) against its gain "
+        f"first {EARLY_STEPS} logged `{m.metric}` values: the within-group "
+        f"rank correlation of {m.ranks} with the reward) against its gain "
         "(primary held-out metric minus GRPO trained the same way, same pair). rho: Spearman "
-        f"across the pairs. Split at {SPLIT} (the agreement gate's pre-registered `low`). "
+        f"across the pairs. Split at {split} (the pre-registered `low` of the gate on it). "
         "No verdict is drawn here.",
         "",
         "| setting | strategy | GRPO row | pairs | early agreement (min to max) | rho | "
-        f"mean gain, agreement < {SPLIT} (pairs) | mean gain, >= {SPLIT} (pairs) |",
+        f"mean gain, agreement < {split} (pairs) | mean gain, >= {split} (pairs) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for t in tables:
@@ -148,5 +191,5 @@ def agreement_markdown(tables: Sequence[AgreementGain], figure: str | None) -> s
             f"({below[1]}) | {fmt(above[0], signed=True)} ({above[1]}) |"
         )
     if figure is not None:
-        parts += ["", f"![agreement and gain]({figure})"]
+        parts += ["", f"![{what} and gain]({figure})"]
     return "\n".join(parts)

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ablations.agreement_gain import SPLIT, AgreementGain
+from ablations.agreement_gain import AgreementGain
 from ablations.head_to_head import ALL_FAMILIES, SettingHeadToHead
 from ablations.stats import mean_interval
 from ablations.sweeps import SweepTable
@@ -323,7 +323,7 @@ def plot_sweep(path: Path, table: SweepTable) -> Path:
 def plot_agreement(path: Path, tables: Sequence[AgreementGain]) -> Path:
     """Write the agreement-and-gain figure to ``path`` (PNG): a panel per strategy, each
     (family, seed) pair a point (early agreement, gain over GRPO trained the same way),
-    coloured by setting; the split at ``SPLIT`` and zero gain dashed."""
+    coloured by setting; the measure's split and zero gain dashed."""
     plt = pyplot()
     strategies = list(dict.fromkeys(t.strategy for t in tables))
     settings = list(dict.fromkeys(t.setting for t in tables))
@@ -345,7 +345,7 @@ def plot_agreement(path: Path, tables: Sequence[AgreementGain]) -> Path:
                 color=colors(settings.index(t.setting) % 10),
                 label=t.setting,
             )
-        ax.axvline(SPLIT, color="grey", linestyle="--", linewidth=0.8)
+        ax.axvline(tables[0].measure.split, color="grey", linestyle="--", linewidth=0.8)
         ax.axhline(0.0, color="black", linestyle="--", linewidth=0.8)
         ax.set_title(strategy, fontsize=9)
         ax.set_xlabel("early agreement (first steps)")
@@ -357,9 +357,8 @@ def plot_agreement(path: Path, tables: Sequence[AgreementGain]) -> Path:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(label, handle)
     fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=7, frameon=False)
-    fig.suptitle(
-        "Early direction-model agreement against the gain, per (family, seed)", fontsize=10
-    )
+    metric = tables[0].measure.metric
+    fig.suptitle(f"Early {metric} against the gain, per (family, seed)", fontsize=10)
     return _save(fig, path)
 
 

@@ -33,7 +33,7 @@ import yaml
 
 from ablations import figures as figs
 from ablations.ablation_config import AblateConfig, deep_merge
-from ablations.agreement_gain import agreement_gains, agreement_markdown
+from ablations.agreement_gain import MEASURES, agreement_gains, agreement_markdown
 from ablations.bank import deposit, withdraw
 from ablations.contrasts import judge
 from ablations.gate_criteria import gate_criteria, gate_criteria_markdown
@@ -876,11 +876,12 @@ def write_outputs(cfg: AblateConfig, *, command: str, earlier: Sequence[Path] = 
     if cfg.report.gate_criteria is not None:
         judged = gate_criteria(rows, spec, cfg.report.gate_criteria)
         sections.append(gate_criteria_markdown(judged, spec.confidence))
-    agreement = agreement_gains(rows, spec, cfg)
-    if agreement:
-        path = figs.plot_agreement(fig_dir / "agreement_gain.png", agreement)
-        sections.append(agreement_markdown(agreement, path.relative_to(out).as_posix()))
-        by_setting.setdefault("", []).append(path)
+    for measure in MEASURES:
+        agreement = agreement_gains(rows, spec, cfg, measure)
+        if agreement:
+            path = figs.plot_agreement(fig_dir / f"{measure.figure}.png", agreement)
+            sections.append(agreement_markdown(agreement, path.relative_to(out).as_posix()))
+            by_setting.setdefault("", []).append(path)
     sections.append(provenance_markdown(rows, code_version()))
     report = render_report(
         title=cfg.name,

@@ -12,8 +12,9 @@ import pytest
 
 from ablations.ablation_config import load_ablate_config
 from ablations.agreement_gain import (
+    ATTRIBUTION,
     EARLY_STEPS,
-    SPLIT,
+    SCORE,
     agreement_gains,
     agreement_markdown,
     early_agreement,
@@ -72,10 +73,35 @@ def test_gain_against_early_agreement_per_setting_and_strategy(tmp_path: Path) -
     assert [p.agreement for p in table.points] == pytest.approx(agreements)
     assert [p.gain for p in table.points] == pytest.approx(gains)
     assert table.rho == pytest.approx(1.0)
-    assert SPLIT == 0.2
+    assert SCORE.split == 0.2
     assert table.split(below=True) == (pytest.approx(-0.02), 1)
     assert table.split(below=False) == (pytest.approx(0.2), 3)
     text = agreement_markdown([table], "figures/agreement_gain.png")
     assert "| binary | `datc` | `uniform` | 4 | 0.100 to 0.700 | 1.000 |" in text
-    assert text.endswith("![agreement and gain](figures/agreement_gain.png)")
+    assert text.endswith("![direction model's agreement and gain](figures/agreement_gain.png)")
     assert is_png(plot_agreement(tmp_path / "figures" / "agreement_gain.png", [table]))
+
+
+def test_the_attribution_agreement_gets_its_own_section_split_at_its_gate_s_low() -> None:
+    """Runs that logged ``credit/attribution_agreement`` (a gate on it, or P2T) are read on
+    that column, split at the attribution gate's pre-registered 0.05; runs without it give
+    no section."""
+    cfg = load_ablate_config(GATE)
+    agreements, gains = [-0.3, 0.0, 0.3, 0.6], [-0.2, -0.1, 0.1, 0.2]
+    rows = []
+    for seed, (a, g) in enumerate(zip(agreements, gains, strict=True)):
+        run = _run("datc", seed, 0.3 + g, 0.9)  # the score agreement is high throughout
+        for row in run:
+            row["credit_attribution_agreement"] = a
+        rows += _run("uniform", seed, 0.3, None) + run
+    (table,) = agreement_gains(rows, summary_spec(cfg), cfg, ATTRIBUTION)
+    assert table.measure is ATTRIBUTION and ATTRIBUTION.split == 0.05
+    assert [p.agreement for p in table.points] == pytest.approx(agreements)
+    assert table.split(below=True) == (pytest.approx(-0.15), 2)
+    (score,) = agreement_gains(rows, summary_spec(cfg), cfg, SCORE)
+    assert math.isnan(score.rho)  # constant score agreement: no ranking
+    text = agreement_markdown([table], None)
+    assert text.startswith("## Does the attribution agreement predict the gain?")
+    assert "`credit/attribution_agreement`" in text and "agreement < 0.05" in text
+    plain = [r for r in rows if r["strategy"] == "uniform"]
+    assert agreement_gains(plain, summary_spec(cfg), cfg, ATTRIBUTION) == []
