@@ -28,16 +28,13 @@ import csv
 import math
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from ablations.ablation_config import deep_merge, load_ablate_config
 from ablations.results import RunKey
 from ablations.runner import build_assets, run_train_config
-from backends.common.credit import CreditRun
 from backends.torch.trainer import GRPORecipe, resolve_config
-from credit_core.agreement_gate import direction_agreement
 
 QUIET = {
     "eval": {"interval": 0},
@@ -50,44 +47,18 @@ LOOK = "p2t_matched"
 
 
 def measure(recipe: GRPORecipe, steps: int) -> tuple[float, float, int]:
-    """(score agreement, attribution agreement, groups used) over ``steps`` rollouts."""
-    seen: list[dict[str, Any]] = []
-    real = CreditRun.apply
-
-    def spy(
-        self: CreditRun, advantages: Any, mask: Any, tokens: Any, signals: Any, **kw: Any
-    ) -> Any:
-        seen.append({"signals": signals, "mask": mask, **kw})
-        return real(self, advantages, mask, tokens, signals, **kw)
-
-    CreditRun.apply = spy  # type: ignore[method-assign,assignment]
-    try:
-        scores, attributions, used = [], [], 0
-        for _ in range(steps):
-            recipe.step += 1
-            prompts, positions, groups = recipe._my_prompts(
-                recipe.sampler.next_batch(), recipe.train_prompts
-            )
-            batch = recipe.rollout(
-                prompts,
-                positions,
-                groups,
-                group_size=recipe.cfg.rollout.group_size,
-                greedy=False,
-                tag="rollout",
-            )
-            recipe.signals(batch, recipe.train_prompts)
-            got = seen.pop()
-            rewards, group = got["rewards"], got["groups"]
-            attribution = (got["signals"].reward_attribution * got["mask"]).sum(1)
-            a = direction_agreement(attribution.float(), rewards.float(), group)
-            s = direction_agreement(got["direction_scores"].float(), rewards.float(), group)
-            if a.groups:
-                attributions.append(a.value)
-                scores.append(s.value)
-                used += a.groups
-    finally:
-        CreditRun.apply = real  # type: ignore[method-assign]
+    """(score agreement, attribution agreement, groups used) over ``steps`` rollouts of the
+    step-0 policy: each the trainer's own ``AgreementMetrics`` of a look at the batch (P2T
+    reads the attribution, so its step measures both), no update."""
+    scores, attributions, used = [], [], 0
+    for _ in range(steps):
+        recipe.step += 1
+        got = recipe.signals(recipe.next_rollout(), recipe.train_prompts).agreement
+        assert got is not None and got.attribution is not None  # P2T reads the attribution
+        if got.groups:
+            scores.append(got.value)
+            attributions.append(got.attribution)
+            used += got.groups
     return _mean(scores), _mean(attributions), used
 
 

@@ -38,10 +38,7 @@ def main(config: str) -> None:
         overrides = [f"output_dir={tmp}/run", "logging.progress=false", "logging.tensorboard=false"]
         r = GRPORecipe(resolve_config(config, overrides))
         cfg = r.cfg
-        prompts, positions, groups = r._my_prompts(r.sampler.next_batch(), r.train_prompts)
-        batch = r.rollout(
-            prompts, positions, groups, group_size=cfg.rollout.group_size, greedy=False, tag="x"
-        )
+        batch = r.next_rollout()
         size = cfg.algorithm.micro_batch_size
         grad = r.reward.compute(batch, with_grad=True, micro_batch_size=size).reward_grad
         pieces: dict[str, Callable[[], object]] = {

@@ -642,20 +642,26 @@ class GRPORecipe:
         mine = shard(list(enumerate(indices)), self.ctx.rank, self.ctx.world_size)
         return [pool[i] for _, i in mine], [pos for pos, _ in mine], [i for _, i in mine]
 
+    def next_rollout(self) -> RolloutBatch:
+        """This rank's responses to the sampler's next training prompts, sampled as a
+        training step samples them at the current ``step`` (``train_step`` advances ``step``
+        first; a look that is no training step calls this directly)."""
+        prompts, positions, groups = self._my_prompts(self.sampler.next_batch(), self.train_prompts)
+        return self.rollout(
+            prompts,
+            positions,
+            groups,
+            group_size=self.cfg.rollout.group_size,
+            greedy=False,
+            tag="rollout",
+        )
+
     def train_step(self) -> dict[str, float]:
         """One GRPO step on the next prompts; returns the step's (global) metrics."""
         cfg = self.cfg
         self.step += 1
         clock = PhaseClock(self.ctx.device)
-        prompts, positions, groups = self._my_prompts(self.sampler.next_batch(), self.train_prompts)
-        batch = self.rollout(
-            prompts,
-            positions,
-            groups,
-            group_size=cfg.rollout.group_size,
-            greedy=False,
-            tag="rollout",
-        )
+        batch = self.next_rollout()
         t_rollout = clock.lap()
         signals = self.signals(batch, self.train_prompts, advance=True)
         t_signals = clock.lap()
