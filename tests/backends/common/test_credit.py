@@ -39,12 +39,18 @@ def step(seed: int, *, n_groups: int = GROUPS) -> dict[str, torch.Tensor]:
     }
 
 
-def apply(run: CreditRun, s: dict[str, torch.Tensor], **kwargs: Any) -> CreditStep:
+def apply(
+    run: CreditRun,
+    s: dict[str, torch.Tensor],
+    signals: CreditSignals | None = None,
+    **kwargs: Any,
+) -> CreditStep:
+    """``run``'s credit of step ``s``, with ``signals`` (default: red's prefix rewards)."""
     return run.apply(
         s["advantages"],
         s["mask"],
         s["ids"],
-        CreditSignals(prefix_rewards=s["prefix"]),
+        signals or CreditSignals(prefix_rewards=s["prefix"]),
         rewards=s["rewards"],
         groups=s["groups"],
         direction_scores=s["scores"],
@@ -192,17 +198,9 @@ def attribution_step(seed: int) -> dict[str, torch.Tensor]:
     return s
 
 
-def apply_attributed(run: CreditRun, s: dict[str, torch.Tensor], **kwargs: Any) -> CreditStep:
-    return run.apply(
-        s["advantages"],
-        s["mask"],
-        s["ids"],
-        CreditSignals(prefix_rewards=s["prefix"], reward_attribution=s["attribution"]),
-        rewards=s["rewards"],
-        groups=s["groups"],
-        direction_scores=s["scores"],
-        **kwargs,
-    )
+def attributed(s: dict[str, torch.Tensor]) -> CreditSignals:
+    """red's prefix rewards and the step's reward attribution (which only a gate reads)."""
+    return CreditSignals(prefix_rewards=s["prefix"], reward_attribution=s["attribution"])
 
 
 def brute_spearman(values: torch.Tensor, rewards: torch.Tensor, groups: torch.Tensor) -> float:
@@ -231,15 +229,7 @@ def test_the_attribution_agreement_is_spearman_of_the_summed_attribution_per_gro
     run = CreditRun.build(CreditConfig.parse("p2t"), BACKEND)  # reads the attribution itself
     for seed in range(3):
         s = attribution_step(seed)
-        out = run.apply(
-            s["advantages"],
-            s["mask"],
-            s["ids"],
-            CreditSignals(reward_attribution=s["attribution"]),
-            rewards=s["rewards"],
-            groups=s["groups"],
-            direction_scores=s["scores"],
-        )
+        out = apply(run, s, CreditSignals(reward_attribution=s["attribution"]))
         summed = torch.where(s["mask"], s["attribution"], 0.0).sum(1)
         assert out.agreement is not None and out.agreement.attribution is not None
         want = brute_spearman(summed, s["rewards"], s["groups"])
@@ -252,7 +242,7 @@ def test_the_gate_on_attribution_mixes_by_the_ema_of_the_attribution_agreement()
     ema = None
     for seed in range(5):
         s = attribution_step(seed)
-        out = apply_attributed(run, s)
+        out = apply(run, s, attributed(s))
         summed = torch.where(s["mask"], s["attribution"], 0.0).sum(1)
         value = direction_agreement(summed, s["rewards"], s["groups"]).value
         ema = value if ema is None else 0.7 * ema + (1 - 0.7) * value
@@ -270,7 +260,7 @@ def test_the_gate_on_attribution_mixes_by_the_ema_of_the_attribution_agreement()
 
 def test_a_gate_on_attribution_serves_a_direction_model_that_is_the_reward() -> None:
     run = red_run(ON_ATTRIBUTION, direction_is_reward=True)
-    out = apply_attributed(run, attribution_step(0))
+    out = apply(run, attribution_step(0), attributed(attribution_step(0)))
     assert out.agreement is not None and out.agreement.direction_is_reward
     metrics = out.agreement.to_dict()
     assert "credit/direction_agreement" not in metrics
@@ -290,4 +280,4 @@ def test_a_gate_on_attribution_is_refused_where_it_cannot_be_measured() -> None:
     bad = attribution_step(0)
     bad["attribution"][0, 0] = math.nan
     with pytest.raises(CreditError, match="reward_attribution: expected finite values"):
-        apply_attributed(red_run(ON_ATTRIBUTION), bad)
+        apply(red_run(ON_ATTRIBUTION), bad, attributed(bad))
