@@ -98,7 +98,9 @@ def _set_status(out: Path, shard_index: int, task: str, progress: Path | None = 
     file = _worker_status(out, shard_index)
     file.parent.mkdir(parents=True, exist_ok=True)
     doc = {"task": task, "progress": str(progress) if progress else None}
-    file.write_text(json.dumps(doc), encoding="utf-8")
+    tmp = file.with_name(file.name + ".tmp")
+    tmp.write_text(json.dumps(doc), encoding="utf-8")
+    os.replace(tmp, file)  # the runner never reads a half-written status
 
 
 def plan_runs(cfg: AblateConfig) -> list[RunKey]:
@@ -519,16 +521,21 @@ def run_workers(cfg: AblateConfig, *, command: str, log: Log = print) -> Outputs
 
 
 def _last_progress(out: Path, index: int) -> tuple[str, float]:
-    """Worker ``index``'s task and the time it last showed progress (0: never)."""
+    """Worker ``index``'s task and the time it last showed progress (0: never). A status
+    file that cannot be read as a whole still shows progress by its time."""
     file = _worker_status(out, index)
     try:
-        doc = json.loads(file.read_text(encoding="utf-8"))
-        times = [file.stat().st_mtime]
-        if doc.get("progress") and Path(doc["progress"]).exists():
-            times.append(Path(doc["progress"]).stat().st_mtime)
-        return str(doc["task"]), max(times)
-    except (OSError, ValueError, KeyError, TypeError):
+        seen = file.stat().st_mtime
+    except OSError:
         return "start-up", 0.0
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+        task = str(doc["task"])
+        if doc.get("progress") and Path(doc["progress"]).exists():
+            seen = max(seen, Path(doc["progress"]).stat().st_mtime)
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its task (status unreadable)", seen
+    return task, seen
 
 
 def _exit_text(code: int) -> str:

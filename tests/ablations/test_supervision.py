@@ -15,7 +15,10 @@ import pytest
 from ablations.runner import (
     RunStoppedError,
     WorkerFailedError,
+    _last_progress,
+    _set_status,
     _supervise,
+    _worker_status,
 )
 
 #: A stand-in worker: says which run it is on, then does ``then`` (Python statements).
@@ -100,3 +103,18 @@ def test_a_stop_signal_is_passed_to_every_worker(tmp_path: Path) -> None:
     assert "run s/llama/datc/seed0" in str(info.value) and "seed1" in str(info.value)
     assert [p.returncode for p in procs] == [-signal.SIGTERM, -signal.SIGTERM]
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_status_caught_half_written_still_shows_progress_by_its_time(tmp_path: Path) -> None:
+    """A long phase (assets under load: 30 minutes) must not read a worker whose status file
+    is caught mid-write as one that never showed progress: that killed a healthy worker.
+    The status is written whole (a rename), and a file that does not parse counts by its
+    time."""
+    _set_status(tmp_path, 0, "assets of s/llama/seed 3")
+    file = _worker_status(tmp_path, 0)
+    assert _last_progress(tmp_path, 0) == ("assets of s/llama/seed 3", file.stat().st_mtime)
+    assert [p.name for p in file.parent.iterdir()] == [file.name]  # no temporary left
+    file.write_text('{"task": "assets of', encoding="utf-8")  # as a reader mid-write saw it
+    task, seen = _last_progress(tmp_path, 0)
+    assert seen == file.stat().st_mtime > 0 and "unreadable" in task
+    assert _last_progress(tmp_path, 1) == ("start-up", 0.0)  # no status yet
