@@ -559,6 +559,9 @@ class AblateConfig(Section):
                 "label": s.label,
                 "name": s.credit.name,
                 **s.credit.params,
+                **(
+                    {} if s.credit.gate is None else {"gate": s.credit.gate.model_dump(mode="json")}
+                ),
                 **({} if s.settings is None else {"settings": list(s.settings)}),
                 **({"train": s.train} if s.train else {}),
             }

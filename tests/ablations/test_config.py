@@ -435,3 +435,17 @@ def test_a_pair_that_no_setting_runs_both_of_is_refused(tmp_path: Path) -> None:
     }
     with pytest.raises(ConfigError, match=r"pairs\.0: \[mid, p2t_b\]: no setting runs both"):
         load_ablate_config(_write(tmp_path, data))
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.name for p in (ROOT / "configs" / "ablate").glob("*.yaml"))
+)
+def test_a_worker_s_config_plans_the_runs_of_its_runner(name: str, tmp_path: Path) -> None:
+    """``run_workers`` hands each worker ``to_yaml_dict``'s config: read back, every run has
+    the runner's fingerprint (a dropped key, e.g. a strategy's ``gate``, would train another
+    run under the label and be taken for stale)."""
+    cfg = load_ablate_config(ROOT / "configs" / "ablate" / name)
+    again = load_ablate_config(_write(tmp_path, cfg.to_yaml_dict()))
+    assert again == cfg
+    runs = plan_runs(cfg)
+    assert [run_fingerprint(again, r) for r in runs] == [run_fingerprint(cfg, r) for r in runs]
