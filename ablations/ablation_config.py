@@ -557,11 +557,7 @@ class AblateConfig(Section):
         data["strategies"] = [
             {
                 "label": s.label,
-                "name": s.credit.name,
-                **s.credit.params,
-                **(
-                    {} if s.credit.gate is None else {"gate": s.credit.gate.model_dump(mode="json")}
-                ),
+                **s.credit.model_dump(mode="json"),  # name, gate and every parameter
                 **({} if s.settings is None else {"settings": list(s.settings)}),
                 **({"train": s.train} if s.train else {}),
             }

@@ -33,7 +33,7 @@ from credit_core.agreement_gate import (
 from credit_core.batch import Gather
 from credit_core.plan import Backend, CreditPlan
 from credit_core.strategy import CreditStrategy
-from credit_core.tensor_checks import check_tensor
+from credit_core.tensor_checks import check_finite_at, check_tensor
 
 #: Sums a float64 tensor over the step's processes (every process gets the sum).
 ReduceSum = Callable[[torch.Tensor], torch.Tensor]
@@ -329,8 +329,7 @@ def summed_attribution(attribution: torch.Tensor, mask: torch.Tensor) -> torch.T
     not finite."""
     a = check_tensor("reward_attribution", attribution, (None, None), floating=True).detach()
     m = check_tensor("mask", mask, tuple(a.shape), dtype=torch.bool, device=a.device)
-    if not bool(torch.isfinite(a[m]).all()):
-        raise CreditError("reward_attribution: expected finite values at valid tokens")
+    check_finite_at("reward_attribution", a, m)
     return torch.where(m, a.double(), 0.0).sum(dim=1)
 
 

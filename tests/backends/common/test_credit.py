@@ -281,3 +281,15 @@ def test_a_gate_on_attribution_is_refused_where_it_cannot_be_measured() -> None:
     bad["attribution"][0, 0] = math.nan
     with pytest.raises(CreditError, match="reward_attribution: expected finite values"):
         apply(red_run(ON_ATTRIBUTION), bad, attributed(bad))
+
+
+def test_a_bf16_attribution_is_summed_in_float64_as_its_float32_copy() -> None:
+    """A bf16 direction model gives a bf16 attribution: its agreement is that of the same
+    values in float32 (the sum is taken in float64, no bf16 accumulation)."""
+    s = attribution_step(3)
+    s["attribution"] = torch.where(s["mask"], s["attribution"], 0.0).bfloat16()
+    half = apply(red_run(ON_ATTRIBUTION), s, attributed(s)).agreement
+    s["attribution"] = s["attribution"].float()
+    full = apply(red_run(ON_ATTRIBUTION), s, attributed(s)).agreement
+    assert half is not None and full is not None and half.attribution is not None
+    assert half.attribution == full.attribution and half.alpha == full.alpha

@@ -283,6 +283,16 @@ def test_a_gate_is_refused_where_trls_only_reward_is_the_direction_model(
         )
 
 
+def test_a_gate_on_the_attribution_is_refused_when_trls_trainer_is_built(
+    task: TaskData, tokenizer: Any, tmp_path: Any
+) -> None:
+    """TRL measures a generation batch before its micro-batches' attributions exist, so a
+    gate ``measure: attribution`` is refused at start-up, naming the key, not ignored."""
+    gate = {"agreement": [0.05, 0.4], "measure": "attribution"}
+    with pytest.raises(CreditError, match=r"^credit\.gate\.measure: 'attribution' ranks the step"):
+        make_trainer(task, tokenizer, tmp_path, credit={"name": "datc", "gate": gate})
+
+
 @pytest.mark.parametrize("name", ["datc_shuffled", "random_top"])
 def test_strategy_state_is_checkpointed_and_resumed(
     task: TaskData, tokenizer: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, name: str
