@@ -223,7 +223,7 @@ def test_the_runner_trains_uniform_and_datc_with_the_lower_stack_frozen(
         recipe.close()
 
 
-def test_the_shipped_config_declares_the_primary_family() -> None:
+def test_the_shipped_config_declares_the_primary_family_and_the_gated_row() -> None:
     from ablations.ablation_config import load_ablate_config
     from ablations.runner import plan_runs
 
@@ -245,4 +245,11 @@ def test_the_shipped_config_declares_the_primary_family() -> None:
     datc = cfg.strategy("datc").credit.model_dump()
     assert matched["allocation"] == "softmax_floor"
     assert (matched["beta"], matched["lam"]) == (datc["beta"], datc["lam"])
-    assert len(plan_runs(cfg)) == (len(grid) + 5) * len(cfg.seeds)
+    # secondary: DATC under the recommended gate, gate_attribution.yaml's setting unchanged
+    gated = cfg.strategy("datc_attr_gated").credit
+    recommended = load_ablate_config(
+        Path(__file__).parents[2] / "configs/ablate/gate_attribution.yaml"
+    ).strategy("datc_attr_gated")
+    assert gated.gate is not None and gated.gate == recommended.credit.gate
+    assert gated.gate.measure == "attribution"
+    assert len(plan_runs(cfg)) == (len(grid) + 6) * len(cfg.seeds)
