@@ -690,11 +690,14 @@ def _setting_info(results: dict[RunKey, dict[str, Any]]) -> dict[str, dict[str, 
             figures = (pre["first_loss"], pre["final_loss"], pre["steps"])
             found.setdefault(f"pretraining loss ({run.family})", {})[figures] = None
         fit = raw.get("rm_fit")
-        if fit:
+        if fit and "test_mse" in fit:  # a regression on the reward (settings 1-9)
             fit_figures = (fit["test_mse"], fit["test_corr"])
             found.setdefault("reward model fit (held-out MSE / correlation)", {})[fit_figures] = (
                 None
             )
+        elif fit:  # an outcome classifier on labelled policy samples (real_lm)
+            key = "outcome RM fit (accuracy / AUC on the training prompts kept out)"
+            found.setdefault(key, {})[(fit["val_accuracy"], fit["val_auc"])] = None
         pref = raw.get("preference_fit")
         if pref:
             key = "reward model fit (held-out pair accuracy: labels / hidden rule)"

@@ -175,30 +175,51 @@ def test_the_setting_builds_with_its_rm_fit_on_fresh_samples(
     assert set(fresh) >= {"rm_corr", "rm_pair_accuracy"}
 
 
-def test_the_runner_trains_uniform_and_datc_with_the_lower_stack_frozen(
-    built: tuple[Path, SettingAssets], tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def plan(
+    built: tuple[Path, SettingAssets], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[AblateConfig, dict[str, dict[str, Any]]]:
+    """A two-run plan (uniform and datc, model seed 0, one step, evaluated at steps 0 and 1)
+    trained by the runner's own ``execute_run`` into the config's output folder."""
     from ablations.results import RunKey
-    from ablations.runner import execute_run, run_train_config
-    from backends.torch.trainer import GRPORecipe, resolve_config
+    from ablations.runner import execute_run
 
     cache, assets = built
+    out = tmp_path_factory.mktemp("real_lm_plan")
     doc = _config(**SMALL)
     doc.update(
         cache_dir=str(cache),
+        output_dir=str(out),
+        seeds=[0],
         probes={"enabled": False},
         train={
             "steps": 1,
             "rollout": {"group_size": 4, "prompts_per_step": 1, "top_k": 0, "top_p": 1.0},
-            "eval": {"interval": 0, "greedy": False},
+            "eval": {"interval": 1, "greedy": False},
         },
     )
     cfg = AblateConfig.model_validate(doc)
-    result = execute_run(
-        cfg, RunKey("real_lm", "llama", "uniform", 0), assets, tmp_path, heatmap=False
-    )
-    assert result["info"]["policy_samples"] == assets.info["policy_samples"]
-    assert len(result["history"]) >= 1
+    results = {
+        name: execute_run(cfg, RunKey("real_lm", "llama", name, 0), assets, out, heatmap=False)
+        for name in ("uniform", "datc")
+    }
+    return cfg, results
+
+
+def test_the_runner_trains_uniform_and_datc_with_the_lower_stack_frozen(
+    built: tuple[Path, SettingAssets],
+    plan: tuple[AblateConfig, dict[str, dict[str, Any]]],
+    tmp_path: Path,
+) -> None:
+    from ablations.results import RunKey
+    from ablations.runner import run_train_config
+    from backends.torch.trainer import GRPORecipe, resolve_config
+
+    _, assets = built
+    cfg, results = plan
+    for result in results.values():
+        assert result["info"]["policy_samples"] == assets.info["policy_samples"]
+        assert len(result["history"]) >= 1
 
     run = RunKey("real_lm", "llama", "datc", 0)
     recipe = GRPORecipe(resolve_config(run_train_config(cfg, run, assets, tmp_path / "datc")))
@@ -221,6 +242,19 @@ def test_the_runner_trains_uniform_and_datc_with_the_lower_stack_frozen(
         ), sorted(moved)
     finally:
         recipe.close()
+
+
+def test_the_report_of_a_real_lm_plan_names_the_outcome_rms_fit(
+    built: tuple[Path, SettingAssets], plan: tuple[AblateConfig, dict[str, dict[str, Any]]]
+) -> None:
+    from ablations.runner import write_outputs
+
+    _, assets = built
+    cfg, _ = plan
+    report = write_outputs(cfg, command="test").report.read_text()
+    fit = assets.info["rm_fit"]
+    line = next(x for x in report.splitlines() if "outcome RM fit" in x)
+    assert f"{fit['val_accuracy']:.3f} / {fit['val_auc']:.3f}" in line
 
 
 def test_the_shipped_config_declares_the_primary_family_and_the_gated_row() -> None:
