@@ -676,6 +676,34 @@ def declared_sweeps(cfg: AblateConfig, fidelity: dict[str, SettingFidelity]) -> 
     return out
 
 
+#: The model fits a run's ``info`` records -> (record, the two figures, their name in the
+#: report): the regression RMs of settings 1-9, the outcome classifier of ``real_lm``, the
+#: preference RM of setting 8.
+_FITS: tuple[tuple[str, tuple[str, str], str], ...] = (
+    ("rm_fit", ("test_mse", "test_corr"), "reward model fit (held-out MSE / correlation)"),
+    (
+        "rm_fit",
+        ("val_accuracy", "val_auc"),
+        "outcome RM fit (accuracy / AUC on the training prompts kept out)",
+    ),
+    (
+        "preference_fit",
+        ("test_label_accuracy", "test_rule_accuracy"),
+        "reward model fit (held-out pair accuracy: labels / hidden rule)",
+    ),
+)
+
+
+def _fit_kind(record: str, fit: Mapping[str, Any], run: RunKey) -> tuple[str, tuple[str, str]]:
+    """The report name and figure keys of ``info[record]``; an error naming the run and
+    the keys where the record is of no known kind (ConfigError)."""
+    for rec, keys, name in _FITS:
+        if rec == record and all(k in fit for k in keys):
+            return name, keys
+    known = [keys for rec, keys, _ in _FITS if rec == record]
+    raise ConfigError(f"{run}: info.{record} has keys {sorted(fit)}; expected one of {known}")
+
+
 def _setting_info(results: dict[RunKey, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Facts about each setting's models for the report; with one model per seed
     (``model_seeds``), each figure is the mean over the distinct models with its range."""
@@ -689,21 +717,11 @@ def _setting_info(results: dict[RunKey, dict[str, Any]]) -> dict[str, dict[str, 
         if pre:
             figures = (pre["first_loss"], pre["final_loss"], pre["steps"])
             found.setdefault(f"pretraining loss ({run.family})", {})[figures] = None
-        fit = raw.get("rm_fit")
-        if fit and "test_mse" in fit:  # a regression on the reward (settings 1-9)
-            fit_figures = (fit["test_mse"], fit["test_corr"])
-            found.setdefault("reward model fit (held-out MSE / correlation)", {})[fit_figures] = (
-                None
-            )
-        elif fit:  # an outcome classifier on labelled policy samples (real_lm)
-            key = "outcome RM fit (accuracy / AUC on the training prompts kept out)"
-            found.setdefault(key, {})[(fit["val_accuracy"], fit["val_auc"])] = None
-        pref = raw.get("preference_fit")
-        if pref:
-            key = "reward model fit (held-out pair accuracy: labels / hidden rule)"
-            found.setdefault(key, {})[(pref["test_label_accuracy"], pref["test_rule_accuracy"])] = (
-                None
-            )
+        for record in ("rm_fit", "preference_fit"):
+            fit = raw.get(record)
+            if fit:
+                name, keys = _fit_kind(record, fit, run)
+                found.setdefault(name, {})[tuple(fit[k] for k in keys)] = None
         if "target_text" in raw:
             facts["target text"] = repr(raw["target_text"])
         if "scored positions" in raw:

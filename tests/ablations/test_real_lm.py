@@ -257,6 +257,27 @@ def test_the_report_of_a_real_lm_plan_names_the_outcome_rms_fit(
     assert f"{fit['val_accuracy']:.3f} / {fit['val_auc']:.3f}" in line
 
 
+def test_a_model_fit_of_no_known_kind_is_named_not_dropped(
+    plan: tuple[AblateConfig, dict[str, dict[str, Any]]], tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    from ablations.runner import write_outputs
+    from backends.common.errors import ConfigError
+
+    cfg, _ = plan
+    out = tmp_path / "out"
+    shutil.copytree(cfg.output_dir, out)
+    for path in out.rglob("result.json"):  # both runs alike: still one build
+        result = json.loads(path.read_text())
+        result["info"]["rm_fit"] = {"val_f1": 0.5}
+        path.write_text(json.dumps(result))
+    changed = cfg.model_copy(update={"output_dir": str(out)})
+    with pytest.raises(ConfigError, match=r"info\.rm_fit has keys \['val_f1'\]; expected one of"):
+        write_outputs(changed, command="test")
+
+
 def test_the_shipped_config_declares_the_primary_family_and_the_gated_row() -> None:
     from ablations.ablation_config import load_ablate_config
     from ablations.runner import plan_runs
