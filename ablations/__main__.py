@@ -181,7 +181,8 @@ def _ablate(args_in: list[str]) -> int:
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     from ablations.ablation_config import load_ablate_config
     from ablations.results import parse_shard
-    from ablations.runner import Outputs, RunStoppedError, merge, run_ablation, run_workers
+    from ablations.runner import Outputs, merge, run_ablation, run_workers
+    from ablations.supervision import RunStoppedError
 
     command = "python -m ablations " + shlex.join(args_in)
     outputs: Outputs | None

@@ -63,11 +63,10 @@ from ablations.results import (
 from ablations.sample_fidelity import SettingFidelity, fidelity_markdown, setting_fidelity
 from ablations.settings import SettingAssets
 from ablations.summary import SettingSpec, SummarySpec, group_runs, summarize
+from ablations.supervision import WORKERS_DIR, RunStoppedError, set_status, supervise
 from ablations.sweeps import Sweep, find_sweeps, measured_sweep, sweep_markdown, sweep_table
 from adapters.folder_cache import spec_hash
-from backends.common.cli import CommandError
 from backends.common.errors import ConfigError
-from backends.common.preemption import PreemptionWatch, signal_name
 
 #: Bumped when what a run computes changes, so that older results are redone.
 RESULT_VERSION = 2
@@ -77,30 +76,6 @@ FIGURES_DIR = "figures"
 TRAIN_DIR = "train"
 
 Log = Callable[[str], None]
-WORKERS_DIR = ".workers"
-
-
-class RunStoppedError(Exception):
-    """A stop signal ended the ablation; finished runs are kept and a rerun continues."""
-
-
-class WorkerFailedError(CommandError):
-    """A worker process died, hung or failed; the message names it and its run."""
-
-
-def _worker_status(out: Path, shard_index: int) -> Path:
-    return out / WORKERS_DIR / f"worker-{shard_index}.json"
-
-
-def _set_status(out: Path, shard_index: int, task: str, progress: Path | None = None) -> None:
-    """What worker ``shard_index`` does now (``task``), and the file whose growth shows its
-    progress (a run's metrics file); the runner reads it to name a worker that fails."""
-    file = _worker_status(out, shard_index)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"task": task, "progress": str(progress) if progress else None}
-    tmp = file.with_name(file.name + ".tmp")
-    tmp.write_text(json.dumps(doc), encoding="utf-8")
-    os.replace(tmp, file)  # the runner never reads a half-written status
 
 
 def plan_runs(cfg: AblateConfig) -> list[RunKey]:
@@ -420,7 +395,7 @@ def run_ablation(
             key=lambda k: (-_ASSET_COST.get(k[0], 0), k[0], k[1], k[2] or 0),
         )
         for key in keys[shard_index::shard_count]:
-            _set_status(out, shard_index, f"assets of {'/'.join(map(str, key))}")
+            set_status(out, shard_index, f"assets of {'/'.join(map(str, key))}")
             build_assets(cfg, key, log)
         return None
     mine = shard_runs(runs_now(cfg, plan), shard_index, shard_count)
@@ -441,7 +416,7 @@ def run_ablation(
         """``key``'s assets, built once; the finished runs of ``key`` trained on another
         build of them join ``pending`` (a pair is compared on one build of its models)."""
         if key not in assets:
-            _set_status(out, shard_index, f"assets of {'/'.join(map(str, key))}")
+            set_status(out, shard_index, f"assets of {'/'.join(map(str, key))}")
             assets[key] = build_assets(cfg, key, log)
             rebuilt = _other_build(
                 cfg, {r: f for r, f in finished.items() if r not in queued}, key, assets[key]
@@ -461,7 +436,7 @@ def run_ablation(
     for i, run in enumerate(pending, start=1):
         key = asset_key(cfg, run)
         assets_of(key)
-        _set_status(
+        set_status(
             out, shard_index, f"run {run.relpath}", run.folder(out) / TRAIN_DIR / "metrics.jsonl"
         )
         heatmap = (run.strategy, run.family, run.seed) == (method, cfg.families[0], cfg.seeds[0])
@@ -498,7 +473,7 @@ def run_workers(cfg: AblateConfig, *, command: str, log: Log = print) -> Outputs
     runs; then write the outputs. The resolved config is written to the output folder for
     the workers (``ablate_config.yaml``).
 
-    The runner supervises its workers (``_supervise``): one that dies, fails or hangs ends
+    The runner supervises its workers (``supervise``): one that dies, fails or hangs ends
     the runner (the others are stopped) with a ``WorkerFailedError`` naming it and its run; a
     stop signal is passed to every worker and ends the runner with ``RunStoppedError``. Finished
     runs are kept either way, so the same command continues. None with ``cfg.only``."""
@@ -516,96 +491,8 @@ def run_workers(cfg: AblateConfig, *, command: str, log: Log = print) -> Outputs
         procs = [
             subprocess.Popen([*argv, "--shard", f"{i}/{n}", *extra], env=env) for i in range(n)
         ]
-        _supervise(procs, out, cfg.worker_timeout_s, phase)
+        supervise(procs, out, cfg.worker_timeout_s, phase)
     return _outputs_unless_partial(cfg, command, log)
-
-
-def _last_progress(out: Path, index: int) -> tuple[str, float]:
-    """Worker ``index``'s task and the time it last showed progress (0: never). A status
-    file that cannot be read as a whole still shows progress by its time."""
-    file = _worker_status(out, index)
-    try:
-        seen = file.stat().st_mtime
-    except OSError:
-        return "start-up", 0.0
-    try:
-        doc = json.loads(file.read_text(encoding="utf-8"))
-        task = str(doc["task"])
-        if doc.get("progress") and Path(doc["progress"]).exists():
-            seen = max(seen, Path(doc["progress"]).stat().st_mtime)
-    except (OSError, ValueError, KeyError, TypeError):
-        return "its task (status unreadable)", seen
-    return task, seen
-
-
-def _exit_text(code: int) -> str:
-    return f"killed by {signal_name(-code)}" if code < 0 else f"exit status {code}"
-
-
-def _failed_worker(
-    procs: list[subprocess.Popen[bytes]], out: Path, since: float, timeout_s: float
-) -> str | None:
-    """The first worker that ended badly or shows no progress for ``timeout_s`` (killed
-    then), described; None while all are well."""
-    for i, p in enumerate(procs):
-        task, seen = _last_progress(out, i)
-        code = p.poll()
-        if code not in (None, 0):
-            return f"worker {i} ended ({_exit_text(code)}) during {task}"
-        if code is None and time.time() - max(seen, since) > timeout_s:
-            p.kill()
-            return (
-                f"worker {i} showed no progress for {timeout_s:g} s during {task} "
-                "(worker_timeout_s) and was killed"
-            )
-    return None
-
-
-def _supervise(
-    procs: list[subprocess.Popen[bytes]], out: Path, timeout_s: float, phase: str
-) -> None:
-    """Wait for every worker of ``phase`` to end; raise as ``run_workers`` says otherwise."""
-    started = time.time()
-    failure = None
-    with PreemptionWatch("credit-ablate", grace_s=None) as watch:
-        try:
-            while any(p.poll() is None for p in procs) and not watch.requested:
-                failure = _failed_worker(procs, out, started, timeout_s)
-                if failure:
-                    break
-                time.sleep(0.2)
-            if watch.requested:
-                busy = [p for p in procs if p.poll() is None]
-                tasks = [_last_progress(out, procs.index(p))[0] for p in busy]
-                for p in busy:
-                    p.send_signal(watch.requested)
-                for p in procs:
-                    p.wait()
-                raise RunStoppedError(
-                    f"{signal_name(watch.requested)} received: the {phase} phase was stopped "
-                    f"({', '.join(tasks) or 'no worker was busy'}); finished runs are kept, "
-                    "run the same command to continue"
-                )
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-                    try:
-                        p.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        p.kill()
-                        p.wait()
-    if failure is None:
-        failure = ", ".join(
-            f"worker {i} ended ({_exit_text(p.returncode)}) during {_last_progress(out, i)[0]}"
-            for i, p in enumerate(procs)
-            if p.returncode
-        )
-    if failure:
-        raise WorkerFailedError(
-            f"ablation {phase} phase: {failure}; the other workers were stopped; finished runs "
-            "are kept, run the same command to continue (a failed run prints its traceback above)"
-        )
 
 
 def merge(

@@ -20,3 +20,14 @@ def single_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the files that hold a ``slow`` test first, each file's tests in their order.
+
+    ``make test`` hands whole files to two workers (``--dist loadfile``); a long file handed
+    out last keeps one worker busy while the other has nothing left, so the long ones go
+    first and the many short ones fill the end. A stable sort: the order is otherwise
+    pytest's, the same in every worker."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)

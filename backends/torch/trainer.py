@@ -786,7 +786,9 @@ class GRPORecipe:
         error the ranks may not meet again, so there is no barrier), then everything that
         holds the process group (the DDP/FSDP-wrapped model, its optimizer, the rollout
         engine) freed while the group is still registered, then the group destroyed, then
-        the run folder's lock.
+        the run folder's lock. Without a process group no reference cycle is left: the last
+        reference to the recipe dropped frees it and every model it holds, so only a
+        distributed run pays for a full garbage collection.
 
         The order matters: a DDP reducer freed after ``destroy_process_group`` destroys the
         gloo group itself, holding the GIL, while a gloo worker thread may need the GIL to
@@ -804,9 +806,11 @@ class GRPORecipe:
             "policy",
             "ref_model",
             "prm",
+            "samples",  # its recorder calls back ``self.signals``: the one cycle through self
         ):
             self.__dict__.pop(name, None)
-        gc.collect()
+        if self.ctx.active:  # the DDP/FSDP wrappers' reference cycles go before the group
+            gc.collect()
         shutdown(self.ctx, barrier=clean)
         if self._lock is not None:
             self._lock.release()

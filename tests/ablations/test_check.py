@@ -98,6 +98,7 @@ def test_an_unchanged_rerun_is_identical(
     assert printed[-1].startswith("[check] 2 of 2 rerun runs identical to their record")
 
 
+@pytest.mark.slow
 def test_an_altered_record_differs_by_the_alteration(
     recorded: tuple[Path, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

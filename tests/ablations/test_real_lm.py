@@ -154,6 +154,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SettingAssets
     return cache, SETTINGS["real_lm"].build(params, "llama", cache)
 
 
+@pytest.mark.slow
 def test_the_setting_builds_with_its_rm_fit_on_fresh_samples(
     built: tuple[Path, SettingAssets],
 ) -> None:
@@ -206,6 +207,7 @@ def plan(
     return cfg, results
 
 
+@pytest.mark.slow
 def test_the_runner_trains_uniform_and_datc_with_the_lower_stack_frozen(
     built: tuple[Path, SettingAssets],
     plan: tuple[AblateConfig, dict[str, dict[str, Any]]],

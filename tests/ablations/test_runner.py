@@ -246,19 +246,6 @@ def test_shards_and_merge_equal_the_unsharded_run(cache: Path, tmp_path: Path) -
         load_ablate_config(QUICK, [*subset, f"output_dir={tmp_path / f's{i}'}"]) for i in (0, 1)
     ]
     run_ablation(whole, command="test", log=lambda m: None)
-    # a changed strategy redoes that strategy's runs only
-    changed = load_ablate_config(
-        QUICK,
-        [
-            *subset,
-            f"output_dir={tmp_path / 'whole'}",
-            "strategies=[uniform, {name: datc, beta: 2.0}]",
-        ],
-    )
-    logs: list[str] = []
-    run_ablation(changed, command="test", log=logs.append, assets_only=False)
-    assert any("4 to run (4 of them done before with another config)" in m for m in logs), logs
-    run_ablation(whole, command="test", log=lambda m: None)  # and back
     for i, cfg in enumerate(shards):
         assert (
             run_ablation(cfg, command="test", shard_index=i, shard_count=2, log=lambda m: None)
@@ -290,6 +277,18 @@ def test_shards_and_merge_equal_the_unsharded_run(cache: Path, tmp_path: Path) -
         partial, [tmp_path / "partial"], command="test", earlier=[tmp_path / "whole" / CSV_FILE]
     )
     assert _table(outputs.csv) == _table(tmp_path / "whole" / CSV_FILE)
+    # a changed strategy redoes that strategy's runs only
+    changed = load_ablate_config(
+        QUICK,
+        [
+            *subset,
+            f"output_dir={tmp_path / 'whole'}",
+            "strategies=[uniform, {name: datc, beta: 2.0}]",
+        ],
+    )
+    logs = []
+    run_ablation(changed, command="test", log=logs.append)
+    assert any("4 to run (4 of them done before with another config)" in m for m in logs), logs
 
 
 def test_merge_names_missing_runs(cache: Path, tmp_path: Path) -> None:

@@ -12,21 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from ablations.runner import (
+from ablations.supervision import (
     RunStoppedError,
     WorkerFailedError,
-    _last_progress,
-    _set_status,
-    _supervise,
-    _worker_status,
+    last_progress,
+    set_status,
+    status_file,
+    supervise,
 )
 
 #: A stand-in worker: says which run it is on, then does ``then`` (Python statements).
 WORKER = """
 import sys, time
 from pathlib import Path
-from ablations.runner import _set_status
-_set_status(Path(sys.argv[1]), int(sys.argv[2]), "run s/llama/datc/seed" + sys.argv[2])
+from ablations.supervision import set_status
+set_status(Path(sys.argv[1]), int(sys.argv[2]), "run s/llama/datc/seed" + sys.argv[2])
 {then}
 """
 
@@ -45,6 +45,7 @@ def wait_for_status(out: Path, count: int) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_ends_the_runner_naming_it_and_its_run(tmp_path: Path) -> None:
     procs = workers(
         tmp_path,
@@ -53,7 +54,7 @@ def test_a_worker_that_dies_ends_the_runner_naming_it_and_its_run(tmp_path: Path
     )
     start = time.monotonic()
     with pytest.raises(WorkerFailedError) as info:
-        _supervise(procs, tmp_path, timeout_s=600, phase="runs")
+        supervise(procs, tmp_path, timeout_s=600, phase="runs")
     assert time.monotonic() - start < 60  # not after the other worker's 120 s
     message = str(info.value)
     assert "worker 1 ended (killed by SIGKILL) during run s/llama/datc/seed1" in message
@@ -61,34 +62,38 @@ def test_a_worker_that_dies_ends_the_runner_naming_it_and_its_run(tmp_path: Path
     assert all(p.poll() is not None for p in procs)  # the other worker was stopped
 
 
+@pytest.mark.slow
 def test_a_failed_run_is_named_with_its_exit_status(tmp_path: Path) -> None:
     procs = workers(tmp_path, "sys.exit(0)", "raise RuntimeError('boom')")
     with pytest.raises(WorkerFailedError, match=r"worker 1 ended \(exit status 1\) during run"):
-        _supervise(procs, tmp_path, timeout_s=600, phase="runs")
+        supervise(procs, tmp_path, timeout_s=600, phase="runs")
 
 
+@pytest.mark.slow
 def test_a_hung_worker_is_killed_after_the_timeout_and_named(tmp_path: Path) -> None:
     procs = workers(tmp_path, "time.sleep(120)")
     wait_for_status(tmp_path, 1)
     with pytest.raises(WorkerFailedError) as info:
-        _supervise(procs, tmp_path, timeout_s=1.0, phase="runs")
+        supervise(procs, tmp_path, timeout_s=1.0, phase="runs")
     assert "worker 0 showed no progress for 1 s during run s/llama/datc/seed0" in str(info.value)
     assert procs[0].returncode == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_progress_in_the_run_keeps_a_slow_worker_alive(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     body = (
-        f"_set_status(Path(sys.argv[1]), 0, 'run x', Path({str(metrics)!r}))\n"
-        f"for _ in range(40):\n    Path({str(metrics)!r}).write_text('1'); time.sleep(0.25)"
+        f"set_status(Path(sys.argv[1]), 0, 'run x', Path({str(metrics)!r}))\n"
+        f"for _ in range(28):\n    Path({str(metrics)!r}).write_text('1'); time.sleep(0.25)"
     )
     procs = workers(tmp_path, body)
     wait_for_status(tmp_path, 1)
-    # runs 10 s, twice the timeout; progress every 0.25 s, 20x inside it, so a loaded machine
-    # that stalls the worker for seconds still passes
-    _supervise(procs, tmp_path, timeout_s=5.0, phase="runs")
+    # runs 7 s, longer than the timeout; progress every 0.25 s, 20x inside it, so a loaded
+    # machine that stalls the worker for seconds still passes
+    supervise(procs, tmp_path, timeout_s=5.0, phase="runs")
 
 
+@pytest.mark.slow
 def test_a_stop_signal_is_passed_to_every_worker(tmp_path: Path) -> None:
     """The runner forwards SIGTERM; workers end (here: at once) and it says what stopped."""
     before = signal.getsignal(signal.SIGTERM)
@@ -97,7 +102,7 @@ def test_a_stop_signal_is_passed_to_every_worker(tmp_path: Path) -> None:
     timer = threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGTERM))
     timer.start()
     with pytest.raises(RunStoppedError) as info:
-        _supervise(procs, tmp_path, timeout_s=600, phase="runs")
+        supervise(procs, tmp_path, timeout_s=600, phase="runs")
     timer.join()
     assert "SIGTERM received: the runs phase was stopped" in str(info.value)
     assert "run s/llama/datc/seed0" in str(info.value) and "seed1" in str(info.value)
@@ -110,11 +115,11 @@ def test_a_status_caught_half_written_still_shows_progress_by_its_time(tmp_path:
     is caught mid-write as one that never showed progress: that killed a healthy worker.
     The status is written whole (a rename), and a file that does not parse counts by its
     time."""
-    _set_status(tmp_path, 0, "assets of s/llama/seed 3")
-    file = _worker_status(tmp_path, 0)
-    assert _last_progress(tmp_path, 0) == ("assets of s/llama/seed 3", file.stat().st_mtime)
+    set_status(tmp_path, 0, "assets of s/llama/seed 3")
+    file = status_file(tmp_path, 0)
+    assert last_progress(tmp_path, 0) == ("assets of s/llama/seed 3", file.stat().st_mtime)
     assert [p.name for p in file.parent.iterdir()] == [file.name]  # no temporary left
     file.write_text('{"task": "assets of', encoding="utf-8")  # as a reader mid-write saw it
-    task, seen = _last_progress(tmp_path, 0)
+    task, seen = last_progress(tmp_path, 0)
     assert seen == file.stat().st_mtime > 0 and "unreadable" in task
-    assert _last_progress(tmp_path, 1) == ("start-up", 0.0)  # no status yet
+    assert last_progress(tmp_path, 1) == ("start-up", 0.0)  # no status yet

@@ -52,6 +52,7 @@ def _build_slowly(root: str, log: str, start: Any, result: Any) -> None:
     result.put(str(cached_dir(root, "thing", {"a": 1}, build)))
 
 
+@pytest.mark.slow
 def test_a_second_process_waits_for_the_first_build_instead_of_building_again(
     tmp_path: Path,
 ) -> None:

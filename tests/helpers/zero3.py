@@ -97,3 +97,20 @@ class FakeZero3:
         finally:
             for p in params:
                 self._release(p)
+
+
+def init_deepspeed_on_gloo() -> None:
+    """Start DeepSpeed's communication on the gloo group this process has joined
+    (``tests.helpers.gloo_ranks.init_group``), as real ZeRO runs do on a GPU, minus CUDA.
+
+    ``torch.cuda.current_device`` answers ``"cpu"`` (DeepSpeed's engine asks it). DeepSpeed's
+    CPU accelerator would also JIT-compile its shared-memory all-reduce op (C++, about 70 s
+    of one core on a fresh checkout) when its backend starts; that op serves
+    ``inference_all_reduce`` alone, which nothing under test calls (ZeRO-3's gathers and
+    reductions go through ``torch.distributed``), and a GPU run never builds it, so it is
+    marked unavailable and DeepSpeed takes the torch path it falls back to."""
+    import deepspeed
+
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo")

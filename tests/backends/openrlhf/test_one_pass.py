@@ -245,6 +245,7 @@ def test_a_micro_batch_whose_reward_forward_was_not_seen_takes_one_pass_then(
     assert float(kept.reward_grad[batch.action_mask.bool()].abs().min()) > 0.0
 
 
+@pytest.mark.slow
 def test_one_pass_under_real_deepspeed_zero3_gives_stock_rewards_and_the_whole_models_gradient(
     tmp_path: Path,
 ) -> None:

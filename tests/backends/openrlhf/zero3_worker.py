@@ -18,6 +18,7 @@ import torch
 
 from tests.helpers.gloo_ranks import init_group
 from tests.helpers.openrlhf_stubs import install_openrlhf_stubs
+from tests.helpers.zero3 import init_deepspeed_on_gloo
 
 MEAN, STD = 0.3, 2.5
 
@@ -49,7 +50,6 @@ def main(rank: int, world: int, init_file: str, folder: str, vocab: int, out: st
     install_openrlhf_stubs()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     init_group(rank, world, init_file)
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
     import deepspeed
     from openrlhf.utils.deepspeed.deepspeed_utils import get_eval_ds_config
 
@@ -63,7 +63,7 @@ def main(rank: int, world: int, init_file: str, folder: str, vocab: int, out: st
     from tests.backends.openrlhf.policy_host import RewardHost
     from tests.backends.openrlhf.test_baselines import micro_batches
 
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_deepspeed_on_gloo()
     config = get_eval_ds_config(offload=False, stage=3, param_dtype="bf16")
     config.update(train_micro_batch_size_per_gpu=1, train_batch_size=world)
     whole = load(folder, None).eval()

@@ -75,6 +75,7 @@ def test_tokens_are_coloured_by_their_weight_with_exact_values_on_hover(page: Pa
     assert shown.agreements == ["direction model vs reward: rho = 0.250 over 2 groups"]
 
 
+@pytest.mark.slow
 def test_the_step_in_the_url_is_the_step_shown(page: Path) -> None:
     shown = read_page(dump_dom(page, "#step=1"))
     assert shown.body["data-step"] == "1"
@@ -83,6 +84,7 @@ def test_the_step_in_the_url_is_the_step_shown(page: Path) -> None:
     assert read_page(dump_dom(page, "#step=7")).body["data-step"] == "2"  # not recorded
 
 
+@pytest.mark.slow
 def test_a_trained_run_shows_datc_and_its_compared_strategies(tmp_path: Path) -> None:
     """`credit-train configs/torch/tiny_datc.yaml`, then `credit-view` on its run folder."""
     chromium()

@@ -167,6 +167,7 @@ def _gather_worker(rank: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_gather_values_joins_every_ranks_values_of_unequal_length_and_dtype_in_rank_order(
     tmp_path: Path,
 ) -> None:

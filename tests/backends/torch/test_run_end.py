@@ -183,6 +183,7 @@ def hold_lock(folder: Path, then: str = "") -> list[str]:
     return [sys.executable, "-c", code + then]
 
 
+@pytest.mark.slow
 def test_the_lock_names_its_holder_and_is_released_with_it(tmp_path: Path) -> None:
     lock = acquire_run_lock(tmp_path)
     assert json.loads((tmp_path / "run.lock").read_text())["pid"] == os.getpid()
@@ -243,8 +244,8 @@ def test_a_live_run_folder_refuses_a_second_process_and_sigterm_requeues(tmp_pat
             assert live.poll() is None, live.communicate()[1]
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        for extra in ((), ("--resume",)):
-            second = cli(config, *extra)
+        refused = [cli(config, *extra) for extra in ((), ("--resume",))]  # side by side
+        for second in refused:
             _, err = second.communicate(timeout=120)
             assert second.returncode == 2, err
             assert err.count("error:") == 1 and "in use by a live run" in err

@@ -4,10 +4,11 @@ accelerator, gloo), prepared as ``GRPOTrainer`` prepares it (``trl.models.utils
 .prepare_deepspeed``: ``deepspeed.initialize`` without an optimizer, ZeRO-3 kept, any other
 stage turned into 0), and scored by TRL's own ``GRPOTrainer._calculate_rewards`` once with
 the engine (stock TRL) and once with the ``GradientRewardModel`` the credit trainer puts in
-its place. Under ZeRO-3 the model is loaded as TRL loads it while the trainer's live
-DeepSpeed config is set (``from_pretrained`` inside ``deepspeed.zero.Init``: shape-[0]
-partitions). Each process writes what it saw to ``<out>/rank<k>.json``; a process entering
-a collective the other does not reach fails on the group's timeout."""
+its place; one engine after the other, for each case ``main`` is given. Under ZeRO-3 the
+model is loaded as TRL loads it while the trainer's live DeepSpeed config is set
+(``from_pretrained`` inside ``deepspeed.zero.Init``: shape-[0] partitions). Each process
+writes what it saw of a case to ``<out>/<case>-rank<k>.json``; a process entering a
+collective the other does not reach fails on the group's timeout."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from tests.helpers.gloo_ranks import init_group
+from tests.helpers.zero3 import init_deepspeed_on_gloo
 
 #: Prompt and completion texts per process (whole words: a completion's ids re-tokenize
 #: to themselves after its prompt); the processes' rows differ in number and length.
@@ -135,39 +137,31 @@ def completion_batch(tokenizer: Any, rank: int) -> dict[str, torch.Tensor]:
     }
 
 
-def main(
-    rank: int,
-    world: int,
-    init_file: str,
-    folder: str,
-    stage: int,
-    dtype: str,
-    autocast: bool,
-    out: str,
-) -> None:
+#: One engine to check: (name, checkpoint folder, ZeRO stage, dtype "fp32"/"bf16", the
+#: engine's ``torch_autocast`` on); the process writes ``<out>/<name>-rank<k>.json``.
+Case = tuple[str, str, int, str, bool]
+
+
+def main(rank: int, world: int, init_file: str, cases: list[Case], out: str) -> None:
     from tests.helpers.openrlhf_stubs import stubs_hidden
 
     # a spawned process inherits the test process's sys.path, which OpenRLHF's tests extend
     # with their stubs (a ``vllm`` that TRL's import would take for the real one)
     with stubs_hidden():
-        _run(rank, world, init_file, folder, stage, dtype, autocast, out)
+        torch.set_num_threads(1)
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+        init_group(rank, world, init_file, collective_timeout=60)
+        init_deepspeed_on_gloo()
+        for name, folder, stage, dtype, autocast in cases:  # one engine after the other
+            record = _check(rank, world, folder, stage, dtype, autocast)
+            Path(out, f"{name}-rank{rank}.json").write_text(json.dumps(record))
+        dist.destroy_process_group()
 
 
-def _run(
-    rank: int,
-    world: int,
-    init_file: str,
-    folder: str,
-    stage: int,
-    dtype: str,
-    autocast: bool,
-    out: str,
-) -> None:
-    torch.set_num_threads(1)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    init_group(rank, world, init_file, collective_timeout=60)
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
-    import deepspeed
+def _check(
+    rank: int, world: int, folder: str, stage: int, dtype: str, autocast: bool
+) -> dict[str, Any]:
+    """What this process saw of TRL's reward model in one engine (the module docstring)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
     from trl.models.utils import prepare_deepspeed
@@ -178,7 +172,6 @@ def _run(
     from backends.trl.reward_pass import GradientRewardModel, completion_reward_grad, fill_unmatched
     from backends.trl.trainer import CreditGRPOTrainer
 
-    deepspeed.init_distributed(dist_backend="gloo")
     config = ds_config(stage, dtype, autocast)
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     tok = AutoTokenizer.from_pretrained(folder)
@@ -253,8 +246,7 @@ def _run(
             assert alone_grad is not None
             expected[missing] = alone_grad
         record["fill_error"] = relative_error(grad, expected)
-    Path(out, f"rank{rank}.json").write_text(json.dumps(record))
-    dist.destroy_process_group()
+    return record
 
 
 def _under(context: Any, call: Any) -> Any:

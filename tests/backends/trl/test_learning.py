@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from backends.trl.tasks import TaskData, held_out_reward
 from tests.backends.trl.conftest import make_trainer
 
@@ -45,6 +47,7 @@ def _held_out(task: TaskData, tokenizer: Any, tmp_path: Any, credit: Any) -> flo
     )
 
 
+@pytest.mark.slow
 def test_datc_beats_uniform_on_positional(task: TaskData, tokenizer: Any, tmp_path: Any) -> None:
     uniform = _held_out(task, tokenizer, tmp_path, "uniform")
     datc = _held_out(task, tokenizer, tmp_path, {"name": "datc", "beta": 1.0, "lam": 0.5})

@@ -81,9 +81,44 @@ def _trainer(
     return CreditGRPOTrainer(args=args, **common)
 
 
+def reward_model(tokenizer: Any) -> torch.nn.Module:
+    """TRL's reward model here: a tiny Llama sequence classifier on the policy's tokenizer."""
+    return tiny_seq_classifier("llama", len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+
+
 @pytest.fixture
 def rm(tokenizer: Any) -> torch.nn.Module:
-    return tiny_seq_classifier("llama", len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    return reward_model(tokenizer)
+
+
+def save_checkpoint(model: torch.nn.Module, tokenizer: Any, folder: Path) -> str:
+    model.save_pretrained(folder)  # type: ignore[operator]
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+#: TRL's reward model in a DeepSpeed engine below ZeRO-3 (stage 0), by test id: the
+#: checkpoint's dtype, and whether the engine's config turns on ``torch_autocast``.
+STAGE0 = {"fp32": ("fp32", False), "bf16": ("bf16", False), "torch_autocast": ("fp32", True)}
+
+
+@pytest.fixture(scope="module")
+def stage0_records(
+    tmp_path_factory: pytest.TempPathFactory, tokenizer: Any
+) -> dict[str, dict[str, Any]]:
+    """What one process saw of each ``STAGE0`` engine, built one after the other (the
+    engines share nothing but the process and its gloo group)."""
+    out = tmp_path_factory.mktemp("stage0")
+    rm = reward_model(tokenizer)
+    folders = {
+        "fp32": save_checkpoint(rm, tokenizer, out / "rm_fp32"),
+        "bf16": save_checkpoint(copy.deepcopy(rm).to(torch.bfloat16), tokenizer, out / "rm_bf16"),
+    }
+    cases = [
+        (name, folders[dtype], 2, dtype, autocast) for name, (dtype, autocast) in STAGE0.items()
+    ]
+    run_ranks(engine_worker.main, out, (cases, str(out)), world=1, timeout=300)
+    return {name: json.loads((out / f"{name}-rank0.json").read_text()) for name in STAGE0}
 
 
 class Calls:
@@ -248,6 +283,7 @@ def test_completion_reward_grad_places_the_last_run_and_skips_special_tokens() -
     assert matched.tolist() == [False] and bool((out == 0).all())
 
 
+@pytest.mark.slow
 def test_processes_whose_rows_differ_enter_the_same_zero3_gathers(
     tmp_path: Path, tokenizer: Any, rm: torch.nn.Module
 ) -> None:
@@ -288,6 +324,7 @@ def test_a_direction_model_of_zero3_partitions_agrees_on_its_passes(
     assert CreditGRPOTrainer.collective_agreement(trainer, direction) is None
 
 
+@pytest.mark.slow
 def test_under_real_deepspeed_zero3_the_one_pass_gives_stock_rewards_and_the_whole_models_gradient(
     tmp_path: Path, tokenizer: Any, rm: torch.nn.Module
 ) -> None:
@@ -306,11 +343,10 @@ def test_under_real_deepspeed_zero3_the_one_pass_gives_stock_rewards_and_the_who
     every submodule, accumulates the bf16 gradients otherwise than plain autograd, with
     ``memory_efficient_linear`` on or off alike: measured about 2e-3; a gradient scaled
     for accumulation, as through the engine's own forward, would be 0.75 off)."""
-    rm.to(torch.bfloat16).save_pretrained(tmp_path / "rm")
-    tokenizer.save_pretrained(tmp_path / "rm")
-    args = (str(tmp_path / "rm"), 3, "bf16", False, str(tmp_path))
-    run_ranks(engine_worker.main, tmp_path, args, timeout=240)
-    ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in (0, 1)]
+    folder = save_checkpoint(rm.to(torch.bfloat16), tokenizer, tmp_path / "rm")
+    cases = [("zero3", folder, 3, "bf16", False)]
+    run_ranks(engine_worker.main, tmp_path, (cases, str(tmp_path)), timeout=240)
+    ranks = [json.loads((tmp_path / f"zero3-rank{k}.json").read_text()) for k in (0, 1)]
     for rank in ranks:
         assert rank["partitioned"] and rank["released_after_pass"]
         assert rank["rewards_bitwise"] and rank["rewards_equal_unpartitioned"]
@@ -322,25 +358,17 @@ def test_under_real_deepspeed_zero3_the_one_pass_gives_stock_rewards_and_the_who
     assert ranks[1]["matched"] == [True, True] and ranks[1]["filled"] == 0
 
 
-@pytest.mark.parametrize(
-    ("dtype", "autocast"),
-    [("fp32", False), ("bf16", False), ("fp32", True)],
-    ids=["fp32", "bf16", "torch_autocast"],
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(STAGE0))
 def test_under_deepspeed_without_zero3_the_one_pass_gives_stock_rewards_and_the_modules_gradient(
-    tmp_path: Path, tokenizer: Any, rm: torch.nn.Module, dtype: str, autocast: bool
+    stage0_records: dict[str, dict[str, Any]], case: str
 ) -> None:
     """TRL wraps a reward model in a DeepSpeed engine under any DeepSpeed config (stage 0
     unless ZeRO-3). Through the engine's own forward the backward was refused in fp32 and
     dR/dx came out divided by the gradient accumulation steps (4) in bf16; the pass runs the
     module inside the engine, under the engine's ``torch_autocast`` where it has one: TRL's
     rewards bitwise stock, dR/dx the model's own (under the same autocast)."""
-    model = rm.to(torch.bfloat16) if dtype == "bf16" else rm
-    model.save_pretrained(tmp_path / "rm")
-    tokenizer.save_pretrained(tmp_path / "rm")
-    args = (str(tmp_path / "rm"), 2, dtype, autocast, str(tmp_path))
-    run_ranks(engine_worker.main, tmp_path, args, world=1, timeout=180)
-    rank = json.loads((tmp_path / "rank0.json").read_text())
+    rank = stage0_records[case]
     assert rank["rewards_bitwise"] and rank["rewards_equal_unpartitioned"]
     assert rank["grad_nonzero"] and rank["grad_equals_unpartitioned"]
     assert rank["passes"] == [1, 1]
