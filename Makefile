@@ -14,7 +14,6 @@ STAMP := $(VENV)/.installed
 export DS_BUILD_OPS := 0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
-export TORCH_EXTENSIONS_DIR := $(CURDIR)/.cache/torch_extensions
 # GGUF models dequantized once per checkout (adapters/gguf.py), not in the user's home
 export CREDIT_CACHE_DIR := $(CURDIR)/.cache/credit
 # Ray starts its workers at nice 15: beside other work on the machine, the actors a test

@@ -1,4 +1,5 @@
-"""Fake DeepSpeed ZeRO-3 partitions on CPU (not a test module).
+"""DeepSpeed ZeRO-3 on CPU (not a test module): fake partitions in one process
+(``FakeZero3``), and the real engine's start on gloo processes (``init_deepspeed_on_gloo``).
 
 Outside its module's forward a ZeRO-3 parameter is an empty partition: shape ``[0]``, with
 ``ds_id`` and ``ds_status`` NOT_AVAILABLE; ``deepspeed.zero.GatheredParameters`` makes it
