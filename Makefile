@@ -1,8 +1,7 @@
 # Two entry points: `make demo` (the main job on a built-in default) and `make test`.
 # Both create or reuse .venv, install the CPU build of torch first, then the project.
 # pip leaves byte-compiling to Python (--no-compile): at install it compiles every module of
-# every package (.venv: 131 s to install, against 88 s without, beside one busy core,
-# 2026-12-07), where a run compiles on first import only the modules it uses, once. That
+# every package, where a run compiles on first import only the modules it uses, once. That
 # needs Python free to write its cache: a shell's PYTHONDONTWRITEBYTECODE would make every
 # process compile what it imports, every time.
 unexport PYTHONDONTWRITEBYTECODE
