@@ -7,8 +7,9 @@ run's whole ``result.json`` (its fingerprint, history, info, examples). Deposits
 rewritten: ``deposit`` writes a new file with the finished runs of the output folder that the
 bank does not hold yet, so each session adds one file. ``withdraw`` writes the banked results
 whose fingerprint is the current config's into the output folder where it has none: from then
-on the runner treats them as its own (not trained again, in the report). A banked result made
-with another config is never used. Nothing read from a bank runs code (JSON only).
+on the runner treats them as its own (not trained again, in the report). A config may read
+several banks: their deposits are one sequence, in time order. A banked result made with
+another config is never used. Nothing read from a bank runs code (JSON only).
 
 A banked run is paired with runs of later sessions only on the same build of its models: a
 later session rebuilds the pretrained policy and reward model from the same spec, and on
@@ -34,12 +35,12 @@ from ablations.results import RunKey, build_text, read_result, write_result
 SUFFIX = ".jsonl.gz"
 
 
-def banked_results(folder: Path) -> Iterator[tuple[RunKey, dict[str, Any]]]:
-    """Every (run, result) in the bank ``folder``'s files, file by file in name order (none
-    when the folder does not exist). ``ValueError`` naming the file and line of a bad entry."""
-    if not folder.is_dir():
-        return
-    for file in sorted(folder.glob(f"*{SUFFIX}")):
+def banked_results(folders: Sequence[Path]) -> Iterator[tuple[RunKey, dict[str, Any]]]:
+    """Every (run, result) in the files of the banks ``folders``, in deposit order across
+    them (a file's name is its deposit's time stamp; a folder that does not exist holds
+    none). ``ValueError`` naming the file and line of a bad entry."""
+    files = [f for folder in folders if folder.is_dir() for f in folder.glob(f"*{SUFFIX}")]
+    for file in sorted(files, key=lambda f: f.name):
         with gzip.open(file, "rt", encoding="utf-8") as fh:
             for number, line in enumerate(fh, start=1):
                 try:
@@ -54,15 +55,16 @@ def banked_results(folder: Path) -> Iterator[tuple[RunKey, dict[str, Any]]]:
                 yield run, result
 
 
-def withdraw(folder: Path, output: Path, fingerprints: Mapping[RunKey, str]) -> int:
-    """Write into ``output`` each banked result of a planned run (``fingerprints``: run ->
-    its current fingerprint) made with the current config, where ``output`` holds no current
-    result of that run; the number written. Where the bank holds a run on several builds of
-    its models (``build_text``), the latest deposit's is taken."""
+def withdraw(folders: Sequence[Path], output: Path, fingerprints: Mapping[RunKey, str]) -> int:
+    """Write into ``output`` each result in the banks ``folders`` of a planned run
+    (``fingerprints``: run -> its current fingerprint) made with the current config, where
+    ``output`` holds no current result of that run; the number written. Where the banks hold
+    a run on several builds of its models (``build_text``), the latest deposit's is taken,
+    whichever bank holds it."""
     latest: dict[RunKey, dict[str, Any]] = {}
-    for run, result in banked_results(folder):
+    for run, result in banked_results(folders):
         if fingerprints.get(run) == result["fingerprint"]:
-            latest[run] = result  # files in name (deposit time) order: the last one stays
+            latest[run] = result  # in deposit order: the last one stays
     written = 0
     for run, result in latest.items():
         dest = run.folder(output)
@@ -86,8 +88,7 @@ def deposit(
     older build's stays); None when there is none to add."""
     held = {
         (run, result["fingerprint"], build_text(result.get("info", {})))
-        for folder in folders
-        for run, result in banked_results(folder)
+        for run, result in banked_results(folders)
     }
     entries = []
     for run in plan:

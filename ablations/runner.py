@@ -268,14 +268,15 @@ def fingerprints(cfg: AblateConfig, runs: Sequence[RunKey]) -> dict[RunKey, str]
 def withdraw_banked(cfg: AblateConfig, log: Log) -> None:
     """Take the runs of ``cfg.banked`` made with this config into the output folder
     (``ablations.bank.withdraw``), saying how many."""
-    prints = fingerprints(cfg, plan_runs(cfg)) if cfg.banked else {}
-    for folder in cfg.banked:
-        try:
-            n = withdraw(Path(folder), Path(cfg.output_dir), prints)
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"banked: {err}") from err
-        if n:
-            log(f"[ablate] {n} finished runs taken from the bank {folder}")
+    if not cfg.banked:
+        return
+    prints = fingerprints(cfg, plan_runs(cfg))
+    try:
+        n = withdraw([Path(f) for f in cfg.banked], Path(cfg.output_dir), prints)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"banked: {err}") from err
+    if n:
+        log(f"[ablate] {n} finished runs taken from the banks {', '.join(cfg.banked)}")
 
 
 def deposit_banked(cfg: AblateConfig) -> tuple[Path | None, int, int]:
