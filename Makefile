@@ -81,9 +81,10 @@ typecheck: $(STAMP)
 
 # Tiny models run fastest on one thread; tests that measure threading set their own. Two
 # workers, a test file each at a time (--dist loadfile: a file's fixtures stay in one
-# process; the files holding slow tests first, tests/conftest.py): 6:50 for the suite beside
-# mypy on 2 otherwise idle cores (fresh clone, 2026-12-07; the whole make test 9:00, against
-# 11:51 the day before); the 25 slowest tests are listed at the end.
+# process; the files holding slow tests first, tests/conftest.py): 6:50 to 8:24 for the suite
+# beside mypy on 2 otherwise idle cores (fresh clone, 2026-12-07; the whole make test 9:00 to
+# 11:20, the slower runs taking 28% more CPU time for the same tests: the host varies); the 25
+# slowest tests are listed at the end.
 pytest: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n 2 --dist loadfile --durations=25
 
