@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -198,14 +199,23 @@ def _save(fig: Any, path: Path) -> Path:
 def _finish(
     fig: Any, path: Path, title: str, confidence: float, handles: list[Any], labels: list[str]
 ) -> Path:
-    """Legend below the panels, the title with the interval's level, saved as PNG."""
+    """Legend below the panels in as many columns as fit across the figure, the title with
+    the interval's level wrapped to the figure's width, saved as PNG."""
     if handles:
-        fig.legend(
-            handles, labels, loc="outside lower center", ncol=min(len(labels), 7), frameon=False
-        )
+        column = max(len(label) for label in labels) + 6  # the line sample and the padding
+        ncol = max(1, min(len(labels), 7, _characters_across(fig, 10) // column))
+        fig.legend(handles, labels, loc="outside lower center", ncol=ncol, frameon=False)
     pct = f"{round(confidence * 100)}%"
-    fig.suptitle(f"{title}, shaded {pct} interval", fontsize=10)
+    width = _characters_across(fig, 10)
+    lines = f"{title}, shaded {pct} interval".split("\n")
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in lines), fontsize=10)
     return _save(fig, path)
+
+
+def _characters_across(fig: Any, fontsize: float) -> int:
+    """How many characters of ``fontsize`` points fit across ``fig``: an average glyph of
+    matplotlib's default sans-serif is at most about 0.6 em wide."""
+    return int(fig.get_figwidth() * 72 / (0.6 * fontsize))
 
 
 def plot_head_to_head(path: Path, comparisons: Sequence[SettingHeadToHead]) -> Path:

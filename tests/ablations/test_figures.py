@@ -1,14 +1,17 @@
-"""The credit-probe figure (``ablations.figures.plot_probes``): one row of panels per probe
-that the run measured, none for a probe that was off (e.g. the oracle without
-``probes.oracle_k``)."""
+"""The figures of ``ablations.figures``: the credit-probe figure has one row of panels per
+probe that the run measured, none for a probe that was off (e.g. the oracle without
+``probes.oracle_k``); a curve figure's title and legend stay inside it however long the
+setting's and the strategies' names are."""
 
 from __future__ import annotations
 
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ablations import figures
 from ablations.figures import PROBE_PANELS, is_png, plot_probes
 
 
@@ -49,3 +52,40 @@ def test_a_probe_that_is_nan_everywhere_gets_no_panel(tmp_path: Path) -> None:
         tmp_path / "p.png", title="t", rows=rows, families=["llama"], strategies=["datc"]
     )
     assert _png_height(path) == round(2.5 * 110)
+
+
+def test_a_long_title_and_ten_long_labels_stay_inside_the_curve_figure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drawn: list[Any] = []
+
+    def keep(fig: Any, path: Path) -> Path:
+        drawn.append(fig)
+        return path
+
+    monkeypatch.setattr(figures, "_save", keep)
+    strategies = [f"strategy_with_a_long_name_{i}" for i in range(10)]
+    rows = [
+        {
+            "family": "llama",
+            "strategy": s,
+            "seed": seed,
+            "step": step,
+            "reward_mean": 0.1 * step,
+            "eval_reward_sampled": 0.1 * step,
+        }
+        for s in strategies
+        for seed in (0, 1)
+        for step in (0, 1, 2)
+    ]
+    title = "10. A setting whose name runs on: " + "words of its description " * 6
+    figures.plot_curves(
+        tmp_path / "c.png", title=title, rows=rows, families=["llama"], strategies=strategies
+    )
+    (fig,) = drawn
+    fig.canvas.draw()
+    inside = fig.bbox
+    for artist in (fig.legends[0], fig._suptitle):
+        box = artist.get_window_extent()
+        assert inside.x0 <= box.x0 and box.x1 <= inside.x1, (artist, box, inside)
+        assert inside.y0 <= box.y0 and box.y1 <= inside.y1, (artist, box, inside)
