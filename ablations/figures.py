@@ -201,14 +201,14 @@ def _finish(
 ) -> Path:
     """Legend below the panels in as many columns as fit across the figure, the title with
     the interval's level wrapped to the figure's width, saved as PNG."""
+    across = _characters_across(fig, 10)  # the legend's and the title's font size
     if handles:
         column = max(len(label) for label in labels) + 6  # the line sample and the padding
-        ncol = max(1, min(len(labels), 7, _characters_across(fig, 10) // column))
+        ncol = max(1, min(len(labels), 7, across // column))
         fig.legend(handles, labels, loc="outside lower center", ncol=ncol, frameon=False)
     pct = f"{round(confidence * 100)}%"
-    width = _characters_across(fig, 10)
     lines = f"{title}, shaded {pct} interval".split("\n")
-    fig.suptitle("\n".join(textwrap.fill(line, width) for line in lines), fontsize=10)
+    fig.suptitle("\n".join(textwrap.fill(line, across) for line in lines), fontsize=10)
     return _save(fig, path)
 
 

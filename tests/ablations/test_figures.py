@@ -89,3 +89,4 @@ def test_a_long_title_and_ten_long_labels_stay_inside_the_curve_figure(
         box = artist.get_window_extent()
         assert inside.x0 <= box.x0 and box.x1 <= inside.x1, (artist, box, inside)
         assert inside.y0 <= box.y0 and box.y1 <= inside.y1, (artist, box, inside)
+    figures.pyplot().close(fig)
