@@ -529,7 +529,16 @@ class AblateConfig(Section):
         return params
 
     def setting_title(self, name: str) -> str:
-        """The report title of setting ``name``: its kind's, formatted with its params."""
+        """The report title of setting ``name``: its kind's, formatted with its params, and
+        followed by `` (name)`` where another setting of this config formats to the same
+        title (settings that differ only in a parameter the title does not show, such as the
+        direction model's)."""
+        title = self._kind_title(name)
+        if any(other != name and self._kind_title(other) == title for other in self.settings):
+            return f"{title} ({name})"
+        return title
+
+    def _kind_title(self, name: str) -> str:
         return self.setting_kind(name).title.format(**self.setting_params(name).model_dump())
 
     def primary(self, name: str) -> str:

@@ -147,6 +147,7 @@ def test_a_config_names_several_settings_of_the_length_sweep_kind() -> None:
     assert cfg.setting_params("sweep_192").response_len == 192
     assert cfg.setting_title("sweep_24").startswith("9. length sweep, 24 words")
     assert cfg.setting_title("sweep_192").startswith("9. length sweep, 192 words")
+    assert "(sweep_24)" not in cfg.setting_title("sweep_24")
     a, b = (RunKey(s, "llama", "datc", 0) for s in ("sweep_24", "sweep_192"))
     assert run_fingerprint(cfg, a) != run_fingerprint(cfg, b)
     with pytest.raises(ValueError, match=r"unknown settings \['chess'\]"):
@@ -155,6 +156,18 @@ def test_a_config_names_several_settings_of_the_length_sweep_kind() -> None:
     bad["settings"]["sweep_24"]["params"]["pretrain"] = {"max_len": 29}  # type: ignore[index]
     with pytest.raises((ValueError, ConfigError), match=r"pretrain\.max_len: 29 cuts"):
         AblateConfig.model_validate(bad)
+
+
+def test_settings_that_differ_only_in_the_direction_model_get_their_names_in_the_title() -> None:
+    cfg = AblateConfig.model_validate(
+        _sweep_config(
+            proxy_24={"kind": "length_sweep", "params": {"response_len": 24, "rm_proxy": 0.5}}
+        )
+    )
+    assert cfg.setting_title("sweep_24").endswith(" (sweep_24)")
+    assert cfg.setting_title("proxy_24").endswith(" (proxy_24)")
+    assert cfg.setting_title("sweep_24").startswith("9. length sweep, 24 words")
+    assert not cfg.setting_title("sweep_192").endswith(")")
 
 
 def test_the_setting_builds_offline_with_the_exact_rule_as_reward(tmp_path: Path) -> None:
