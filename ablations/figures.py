@@ -199,17 +199,23 @@ def _save(fig: Any, path: Path) -> Path:
 def _finish(
     fig: Any, path: Path, title: str, confidence: float, handles: list[Any], labels: list[str]
 ) -> Path:
-    """Legend below the panels in as many columns as fit across the figure, the title with
-    the interval's level wrapped to the figure's width, saved as PNG."""
+    """Legend and title (with the interval's level) as ``_legend_and_title`` lays them out,
+    saved as PNG."""
+    pct = f"{round(confidence * 100)}%"
+    _legend_and_title(fig, f"{title}, shaded {pct} interval", handles, labels)
+    return _save(fig, path)
+
+
+def _legend_and_title(fig: Any, title: str, handles: list[Any], labels: list[str]) -> None:
+    """The legend below the panels in as many columns as fit across ``fig`` (at most 7), and
+    ``title`` with each of its lines wrapped to the figure's width."""
     across = _characters_across(fig, 10)  # the legend's and the title's font size
     if handles:
         column = max(len(label) for label in labels) + 6  # the line sample and the padding
         ncol = max(1, min(len(labels), 7, across // column))
         fig.legend(handles, labels, loc="outside lower center", ncol=ncol, frameon=False)
-    pct = f"{round(confidence * 100)}%"
-    lines = f"{title}, shaded {pct} interval".split("\n")
+    lines = title.split("\n")
     fig.suptitle("\n".join(textwrap.fill(line, across) for line in lines), fontsize=10)
-    return _save(fig, path)
 
 
 def _characters_across(fig: Any, fontsize: float) -> int:
@@ -315,17 +321,18 @@ def plot_sweep(path: Path, table: SweepTable) -> Path:
     base_ax.set_ylabel(f"{table.baseline}, mean over pairs")
     measured = sweep.spans is not None
     ticks = [f"{v:.3f}" if measured else f"{v:g}" for v in sweep.values]
+    ax.set_xticks(sweep.values, ticks, rotation=45 if measured else 0)
+    if not measured:  # a measured axis: the ranges reach past the points, plain ticks there
+        base_ax.set_xticks(sweep.values, ticks)
     for a in (ax, base_ax):
-        a.set_xticks(sweep.values, ticks, rotation=45 if measured else 0)
         a.set_xlabel(f"{sweep.param} (measured)" if measured else sweep.param)
         a.grid(alpha=0.3)
-    handles, labels = ax.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 7), frameon=False)
     head = f"{sweep.label} ({sweep.kind})" if measured else sweep.kind
-    fig.suptitle(
+    _legend_and_title(
+        fig,
         f"{head}: {table.metric_label} against {sweep.param}\n"
         "paired difference over (family, seed) pairs, 95% interval (unadjusted)",
-        fontsize=10,
+        *ax.get_legend_handles_labels(),
     )
     return _save(fig, path)
 
@@ -366,9 +373,9 @@ def plot_agreement(path: Path, tables: Sequence[AgreementGain]) -> Path:
     for ax in axes[0][1:]:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(label, handle)
-    fig.legend(list(seen.values()), list(seen), loc="outside lower center", ncol=7, frameon=False)
     metric = tables[0].measure.metric
-    fig.suptitle(f"Early {metric} against the gain, per (family, seed)", fontsize=10)
+    title = f"Early {metric} against the gain, per (family, seed)"
+    _legend_and_title(fig, title, list(seen.values()), list(seen))
     return _save(fig, path)
 
 

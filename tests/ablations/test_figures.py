@@ -13,6 +13,8 @@ import pytest
 
 from ablations import figures
 from ablations.figures import PROBE_PANELS, is_png, plot_probes
+from ablations.stats import Interval
+from ablations.sweeps import Sweep, SweepCurve, SweepTable
 
 
 def _png_height(path: Path) -> int:
@@ -57,13 +59,7 @@ def test_a_probe_that_is_nan_everywhere_gets_no_panel(tmp_path: Path) -> None:
 def test_a_long_title_and_ten_long_labels_stay_inside_the_curve_figure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    drawn: list[Any] = []
-
-    def keep(fig: Any, path: Path) -> Path:
-        drawn.append(fig)
-        return path
-
-    monkeypatch.setattr(figures, "_save", keep)
+    drawn = _keep_drawn(monkeypatch)
     strategies = [f"strategy_with_a_long_name_{i}" for i in range(10)]
     rows = [
         {
@@ -83,6 +79,51 @@ def test_a_long_title_and_ten_long_labels_stay_inside_the_curve_figure(
         tmp_path / "c.png", title=title, rows=rows, families=["llama"], strategies=strategies
     )
     (fig,) = drawn
+    _assert_legend_and_title_inside(fig)
+
+
+def test_thirteen_curves_of_a_measured_sweep_keep_their_legend_inside_the_figure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fidelity report's sweep: 13 strategies, labels up to 18 characters."""
+    drawn = _keep_drawn(monkeypatch)
+    sweep = Sweep(
+        kind="length_sweep",
+        param="rm_corr",
+        settings=("binary", "proxy_10", "proxy_05", "sweep_96"),
+        values=(0.668, 0.746, 0.887, 0.970),
+        name="fidelity_length",
+        spans=((0.411, 0.890), (0.721, 0.768), (0.859, 0.907), (0.953, 0.993)),
+    )
+    diff = Interval(mean=0.1, low=-0.1, high=0.3, n=12)
+    labels = [f"red_matched_lr1e-{i}" for i in range(13)]
+    table = SweepTable(
+        sweep=sweep,
+        baseline="GRPO",
+        metric_label="span product (exact rule)",
+        baseline_means=(0.57, 0.57, 0.57, 0.57),
+        curves=tuple(SweepCurve(label, (diff,) * 4) for label in labels),
+        rows=("uniform_lr1e-3",) * 4,
+        picked=True,
+    )
+    figures.plot_sweep(Path("unused.png"), table)
+    (fig,) = drawn
+    _assert_legend_and_title_inside(fig)
+
+
+def _keep_drawn(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The figures the plot functions would save, kept open instead."""
+    drawn: list[Any] = []
+
+    def keep(fig: Any, path: Path) -> Path:
+        drawn.append(fig)
+        return path
+
+    monkeypatch.setattr(figures, "_save", keep)
+    return drawn
+
+
+def _assert_legend_and_title_inside(fig: Any) -> None:
     fig.canvas.draw()
     inside = fig.bbox
     for artist in (fig.legends[0], fig._suptitle):
