@@ -18,13 +18,14 @@ import pytest
 from scipy import stats as scipy_stats
 from statsmodels.stats.multitest import multipletests
 
-from ablations.ablation_config import AblateConfig
+from ablations.ablation_config import AblateConfig, load_ablate_config
 from ablations.contrasts import judge
 from ablations.head_to_head import head_to_head, head_to_head_markdown
 from ablations.primary import PrimaryResult, primary_family, primary_markdown
 from ablations.results import read_csv, write_csv
 from ablations.runner import REPORT_FILE, plan_runs, summary_spec, write_outputs
 from ablations.summary import PrimaryFamily, SettingSpec, SummarySpec, summarize
+from tests.helpers.paths import REPO
 
 SETTINGS = ("toy", "other")
 FAMILIES = ("llama", "gpt2")
@@ -295,3 +296,21 @@ def test_the_runner_writes_the_primary_family_first_and_the_rest_as_secondary(
     plain = write_outputs(_config(tmp_path, None), command="test", earlier=[earlier])
     text = (plain.report.parent / REPORT_FILE).read_text()
     assert "## Verdicts" in text and "Primary family" not in text and "secondary" not in text
+
+
+def test_the_committed_fidelity_report_is_its_primary_family_recomputed_from_its_rows() -> None:
+    """docs/results/fidelity: the family declared in configs/ablate/fidelity.yaml (48
+    contrasts, 12 pairs each), recomputed from the report's own results.csv, is the report's
+    section word for word; its three `datc_mid` − matched-P2T wins are the README's."""
+    cfg = load_ablate_config(REPO / "configs" / "ablate" / "fidelity.yaml")
+    spec = summary_spec(cfg)
+    folder = REPO / "docs" / "results" / "fidelity"
+    result = primary_family(read_csv(folder / "results.csv"), spec)
+    assert result.size == 48 and {c.diff.n for c in result.contrasts} == {12}
+    assert primary_markdown(result, spec) in (folder / "report.md").read_text()
+    better = {
+        c.setting
+        for c in result.contrasts
+        if (c.contender, c.against) == ("datc_mid_lr1e-3", "p2t_matched_lr1e-3") and c.sign == 1
+    }
+    assert better == {"proxy_05", "proxy_10", "binary"}
