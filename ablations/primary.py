@@ -46,7 +46,9 @@ Pair = tuple[str, int]
 class PrimaryContrast:
     """``contender`` minus ``against`` on ``setting``: ``diff`` the paired difference of the
     primary metric (Student-t interval, ``diff.p`` the paired t-test's p), ``auc`` that of
-    the AUC (unadjusted), ``p_sign_flip`` the exact sign-flip p; with a verdict (at least
+    the AUC (unadjusted), ``p_sign_flip`` the exact sign-flip p, ``below`` / ``above`` how
+    many of the ``diff.n`` paired differences are below / above 0 (the rest are ties: how
+    one-sided the pairs are, which the mean and its interval do not show); with a verdict (at least
     ``min_pairs`` pairs) ``sign`` +1 / -1 / 0 at Holm-adjusted sign-flip p ``p_holm`` <
     alpha and ``p_t_holm`` the t-test's p Holm-adjusted over the same family; without one,
     ``sign`` None and both NaN. ``against_grpo``: ``against`` is GRPO's row."""
@@ -58,6 +60,8 @@ class PrimaryContrast:
     diff: Interval
     auc: Interval
     p_sign_flip: float
+    below: int
+    above: int
     sign: int | None = None
     p_holm: float = math.nan
     p_t_holm: float = math.nan
@@ -175,6 +179,8 @@ def primary_family(rows: Iterable[dict[str, Any]], spec: SummarySpec) -> Primary
                     mean_interval(d, spec.confidence),
                     mean_interval(_diffs(auc[contender], auc[against]), spec.confidence),
                     sign_flip_p(d),
+                    sum(x < 0 for x in d),
+                    sum(x > 0 for x in d),
                 )
             )
     alpha = 1.0 - spec.confidence
@@ -265,15 +271,16 @@ def primary_markdown(result: PrimaryResult, spec: SummarySpec) -> str:
         "",
         _grpo_text(result, spec.baseline),
         "",
-        "| setting | contrast | n | Δ primary [95% CI] | sign-flip p | Holm-adjusted | "
-        "verdict | t-test p, Holm-adjusted | Δ AUC [95% CI] |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| setting | contrast | n | Δ primary [95% CI] | pairs below / above | sign-flip p | "
+        "Holm-adjusted | verdict | t-test p, Holm-adjusted | Δ AUC [95% CI] |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in result.contrasts:
         against = f"GRPO (`{c.against}`)" if c.against_grpo else f"`{c.against}`"
         lines.append(
             f"| {titles[c.setting]} | `{c.contender}` − {against} | {c.diff.n} | "
-            f"{fmt_interval(c.diff, signed=True)} | {_p(c.p_sign_flip)} | {_p(c.p_holm)} | "
+            f"{fmt_interval(c.diff, signed=True)} | {c.below} / {c.above} | "
+            f"{_p(c.p_sign_flip)} | {_p(c.p_holm)} | "
             f"{_VERDICT[c.sign]} | {_p(c.p_t_holm)} | {fmt_interval(c.auc, signed=True)} |"
         )
     lines.append("")

@@ -24,7 +24,7 @@ from ablations.head_to_head import head_to_head, head_to_head_markdown
 from ablations.primary import PrimaryResult, primary_family, primary_markdown
 from ablations.results import read_csv, write_csv
 from ablations.runner import REPORT_FILE, plan_runs, summary_spec, write_outputs
-from ablations.summary import PrimaryFamily, SettingSpec, SummarySpec, summarize
+from ablations.summary import PrimaryFamily, SettingSpec, SummarySpec, fmt_interval, summarize
 from tests.helpers.paths import REPO
 
 SETTINGS = ("toy", "other")
@@ -147,8 +147,23 @@ def test_each_contrast_is_the_paired_difference_with_its_exact_sign_flip_p(
         assert c.diff.n == len(d) and c.diff.mean == pytest.approx(np.mean(d))
         assert c.p_sign_flip == pytest.approx(_brute_sign_flip(d), abs=1e-15)
         assert c.diff.p == pytest.approx(scipy_stats.ttest_1samp(d, 0.0).pvalue)
+        assert (c.below, c.above) == (sum(x < 0 for x in d), sum(x > 0 for x in d))
     datc = result.contrasts[0]
     assert datc.p_sign_flip == 2 / 2**12  # above GRPO on all 12 pairs: the floor
+    assert (datc.below, datc.above) == (0, 12)
+
+
+def test_a_tied_pair_is_neither_below_nor_above() -> None:
+    """p2t_m equal to GRPO on two pairs of `other`: 10 pairs counted, n stays 12."""
+    values = curves()
+    for seed in (0, 1):
+        values[("other", "llama", "p2t_m", seed)] = values[("other", "llama", "uniform_hi", seed)]
+    tied = primary_family(rows(values), SPEC)
+    (c,) = (c for c in tied.contrasts if (c.setting, c.contender) == ("other", "p2t_m"))
+    assert c.diff.n == 12 and c.below + c.above == 10
+    assert f"| 12 | {fmt_interval(c.diff, signed=True)} | {c.below} / {c.above} | " in (
+        primary_markdown(tied, SPEC)
+    )
 
 
 def test_holm_runs_over_the_family_with_enough_pairs_and_the_t_test_sits_beside_it(
@@ -218,7 +233,7 @@ def test_the_section_names_the_family_the_test_and_each_verdict(result: PrimaryR
     datc = result.contrasts[0]
     row = (
         f"| 1. toy | `datc` − GRPO (`uniform_hi`) | 12 | {datc.diff.mean:+.3f} "
-        f"[{datc.diff.low:+.3f}, {datc.diff.high:+.3f}] | 0.000488 | {datc.p_holm:.3g} | "
+        f"[{datc.diff.low:+.3f}, {datc.diff.high:+.3f}] | 0 / 12 | 0.000488 | {datc.p_holm:.3g} | "
         f"**better** | {datc.p_t_holm:.3g} | {datc.auc.mean:+.3f} ["
     )
     assert row in text
