@@ -1,7 +1,7 @@
 """The figures of ``ablations.figures``: the credit-probe figure has one row of panels per
 probe that the run measured, none for a probe that was off (e.g. the oracle without
-``probes.oracle_k``); a curve figure's title and legend stay inside it however long the
-setting's and the strategies' names are."""
+``probes.oracle_k``); the title and legend of a curve figure and of a sweep figure stay
+inside it however long the setting's and the strategies' names are."""
 
 from __future__ import annotations
 
